@@ -1,0 +1,161 @@
+"""Adapter over any transformers causal LM that takes a 4D additive mask and position ids.
+
+The committed KV lives in a plain ``DynamicCache`` (no sliding-window layers, so cache index ==
+position). After each step only the accepted rows' KV is kept, by moving them down in place
+and cutting the tail: no second forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specfree.errors import UnsupportedModelError
+from specfree.masks.tree import additive_mask
+
+
+def context_limit(config) -> int:
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+class HFAdapter:
+    name = "hf"
+
+    def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True):
+        self.model = model.eval()
+        config = model.config
+        self.family = config.model_type
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_length = context_limit(config)
+        self.sliding_window = self._uniform_sliding_window(config)
+        self.cache = DynamicCache()
+        if check_tree_mask:
+            self.check_tree_mask()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def past_len(self) -> int:
+        return self.cache.get_seq_length()
+
+    def _uniform_sliding_window(self, config) -> int | None:
+        """The window every layer uses, or None. Mixed sliding/full layers need per-layer masks,
+        which one 4D mask cannot express: such models may only run within their window."""
+        window = getattr(config, "sliding_window", None)
+        if not window or getattr(config, "use_sliding_window", True) is False:
+            return None
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types and any(t != "sliding_attention" for t in layer_types):
+            self.max_length = min(self.max_length, window)
+            return None
+        return window
+
+    def reset(self) -> None:
+        self.cache = DynamicCache()
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Cache the KV of ``ids`` [L] (a plain causal forward; its logits are not needed)."""
+        if ids.numel() == 0:
+            return
+        past = self.past_len
+        positions = torch.arange(past, past + ids.numel(), device=self.device)
+        mask = None
+        if self.sliding_window is not None and past + ids.numel() > self.sliding_window:
+            causal = torch.ones(ids.numel(), ids.numel(), dtype=torch.bool).tril()
+            mask = additive_mask(causal, past, positions.cpu(), self.dtype, self.sliding_window)
+        self._forward(ids, positions, mask, logits_to_keep=1)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, allowed: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [Q, V] for rows ``tokens`` [Q]; ``allowed`` [Q, Q] says which new rows each row sees.
+
+        Without ``positions`` a row's position is the number of entries it sees minus one.
+        ``allowed=None`` means plain causal rows.
+        """
+        past = self.past_len
+        q = tokens.numel()
+        if positions is None:
+            seen = allowed.sum(-1) if allowed is not None else torch.arange(1, q + 1)
+            positions = past + seen - 1
+        causal = allowed is None or (q == 1 or bool(torch.equal(allowed, torch.ones(q, q, dtype=torch.bool).tril())))
+        windowed = self.sliding_window is not None and past + q > self.sliding_window
+        mask = None
+        if not causal or windowed:
+            if allowed is None:
+                allowed = torch.ones(q, q, dtype=torch.bool).tril()
+            mask = additive_mask(allowed, past, positions, self.dtype, self.sliding_window).to(self.device)
+        return self._forward(tokens, positions, mask)
+
+    def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
+        out = self.model(
+            input_ids=tokens.to(self.device)[None],
+            position_ids=positions.to(self.device)[None],
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        return out.logits[0]
+
+    @torch.inference_mode()
+    def commit(self, keep: list[int], rows: int) -> None:
+        """Keep the KV of this step's rows ``keep`` (ascending, keep[0] == 0), drop the rest.
+
+        ``rows`` is how many rows the step's forward appended.
+        """
+        past = self.past_len - rows
+        n = len(keep)
+        contiguous = keep[-1] == n - 1
+        index = None if contiguous else torch.tensor(keep, device=self.device) + past
+        for layer in self.cache.layers:
+            if index is not None:
+                # index_select copies first, so the in-place write cannot read moved rows.
+                layer.keys[:, :, past : past + n] = layer.keys.index_select(2, index)
+                layer.values[:, :, past : past + n] = layer.values.index_select(2, index)
+            layer.keys = layer.keys[:, :, : past + n]
+            layer.values = layer.values[:, :, : past + n]
+
+    @torch.inference_mode()
+    def check_tree_mask(self) -> None:
+        """Refuse, by name, a model that silently ignores a custom 4D mask or position ids.
+
+        Two sibling rows must not see each other: the second sibling's logits must equal a
+        plain forward over its own prefix.
+        """
+        vocab = min(self.vocab_size, 1000)
+        ids = torch.arange(3, 8) % vocab  # prefix a b c, root d, siblings e f
+        prefix, root, e, f = ids[:3], ids[3:4], ids[4:5], ids[4:5] + 1
+        try:
+            self.reset()
+            reference = self._forward(torch.cat([prefix, root, f]), torch.arange(5), None)[-1]
+            self.reset()
+            self.prefill(prefix)
+            allowed = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+            tree = self.forward(torch.cat([root, e, f]), allowed, torch.tensor([3, 4, 4]))[-1]
+        except Exception as exc:  # the family's attention code rejected the mask itself
+            raise UnsupportedModelError(
+                f"model family '{self.family}' cannot run specfree's tree attention "
+                f"({type(exc).__name__}: {exc}). Use attn_implementation='sdpa' or 'eager', "
+                "or another model family.") from exc
+        finally:
+            self.reset()
+        scale = reference.float().abs().max().clamp(min=1.0)
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        if ((tree.float() - reference.float()).abs().max() / scale) > tol:
+            raise UnsupportedModelError(
+                f"model family '{self.family}' ignores custom 4D attention masks "
+                f"(attn_implementation={self.model.config._attn_implementation!r}), so speculative "
+                "rows would see each other and give wrong output. Load it with "
+                "attn_implementation='sdpa' or 'eager', or use another model family.")

@@ -1,0 +1,228 @@
+"""The decoding loop: draft, lay out, one forward, verify, keep the accepted KV, observe."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from specfree.adapters.hf import HFAdapter
+from specfree.detokenize import Detokenizer
+from specfree.errors import ConfigError, SpecfreeError, check_int
+from specfree.masks.tree import build_layout
+from specfree.strategies.base import Outcome, Strategy
+from specfree.tree import merge
+from specfree.types import Generation, StepRecord
+from specfree.verifiers import GreedyVerifier
+
+
+@dataclass
+class Chunk:
+    """One step's worth of streamed output."""
+
+    text: str
+    tokens: list[int]
+    from_draft: list[bool]  # per token: it was a drafted token the model accepted
+
+
+class Engine:
+    def __init__(self, adapter: HFAdapter, strategy: Strategy, verifier=None, tokenizer=None):
+        self.adapter = adapter
+        self.strategy = strategy
+        self.verifier = verifier or GreedyVerifier()
+        self.tokenizer = tokenizer
+        strategy.setup(adapter.vocab_size, adapter.max_length)
+        self.eos_ids = self._eos_ids()
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, model: str = "smollm2", strategy: str = "prompt_lookup", *,
+                        device: str = "cpu", dtype: str = "float32", cache_dir: str | None = None,
+                        **knobs: Any) -> "Engine":
+        """Load ``model`` (embedded name, .gguf, folder or hub id) and build an engine.
+
+        ``knobs`` holds sampling settings (do_sample, temperature, top_k, top_p,
+        repetition_penalty, seed) and the strategy's own knobs.
+        """
+        from specfree.adapters.loading import load_model
+
+        hf_model, tokenizer = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
+        return cls.from_model(hf_model, tokenizer, strategy, **knobs)
+
+    @classmethod
+    def from_model(cls, model, tokenizer=None, strategy: str | Strategy = "prompt_lookup",
+                   **knobs: Any) -> "Engine":
+        """Wrap an already loaded transformers model."""
+        from specfree.plugins import build_plugin_manager, registry
+
+        sampling_keys = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
+                         "logits_processors")
+        sampling = {k: knobs.pop(k) for k in sampling_keys if k in knobs}
+        reg = registry(build_plugin_manager())
+        if not isinstance(strategy, Strategy):
+            strategy = reg.make("strategy", strategy, **knobs)
+        elif knobs:
+            raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
+        verifier = reg.make("verifier", "sampling" if sampling.pop("do_sample", False) else "greedy", **sampling)
+        return cls(HFAdapter(model), strategy, verifier, tokenizer)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.adapter.model, "generation_config", None), self.adapter.model.config,
+                       self.tokenizer):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            ids.update([value] if isinstance(value, int) else (value or []))
+        return ids
+
+    # ---- prompts ------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int] | Sequence[dict] | torch.Tensor,
+               chat: bool | None = None) -> list[int]:
+        """Token ids for a string, a chat (list of {role, content}), or ids."""
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.flatten().tolist()
+        if isinstance(prompt, str) and chat:
+            prompt = [{"role": "user", "content": prompt}]
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+            if self.tokenizer is None:
+                raise ConfigError("a text prompt needs a tokenizer; pass token ids or build the engine with one")
+            if isinstance(prompt, str):
+                ids = self.tokenizer(prompt).input_ids
+            else:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise ConfigError("this model's tokenizer has no chat template; pass plain text (chat=false)")
+                text = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+                ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        else:
+            ids = list(prompt)
+        return self._check_ids(ids)
+
+    def _check_ids(self, ids: list) -> list[int]:
+        if not ids:
+            raise ConfigError("the prompt is empty: give at least one token of text")
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))
+               or not 0 <= t < self.adapter.vocab_size]
+        if bad:
+            raise ConfigError(f"prompt token ids must be integers in [0, {self.adapter.vocab_size}); "
+                              f"got {bad[:5]}{'...' if len(bad) > 5 else ''}")
+        if len(ids) >= self.adapter.max_length:
+            raise ConfigError(f"the prompt has {len(ids)} tokens but the model's context holds "
+                              f"{self.adapter.max_length}; shorten the prompt")
+        return [int(t) for t in ids]
+
+    # ---- decoding -----------------------------------------------------------------------
+    def generate(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
+                 seed: int | None = None, ignore_eos: bool = False) -> Generation:
+        run = self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos)
+        while True:
+            try:
+                next(run)
+            except StopIteration as done:
+                return done.value
+
+    def stream(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
+               seed: int | None = None, ignore_eos: bool = False) -> Iterator[Chunk]:
+        """Yield text as steps are accepted; the final ``Generation`` is the generator's return value."""
+        return (yield from self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos))
+
+    def _run(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
+             ignore_eos: bool):
+        check_int("max_new_tokens", max_new_tokens, low=1)
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop and self.tokenizer is None:
+            raise ConfigError("stop strings need a tokenizer")
+        verifier = self.verifier
+        if seed is not None and hasattr(verifier, "seed"):
+            verifier = copy.copy(verifier)
+            verifier.seed = check_int("seed", seed)
+        adapter, strategy = self.adapter, self.strategy
+        limit = min(len(ids) + max_new_tokens, adapter.max_length)
+        buffer = np.zeros(limit, dtype=np.int64)  # committed ids; the last one is the root
+        buffer[: len(ids)] = ids
+        n = len(ids)
+        detok = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
+        new_tokens: list[int] = []
+        from_draft: list[bool] = []
+        steps: list[StepRecord] = []
+        stop_reason: str | None = None
+
+        start = time.perf_counter()
+        adapter.reset()
+        adapter.prefill(torch.from_numpy(buffer[: n - 1]))
+        strategy.begin(buffer[:n].copy())
+        prefill_s = self._elapsed(start)
+        try:
+            while stop_reason is None:
+                t0 = time.perf_counter()
+                context = buffer[:n]
+                proposal = strategy.propose(context, max_depth=limit - n - 1)
+                tree = merge(int(context[-1]), ((c, proposal.source) for c in proposal.candidates),
+                             budget=adapter.max_length, max_depth=limit - n - 1)
+                t1 = time.perf_counter()
+                layout = build_layout(tree, proposal.aux, root_position=n - 1)
+                t2 = time.perf_counter()
+                # [Q, V]; a lone root row needs no mask: the plain causal path is fastest.
+                logits = adapter.forward(layout.tokens, None if layout.rows == 1 else layout.allowed,
+                                         layout.positions)
+                t3 = self._sync()
+                verdict = verifier.verify(logits[: layout.num_tree], tree, torch.from_numpy(context))
+                t4 = time.perf_counter()
+                adapter.commit([0, *verdict.path], rows=layout.rows)
+
+                emitted, text, stop_reason = 0, "", None
+                for token in verdict.tokens:
+                    buffer[n] = token
+                    n += 1
+                    emitted += 1
+                    new_tokens.append(token)
+                    from_draft.append(emitted <= len(verdict.path))
+                    if detok is not None:
+                        text += detok.push(token)
+                    stop_reason = self._stop_reason(token, detok, stop, ignore_eos)
+                    if stop_reason or n >= limit:
+                        break
+                strategy.observe(Outcome(tree, verdict, buffer[:n],
+                                         logits[layout.num_tree :] if proposal.aux is not None else None))
+                t5 = time.perf_counter()
+                accepted = min(len(verdict.path), emitted)
+                steps.append(StepRecord(
+                    rows=layout.rows, drafted=tree.num_drafted, accepted=accepted, emitted=emitted,
+                    draft_s=t1 - t0, mask_s=t2 - t1, forward_s=t3 - t2, verify_s=t4 - t3, other_s=t5 - t4,
+                    sources=dict(Counter(tree.sources[node] for node in verdict.path[:accepted])),
+                    extra=strategy.stats()))
+                if stop_reason is None and n >= limit:
+                    stop_reason = "max_new_tokens" if len(new_tokens) >= max_new_tokens else "context_length"
+                if stop_reason and detok is not None:
+                    text += detok.flush()
+                yield Chunk(text, new_tokens[-emitted:], from_draft[-emitted:])
+        finally:
+            strategy.end()
+        wall = self._elapsed(start)
+        text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else ""
+        return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,
+                          prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft)
+
+    def _stop_reason(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
+                     ignore_eos: bool) -> str | None:
+        if token in self.eos_ids and not ignore_eos:
+            return "eos"
+        if stop and detok is not None:
+            tail = detok.text[-(max(map(len, stop)) + 32) :]
+            if any(s in tail for s in stop):
+                return "stop_string"
+        return None
+
+    def _sync(self) -> float:
+        """Wall clock after the device has finished its queued work (CUDA runs asynchronously)."""
+        if self.adapter.device.type == "cuda":
+            torch.cuda.synchronize(self.adapter.device)
+        return time.perf_counter()
+
+    def _elapsed(self, start: float) -> float:
+        return self._sync() - start

@@ -1,0 +1,41 @@
+"""Errors a user can act on. The CLI prints these as one line, never a traceback."""
+
+
+class SpecfreeError(Exception):
+    """A problem with the user's input, config or environment, stated with its fix."""
+
+
+class ConfigError(SpecfreeError, ValueError):
+    """A knob, option or config value is wrong."""
+
+
+class UnsupportedModelError(SpecfreeError):
+    """The model cannot run speculative steps (e.g. it ignores a custom 4D attention mask)."""
+
+
+class ModelLoadError(SpecfreeError):
+    """The model or tokenizer could not be found or loaded."""
+
+
+def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
+    """Validate an integer knob and return it; the message names the knob and its range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ConfigError(f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def check_float(name: str, value, low: float | None = None, high: float | None = None,
+                low_open: bool = False) -> float:
+    """Validate a float knob and return it as float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    too_low = low is not None and (value <= low if low_open else value < low)
+    if too_low or (high is not None and value > high):
+        lo = f"> {low}" if low_open else f">= {low}"
+        bounds = lo if high is None else f"{lo} and <= {high}"
+        raise ConfigError(f"{name} must be {bounds}, got {value}")
+    return value

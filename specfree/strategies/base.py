@@ -1,0 +1,51 @@
+"""The drafter contract: propose candidate continuations, then observe what was accepted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specfree.tree import DraftTree
+from specfree.types import Proposal, Verdict
+
+
+@dataclass
+class Outcome:
+    """What a drafter learns after a step."""
+
+    tree: DraftTree
+    verdict: Verdict
+    context: np.ndarray  # committed ids after this step (the last one is the next root)
+    aux_logits: torch.Tensor | None  # [A, V] logits of the drafter's aux rows, if it had any
+
+
+class Strategy:
+    """Base drafter: proposes nothing (which is plain autoregressive decoding).
+
+    Subclasses override ``propose`` and, when they learn, ``observe``. ``begin``/``end`` bracket
+    a request; state that should outlive requests (a persistent pool) survives ``end``.
+    """
+
+    name = "autoregressive"
+
+    def setup(self, vocab_size: int, max_length: int) -> None:
+        """Called once by the engine with the model's limits, to validate knobs against them."""
+
+    def begin(self, prompt: np.ndarray) -> None:
+        """A request starts; ``prompt`` holds its ids."""
+
+    def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
+        """Candidates to follow ``context`` (ids ending with the root), none deeper than ``max_depth``."""
+        return Proposal(source=self.name)
+
+    def observe(self, outcome: Outcome) -> None:
+        """Learn from the step's result."""
+
+    def end(self) -> None:
+        """The request is over."""
+
+    def stats(self) -> dict[str, float]:
+        """Drafter-specific numbers recorded with each step (pool size, window...)."""
+        return {}

@@ -1,0 +1,77 @@
+"""Prompt lookup: copy what followed earlier occurrences of the context's last n tokens.
+
+Several matches are verified together as one tree, so when the text repeats itself in more
+than one way the right continuation is still among the candidates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from specfree.errors import ConfigError, check_int
+from specfree.strategies.base import Strategy
+from specfree.types import Proposal
+
+MATCH_ORDERS = ("recent", "longest", "frequent")
+
+
+class PromptLookup(Strategy):
+    name = "prompt_lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_len: int = 10,
+                 num_candidates: int = 1, match: str = "recent"):
+        self.max_ngram = check_int("prompt_lookup.max_ngram", max_ngram, low=1)
+        self.min_ngram = check_int("prompt_lookup.min_ngram", min_ngram, low=1, high=max_ngram)
+        self.draft_len = check_int("prompt_lookup.draft_len", draft_len, low=1)
+        self.num_candidates = check_int("prompt_lookup.num_candidates", num_candidates, low=1)
+        if match not in MATCH_ORDERS:
+            raise ConfigError(f"prompt_lookup.match must be one of {list(MATCH_ORDERS)}, got {match!r}")
+        self.match = match
+
+    def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
+        depth = min(self.draft_len, max_depth)
+        if depth <= 0:
+            return Proposal(source=self.name)
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            starts = self._match_starts(context, n)
+            if starts.size:
+                return Proposal(self._rank(context, starts, n, depth), source=self.name)
+        return Proposal(source=self.name)
+
+    @staticmethod
+    def _match_starts(context: np.ndarray, n: int) -> np.ndarray:
+        """Start indices i < len-n where context[i:i+n] equals the last n tokens, newest first."""
+        windows = sliding_window_view(context[:-1], n)  # excludes the suffix matching itself
+        hits = np.flatnonzero((windows == context[-n:]).all(axis=1))
+        return hits[::-1]
+
+    def _rank(self, context: np.ndarray, starts: np.ndarray, n: int, depth: int) -> list[list[int]]:
+        conts = [context[s + n : s + n + depth].tolist() for s in starts]
+        conts = [c for c in conts if c]
+        if self.match == "longest":
+            # Rank by how far the agreement with the context extends backwards (newest on ties).
+            lengths = [self._agreement(context, s + n) for s in starts[: len(conts)]]
+            order = sorted(range(len(conts)), key=lambda i: -lengths[i])
+            conts = [conts[i] for i in order]
+        elif self.match == "frequent":
+            counts = Counter(tuple(c[:k]) for c in conts for k in (1, 2, 3))
+            conts = sorted(conts, key=lambda c: [-counts[tuple(c[:k])] for k in (1, 2, 3)])
+        unique, seen = [], set()
+        for c in conts:
+            if tuple(c) not in seen:
+                seen.add(tuple(c))
+                unique.append(c)
+            if len(unique) == self.num_candidates:
+                break
+        return unique
+
+    @staticmethod
+    def _agreement(context: np.ndarray, end: int, cap: int = 64) -> int:
+        """Length of the common suffix of context[:end] and context (at most ``cap``)."""
+        a = context[max(0, end - cap) : end][::-1]
+        b = context[len(context) - len(a) :][::-1]
+        diff = np.flatnonzero(a != b)
+        return int(diff[0]) if diff.size else len(a)

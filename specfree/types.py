@@ -1,0 +1,109 @@
+"""Core value types shared by drafters, mask builders, verifiers and the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AuxBlock:
+    """Rows a drafter wants decoded in the step's forward but NOT verified (e.g. a Jacobi window).
+
+    ``offsets`` are position offsets from the root (root is offset 0, the next token 1...).
+    ``attends[i, j]`` says aux row i may see aux row j; ``sees_root`` says every aux row also
+    sees the root. All aux rows see the whole committed cache.
+    """
+
+    tokens: list[int]
+    offsets: list[int]
+    attends: torch.Tensor  # [A, A] bool
+    sees_root: bool = True
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Proposal:
+    """What one drafter offers for this step: candidate continuations and optional aux rows."""
+
+    candidates: list[list[int]] = field(default_factory=list)  # best first; each follows the root
+    source: str = ""
+    aux: AuxBlock | None = None
+
+
+@dataclass
+class Verdict:
+    """What the verifier decided for one step."""
+
+    tokens: list[int]  # emitted tokens: accepted drafts then one token from the model (bonus)
+    path: list[int]  # tree nodes accepted, root excluded; len(path) == len(tokens) - 1
+
+
+@dataclass
+class StepRecord:
+    """Events of one decoding step, the raw material of every metric."""
+
+    rows: int  # rows in the forward (root + drafted + aux)
+    drafted: int  # drafted tree nodes
+    accepted: int  # drafted tokens accepted (the bonus token is not counted)
+    emitted: int  # tokens this step added to the output (accepted + bonus, after stops)
+    draft_s: float
+    mask_s: float
+    forward_s: float
+    verify_s: float
+    other_s: float
+    sources: dict[str, int] = field(default_factory=dict)  # accepted tokens per drafter
+    extra: dict[str, float] = field(default_factory=dict)  # drafter-specific (window, pool size)
+
+
+@dataclass
+class Generation:
+    """The result of one ``Engine.generate`` call."""
+
+    tokens: list[int]  # new tokens only
+    text: str
+    prompt_tokens: int
+    steps: list[StepRecord]
+    prefill_s: float
+    wall_s: float  # prefill + all steps
+    stop_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "context_length"
+    drafted_mask: list[bool] = field(default_factory=list)  # per token: came from an accepted draft
+
+    @property
+    def forwards(self) -> int:
+        return len(self.steps)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean tokens emitted per step (accepted drafts + the model's own token)."""
+        return sum(s.emitted for s in self.steps) / max(1, len(self.steps))
+
+    @property
+    def decode_s(self) -> float:
+        return sum(s.draft_s + s.mask_s + s.forward_s + s.verify_s + s.other_s for s in self.steps)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def time_split(self) -> dict[str, float]:
+        keys = ("draft_s", "mask_s", "forward_s", "verify_s", "other_s")
+        return {k: sum(getattr(s, k) for s in self.steps) for k in keys}
+
+    def summary(self) -> dict:
+        split = self.time_split()
+        return {
+            "new_tokens": len(self.tokens),
+            "prompt_tokens": self.prompt_tokens,
+            "forwards": self.forwards,
+            "mean_accepted": self.mean_accepted,
+            "tokens_per_s": self.tokens_per_s,
+            "wall_s": self.wall_s,
+            "prefill_s": self.prefill_s,
+            "stop_reason": self.stop_reason,
+            **split,
+            "overhead_frac": 1 - split["forward_s"] / max(1e-12, sum(split.values())),
+        }

@@ -1,0 +1,43 @@
+"""Greedy verification: emit the argmax at each node, descend while a child carries it."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList
+
+from specfree.tree import DraftTree
+from specfree.types import Verdict
+
+
+class GreedyVerifier:
+    name = "greedy"
+    do_sample = False
+
+    def __init__(self, processors: LogitsProcessorList | None = None):
+        # Processors matter in greedy too (a repetition penalty changes the argmax).
+        self.processors = processors or LogitsProcessorList()
+
+    def verify(self, logits: torch.Tensor, tree: DraftTree, context: torch.Tensor) -> Verdict:
+        """logits: [T, V] for the tree rows; context: [L] committed ids ending with the root."""
+        if not self.processors:
+            preds = logits.argmax(-1).tolist()  # one op for the whole tree
+            pick = lambda node, prefix: preds[node]  # noqa: E731
+        else:
+            pick = lambda node, prefix: int(  # noqa: E731
+                self.processors(prefix[None], logits[node : node + 1].float())[0].argmax())
+        return walk(tree, context, pick)
+
+
+def walk(tree: DraftTree, context: torch.Tensor, pick) -> Verdict:
+    """Descend from the root: at each node ``pick`` the model's token; stop when no child has it."""
+    node, tokens, path = 0, [], []
+    prefix = context
+    while True:
+        token = pick(node, prefix)
+        tokens.append(token)
+        child = tree.children.get((node, token))
+        if child is None:
+            return Verdict(tokens=tokens, path=path)
+        path.append(child)
+        node = child
+        prefix = torch.cat([prefix, prefix.new_tensor([token])])
