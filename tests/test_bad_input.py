@@ -1,0 +1,84 @@
+"""Every user mistake gets one clear message naming the problem and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from specfree import ConfigError, Engine, ModelLoadError, UnsupportedModelError
+from specfree.adapters.hf import HFAdapter
+from specfree.adapters.loading import load_model
+from tests.tiny_models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.from_model(tiny_model("llama"), None, "prompt_lookup")
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ([], "the prompt is empty"),
+    ([5, 128, 7], r"prompt token ids must be integers in \[0, 128\); got \[128\]"),
+    ([5, -1], r"got \[-1\]"),
+    ([5, 2.5], r"got \[2.5\]"),
+    ([7] * 600, "the prompt has 600 tokens but the model's context holds 512; shorten the prompt"),
+    ("text", "a text prompt needs a tokenizer"),
+])
+def test_bad_prompts(engine, prompt, message):
+    with pytest.raises(ConfigError, match=message):
+        engine.generate(prompt, 5)
+
+
+@pytest.mark.parametrize("max_new", [0, -3])
+def test_bad_max_new_tokens(engine, max_new):
+    with pytest.raises(ConfigError, match=f"max_new_tokens must be >= 1, got {max_new}"):
+        engine.generate([5, 6], max_new)
+
+
+@pytest.mark.parametrize("strategy, knobs, message", [
+    ("nope", {}, "unknown strategy 'nope'; available: autoregressive, .*prompt_lookup"),
+    ("prompt_lookup", {"draft_len": -1}, r"prompt_lookup.draft_len must be >= 1, got -1"),
+    ("prompt_lookup", {"max_ngram": 0}, r"prompt_lookup.max_ngram must be >= 1, got 0"),
+    ("prompt_lookup", {"min_ngram": 3, "max_ngram": 2}, r"prompt_lookup.min_ngram must be between 1 and 2, got 3"),
+    ("prompt_lookup", {"match": "best"}, r"prompt_lookup.match must be one of \['recent', 'longest', 'frequent'\]"),
+    ("prompt_lookup", {"draft_length": 4}, r"strategy 'prompt_lookup' has no knob 'draft_length'; its knobs: max_ngram"),
+    ("prompt_lookup", {"num_candidates": "3"}, r"prompt_lookup.num_candidates must be an integer, got '3'"),
+    ("autoregressive", {"do_sample": True, "temperature": 0}, r"temperature must be > 0.0, got 0.0"),
+    ("autoregressive", {"do_sample": True, "top_p": 1.5}, r"top_p must be > 0.0 and <= 1.0, got 1.5"),
+    ("autoregressive", {"do_sample": True, "seed": -1}, r"seed must be >= 0, got -1"),
+])
+def test_bad_strategy_and_knobs(strategy, knobs, message):
+    with pytest.raises(ConfigError, match=message):
+        Engine.from_model(tiny_model("llama"), None, strategy, **knobs)
+
+
+def test_generation_stops_at_the_model_context(engine):
+    result = engine.generate([7] * 500, 100, ignore_eos=True)
+    assert len(result.tokens) == 12 and result.stop_reason == "context_length"
+
+
+def test_model_without_attention_masks_is_refused_by_name():
+    config = transformers.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)
+    mamba = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UnsupportedModelError, match="model family 'mamba' cannot run specfree's tree attention"):
+        HFAdapter(mamba)
+
+
+def test_model_files_that_do_not_exist(tmp_path):
+    with pytest.raises(ModelLoadError, match="GGUF file not found: .*missing.gguf"):
+        load_model(str(tmp_path / "missing.gguf"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="could not load a causal LM from .*empty"):
+        load_model(str(tmp_path / "empty"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_without_a_gpu(tmp_path):
+    with pytest.raises(ConfigError, match="device='cuda' was asked for but no CUDA GPU is available here; use device=cpu"):
+        load_model(str(tmp_path), device="cuda")
+
+
+def test_bad_dtype(tmp_path):
+    with pytest.raises(ConfigError, match="dtype must be one of .*got 'float8'"):
+        load_model(str(tmp_path), dtype="float8")

@@ -1,0 +1,61 @@
+"""Integration on the real embedded model, SmolLM2-135M-Instruct (fp32, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfree import Engine
+
+pytestmark = pytest.mark.model
+
+ARTICLE = (
+    "Summarize the following article in two sentences.\n\n"
+    "The town council of Millbrook voted on Tuesday to convert the old railway station into a public "
+    "library. The railway station, built in 1894, has been empty since the line closed in 1972. "
+    "Council members said the library will open in the spring of next year and will include a reading "
+    "room, a children's corner and a small museum about the history of the railway. The project will cost "
+    "four million dollars, most of which will come from a state grant for historic buildings. Residents "
+    "who attended the meeting said they were happy that the railway station will be used again, and several "
+    "offered to volunteer at the new library when it opens."
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.manual_seed(0)
+    engine = Engine.from_pretrained("smollm2", "autoregressive")
+    return engine.adapter.model, engine.tokenizer
+
+
+def plain_greedy(model, tokenizer, messages, max_new_tokens):
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_chat_answer_is_fluent_and_identical_to_plain_greedy(smollm2):
+    model, tokenizer = smollm2
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    engine = Engine.from_model(model, tokenizer, "prompt_lookup", num_candidates=2)
+    result = engine.generate(messages, max_new_tokens=24)
+    assert result.tokens == plain_greedy(model, tokenizer, messages, 24)
+    assert "Paris" in result.text
+
+
+def test_prompt_lookup_needs_fewer_forwards_than_tokens_on_a_summary(smollm2):
+    model, tokenizer = smollm2
+    messages = [{"role": "user", "content": ARTICLE}]
+    engine = Engine.from_model(model, tokenizer, "prompt_lookup")
+    chunks, stream = [], engine.stream(messages, max_new_tokens=48)
+    while True:
+        try:
+            chunks.append(next(stream))
+        except StopIteration as done:
+            result = done.value
+            break
+    assert result.tokens == plain_greedy(model, tokenizer, messages, 48)
+    assert result.forwards < len(result.tokens)
+    assert any(flag for chunk in chunks for flag in chunk.from_draft)
+    assert "".join(c.text for c in chunks) == result.text  # streamed text adds up to the result

@@ -1,0 +1,53 @@
+"""Tiny randomly initialised causal LMs of several families, for property tests.
+
+Weights are drawn with a large init range so logits are spread out: near-ties between the
+top two tokens (which fp32 rounding could flip) become vanishingly rare.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import transformers
+
+VOCAB = 128
+BOS, EOS, PAD = 1, 2, 0
+COMMON = dict(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, initializer_range=0.3)
+
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=512, **COMMON),
+    "mistral": lambda: transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2,
+                                                  max_position_embeddings=512, sliding_window=None, **COMMON),
+    "qwen2": lambda: transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=512, **COMMON),
+    "gpt2": lambda: transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=512, **COMMON),
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                   num_attention_heads=4, max_position_embeddings=512, **COMMON),
+    "phi3": lambda: transformers.Phi3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2,
+                                            max_position_embeddings=512, **COMMON),
+}
+FAMILIES = sorted(CONFIGS)
+
+
+@functools.cache
+def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
+    torch.manual_seed(seed)
+    config = CONFIGS[family]()
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    model.generation_config.pad_token_id = PAD
+    return model
+
+
+def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy decoding: the ground truth every strategy must reproduce."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=EOS, pad_token_id=PAD)
+    return out[0, len(prompt):].tolist()
