@@ -51,3 +51,30 @@ def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=EOS, pad_token_id=PAD)
     return out[0, len(prompt):].tolist()
+
+
+WORDS = ("the a an and or but if then so of to in on at by for with from up down out over under "
+         "cat dog bird fish tree house car road sun moon star sky sea river hill town city park "
+         "is was are were be been has had have do did will can may must should would could "
+         "big small red blue green old new good bad happy sad fast slow hot cold long short "
+         "run walk jump swim fly sing play read write eat see look "
+         "one two three four five six seven eight nine ten . , ! ? ; : day night time year "
+         "he she it we they you i this that").split()
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer whose ids fit the tiny models' vocabulary (with a chat template)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<s>": BOS, "</s>": EOS, "<unk>": 3}
+    for word in WORDS:
+        vocab.setdefault(word, len(vocab))
+    assert len(vocab) <= VOCAB
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+        chat_template="{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} . {% endfor %}"
+                      "{% if add_generation_prompt %}assistant : {% endif %}")

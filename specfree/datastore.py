@@ -1,0 +1,111 @@
+"""Build a retrieval datastore: tokenize text/JSONL corpora, index them with a suffix array, save.
+
+Used by ``python -m specfree datastore build input=... out=...`` and by library users.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specfree.errors import ConfigError
+from specfree.pools.suffix_array import SuffixArrayPool
+
+TEXT_FIELDS = ("text", "content", "turns", "prompt", "question", "reference")
+
+
+@dataclass
+class DatastoreStats:
+    documents: int
+    tokens: int
+    tokenize_s: float
+    index_s: float
+    file_bytes: int
+    peak_rss_mb: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _as_text(value) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    return None
+
+
+def read_documents(path: Path, fields: Sequence[str] | None = None) -> Iterator[str]:
+    """Documents of a .txt (blank-line separated paragraphs) or .jsonl file (one object per line).
+
+    For JSONL, every listed field present in a row (default: the usual text-like fields) adds
+    its text: a string, or a list of strings (e.g. chat ``turns``) joined by newlines.
+    """
+    if not path.is_file():
+        raise ConfigError(f"datastore input not found: {path}")
+    if path.suffix == ".jsonl":
+        wanted = tuple(fields) if fields else TEXT_FIELDS
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+                texts = [t for f in wanted if isinstance(row, dict) and (t := _as_text(row.get(f)))]
+                if not texts and fields:
+                    raise ConfigError(f"{path}:{number}: none of the fields {list(wanted)} holds text; "
+                                      f"the row has {sorted(row) if isinstance(row, dict) else type(row).__name__}")
+                yield from texts
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"datastore input {path} is not UTF-8 text; give .txt or .jsonl files") from None
+        yield from (p for p in text.split("\n\n") if p.strip())
+
+
+def build_datastore(inputs: Sequence[str | Path], tokenizer, out: str | Path, fields: Sequence[str] | None = None,
+                    progress: Callable[[str, float], None] | None = None) -> DatastoreStats:
+    """Tokenize ``inputs`` with the model's tokenizer, build the suffix array, save it to ``out``."""
+    if not inputs:
+        raise ConfigError("datastore build needs at least one input file: input=CORPUS.jsonl")
+    say = progress or (lambda stage, fraction: None)
+    start = time.perf_counter()
+    docs: list[np.ndarray] = []
+    paths = [Path(p).expanduser() for p in inputs]
+    for k, path in enumerate(paths):
+        batch: list[str] = []
+        for text in read_documents(path, fields):
+            batch.append(text)
+            if len(batch) == 512:
+                docs += _tokenize(tokenizer, batch)
+                batch = []
+        docs += _tokenize(tokenizer, batch)
+        say(f"tokenized {path.name}", 0.5 * (k + 1) / len(paths))
+    tokens = sum(len(d) for d in docs)
+    if tokens == 0:
+        raise ConfigError(f"the datastore inputs {[str(p) for p in paths]} hold no text")
+    tokenized = time.perf_counter()
+    pool = SuffixArrayPool.build(docs, progress=lambda stage, f: say(stage, 0.5 + 0.5 * f))
+    out = Path(out).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pool.save(out)
+    done = time.perf_counter()
+    return DatastoreStats(documents=len(docs), tokens=tokens, tokenize_s=tokenized - start,
+                          index_s=done - tokenized, file_bytes=out.stat().st_size,
+                          peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _tokenize(tokenizer, texts: list[str]) -> list[np.ndarray]:
+    if not texts:
+        return []
+    ids = tokenizer(texts, add_special_tokens=False).input_ids
+    return [np.asarray(x, dtype=np.int32) for x in ids]
