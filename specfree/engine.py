@@ -7,12 +7,15 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from specfree.adapters.hf import HFAdapter
+from specfree.adapters.loading import DEFAULT_CACHE
+from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, SpecfreeError, check_int
 from specfree.masks.tree import build_layout
@@ -32,12 +35,16 @@ class Chunk:
 
 
 class Engine:
-    def __init__(self, adapter: HFAdapter, strategy: Strategy, verifier=None, tokenizer=None):
+    def __init__(self, adapter: HFAdapter, strategy: Strategy, verifier=None, tokenizer=None,
+                 cache_dir: str | Path | None = None):
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
         self.tokenizer = tokenizer
         strategy.setup(adapter.vocab_size, adapter.max_length)
+        if getattr(strategy, "wants_costs", False) and getattr(strategy, "costs", None) is None:
+            # Sizing drafts needs the forward cost curve: measured once, then read from the cache.
+            strategy.costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
         self.eos_ids = self._eos_ids()
 
     # ---- construction -------------------------------------------------------------------
@@ -53,11 +60,11 @@ class Engine:
         from specfree.adapters.loading import load_model
 
         hf_model, tokenizer = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
-        return cls.from_model(hf_model, tokenizer, strategy, **knobs)
+        return cls.from_model(hf_model, tokenizer, strategy, cache_dir=cache_dir, **knobs)
 
     @classmethod
-    def from_model(cls, model, tokenizer=None, strategy: str | Strategy = "prompt_lookup",
-                   **knobs: Any) -> "Engine":
+    def from_model(cls, model, tokenizer=None, strategy: str | Strategy = "prompt_lookup", *,
+                   cache_dir: str | None = None, **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model."""
         from specfree.plugins import build_plugin_manager, registry
 
@@ -70,7 +77,18 @@ class Engine:
         elif knobs:
             raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
         verifier = reg.make("verifier", "sampling" if sampling.pop("do_sample", False) else "greedy", **sampling)
-        return cls(HFAdapter(model), strategy, verifier, tokenizer)
+        return cls(HFAdapter(model), strategy, verifier, tokenizer, cache_dir=cache_dir)
+
+    @classmethod
+    def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":
+        """Build from a config: a DictConfig, a dict or a YAML path, over the packaged defaults.
+
+        ``overrides`` are command-line style (``["strategy=prompt_lookup", "strategy.draft_len=8"]``);
+        ``plugins`` are extra plugin objects, beside the installed ones. See ``specfree.config``.
+        """
+        from specfree.config import engine_from_config
+
+        return engine_from_config(cfg, overrides, plugins)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -162,7 +180,7 @@ class Engine:
                 t0 = time.perf_counter()
                 context = buffer[:n]
                 proposal = strategy.propose(context, max_depth=limit - n - 1)
-                tree = merge(int(context[-1]), ((c, proposal.source) for c in proposal.candidates),
+                tree = merge(int(context[-1]), zip(proposal.candidates, proposal.candidate_sources()),
                              budget=adapter.max_length, max_depth=limit - n - 1)
                 t1 = time.perf_counter()
                 layout = build_layout(tree, proposal.aux, root_position=n - 1)
@@ -188,7 +206,8 @@ class Engine:
                     if stop_reason or n >= limit:
                         break
                 strategy.observe(Outcome(tree, verdict, buffer[:n],
-                                         logits[layout.num_tree :] if proposal.aux is not None else None))
+                                         logits[layout.num_tree :] if proposal.aux is not None else None,
+                                         logits[: layout.num_tree]))
                 t5 = time.perf_counter()
                 accepted = min(len(verdict.path), emitted)
                 steps.append(StepRecord(

@@ -32,6 +32,11 @@ class Proposal:
     candidates: list[list[int]] = field(default_factory=list)  # best first; each follows the root
     source: str = ""
     aux: AuxBlock | None = None
+    sources: list[str] | None = None  # per candidate, when several drafters contributed
+    labels: list[str] | None = None  # per candidate: the drafter's confidence class (e.g. match length)
+
+    def candidate_sources(self) -> list[str]:
+        return self.sources if self.sources is not None else [self.source] * len(self.candidates)
 
 
 @dataclass

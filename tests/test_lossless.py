@@ -24,9 +24,17 @@ def prompts(draw) -> list[int]:
 
 @st.composite
 def strategy_specs(draw) -> tuple[str, dict]:
-    name = draw(st.sampled_from(["autoregressive", "prompt_lookup"]))
+    name = draw(st.sampled_from(["autoregressive", "prompt_lookup", "recycling", "hybrid"]))
     if name == "autoregressive":
         return name, {}
+    if name == "recycling":
+        successors = draw(st.integers(1, 6))
+        return name, dict(successors=successors,
+                          widths=draw(st.lists(st.integers(1, successors), min_size=1, max_size=5)))
+    if name == "hybrid":
+        drafters = draw(st.lists(st.sampled_from(["prompt_lookup", "trie", "recycling"]), min_size=1,
+                                 max_size=3, unique=True))
+        return name, dict(drafters=drafters, max_rows=draw(st.integers(1, 40)))
     max_ngram = draw(st.integers(1, 4))
     return name, dict(
         max_ngram=max_ngram,

@@ -19,6 +19,7 @@ class Outcome:
     verdict: Verdict
     context: np.ndarray  # committed ids after this step (the last one is the next root)
     aux_logits: torch.Tensor | None  # [A, V] logits of the drafter's aux rows, if it had any
+    tree_logits: torch.Tensor | None = None  # [T, V] logits of the tree rows (root first)
 
 
 class Strategy:

@@ -38,7 +38,8 @@ class PromptLookup(Strategy):
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             starts = self._match_starts(context, n)
             if starts.size:
-                return Proposal(self._rank(context, starts, n, depth), source=self.name)
+                candidates = self._rank(context, starts, n, depth)
+                return Proposal(candidates, source=self.name, labels=[f"n{n}"] * len(candidates))
         return Proposal(source=self.name)
 
     @staticmethod

@@ -1,0 +1,82 @@
+"""What a forward costs as a function of its rows, measured once per model/device and cached.
+
+On a CPU the price of a step is its row count: one row is a memory-bound matrix-vector pass,
+two rows already switch to slower matrix-matrix kernels, and from there rows are cheap until
+compute dominates. Strategies that size their drafts from this curve spend rows only where
+the expected accepted tokens pay for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+class CostModel:
+    def __init__(self, rows: list[int], seconds: list[float]):
+        order = np.argsort(rows)
+        self.rows = np.asarray(rows, dtype=np.float64)[order]
+        # A forward never gets cheaper with more rows; smooth measurement noise accordingly.
+        self.seconds = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64)[order])
+
+    def __call__(self, rows: int) -> float:
+        if rows > self.rows[-1]:  # extrapolate linearly from the last two points
+            slope = (self.seconds[-1] - self.seconds[-2]) / max(1.0, self.rows[-1] - self.rows[-2])
+            return float(self.seconds[-1] + slope * (rows - self.rows[-1]))
+        return float(np.interp(rows, self.rows, self.seconds))
+
+    def as_dict(self) -> dict:
+        return {"rows": self.rows.astype(int).tolist(), "seconds": self.seconds.tolist()}
+
+    @classmethod
+    @torch.inference_mode()
+    def measure(cls, adapter, context: int = 256, sizes=SIZES, repeats: int = 3) -> "CostModel":
+        """Time forwards of ``sizes`` rows after a ``context``-token prefix (best of ``repeats``)."""
+        context = max(1, min(context, adapter.max_length - max(sizes) - repeats * len(sizes) - 2))
+        generator = torch.Generator().manual_seed(0)
+        vocab = adapter.vocab_size
+        adapter.reset()
+        adapter.prefill(torch.randint(0, vocab, (context,), generator=generator))
+        seconds = []
+        for k in sizes:
+            tokens = torch.randint(0, vocab, (k,), generator=generator)
+            allowed = torch.ones(k, k, dtype=torch.bool).tril()
+            best = float("inf")
+            for _ in range(repeats + 1):  # the first run warms the kernels up
+                start = time.perf_counter()
+                adapter.forward(tokens, None if k == 1 else allowed)
+                if adapter.device.type == "cuda":
+                    torch.cuda.synchronize(adapter.device)
+                best = min(best, time.perf_counter() - start)
+                adapter.commit([0], rows=k)  # keep one row: the context barely grows
+            seconds.append(best)
+        adapter.reset()
+        return cls(list(sizes), seconds)
+
+    @classmethod
+    def cached(cls, adapter, cache_dir: Path) -> "CostModel":
+        """Measure once per (model, device, dtype, threads); later engines read the file."""
+        model = adapter.model
+        params = sum(p.numel() for p in model.parameters())
+        key = hashlib.sha1(json.dumps([model.config.model_type, params, str(adapter.device), str(adapter.dtype),
+                                       torch.get_num_threads(), torch.__version__]).encode()).hexdigest()[:16]
+        path = Path(cache_dir) / "costs" / f"{key}.json"
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+                return cls(data["rows"], data["seconds"])
+            except (ValueError, KeyError):
+                pass  # a damaged cache file is simply measured again
+        costs = cls.measure(adapter)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(costs.as_dict()))
+        tmp.replace(path)
+        return costs
