@@ -32,6 +32,13 @@ class CostModel:
             return float(self.seconds[-1] + slope * (rows - self.rows[-1]))
         return float(np.interp(rows, self.rows, self.seconds))
 
+    def observe(self, rows: int, seconds: float, weight: float = 0.1) -> None:
+        """Fold a real step's forward time into the nearest measured size (machines drift)."""
+        i = int(np.abs(self.rows - rows).argmin())
+        if self.rows[i] == rows:
+            self.seconds[i] += weight * (seconds - self.seconds[i])
+            self.seconds = np.maximum.accumulate(self.seconds)
+
     def as_dict(self) -> dict:
         return {"rows": self.rows.astype(int).tolist(), "seconds": self.seconds.tolist()}
 

@@ -45,6 +45,9 @@ class Engine:
         if getattr(strategy, "wants_costs", False) and getattr(strategy, "costs", None) is None:
             # Sizing drafts needs the forward cost curve: measured once, then read from the cache.
             strategy.costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
+        # Folding live step times into the curve tracks machine drift, at the price of step
+        # counts that vary from run to run; strategies opt in.
+        self._costs = strategy.costs if getattr(strategy, "adapt_costs", False) else None
         self.eos_ids = self._eos_ids()
 
     # ---- construction -------------------------------------------------------------------
@@ -189,6 +192,8 @@ class Engine:
                 logits = adapter.forward(layout.tokens, None if layout.rows == 1 else layout.allowed,
                                          layout.positions)
                 t3 = self._sync()
+                if self._costs is not None:
+                    self._costs.observe(layout.rows, t3 - t2)
                 verdict = verifier.verify(logits[: layout.num_tree], tree, torch.from_numpy(context))
                 t4 = time.perf_counter()
                 adapter.commit([0, *verdict.path], rows=layout.rows)

@@ -45,11 +45,13 @@ class Hybrid(Strategy):
     name = "hybrid"
     wants_costs = True  # the engine hands over its measured CostModel as ``self.costs``
 
-    def __init__(self, drafters: list[Strategy], max_rows: int = 32, acceptance: AcceptanceModel | None = None):
+    def __init__(self, drafters: list[Strategy], max_rows: int = 32, acceptance: AcceptanceModel | None = None,
+                 adapt_costs: bool = False):
         if not drafters:
             raise ConfigError("hybrid needs at least one drafter")
         self.drafters = drafters
         self.max_rows = check_int("hybrid.max_rows", max_rows, low=1)
+        self.adapt_costs = bool(adapt_costs)  # True: live forward times refine the cost curve
         self.acceptance = acceptance or AcceptanceModel()
         self.costs = None
         self._proposed: list[tuple[str, str | None, list[int]]] = []
@@ -118,7 +120,7 @@ class Hybrid(Strategy):
 
 def make_hybrid(drafters: list[str] | tuple[str, ...] = ("prompt_lookup", "trie", "recycling"),
                 max_rows: int = 32, datastore: str | None = None, prior_accepted: float = 1.0,
-                prior_rejected: float = 1.0) -> Hybrid:
+                prior_rejected: float = 1.0, adapt_costs: bool = False) -> Hybrid:
     """Build the hybrid from drafter names with their hybrid-tuned knobs."""
     from specfree.strategies.prompt_lookup import PromptLookup
     from specfree.strategies.recycling import TokenRecycling
@@ -137,4 +139,4 @@ def make_hybrid(drafters: list[str] | tuple[str, ...] = ("prompt_lookup", "trie"
     if "retrieval" in drafters and not datastore:
         raise ConfigError("hybrid with the retrieval drafter needs strategy.datastore=PATH")
     return Hybrid([builders[d]() for d in drafters], max_rows=max_rows,
-                  acceptance=AcceptanceModel(prior_accepted, prior_rejected))
+                  acceptance=AcceptanceModel(prior_accepted, prior_rejected), adapt_costs=adapt_costs)
