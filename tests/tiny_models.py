@@ -32,14 +32,42 @@ CONFIGS = {
                                             num_attention_heads=4, num_key_value_heads=2,
                                             max_position_embeddings=512, **COMMON),
 }
+# Llama-shaped sizes shared by the families added below.
+LAYERS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=512)
+# Mixed sliding/full layers with a window shorter than the tests' prompt + output, so the
+# window really cuts attention.
+WINDOWED = dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+CONFIGS.update({
+    "gemma": lambda: transformers.GemmaConfig(head_dim=8, **LAYERS, **COMMON),
+    # Gemma2 adds attention-logit soft-capping (eager attention only) to the mixed windows.
+    "gemma2": lambda: transformers.Gemma2Config(head_dim=8, **WINDOWED, **LAYERS, **COMMON),
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(head_dim=8, **WINDOWED, **LAYERS, **COMMON),
+    "opt": lambda: transformers.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                          word_embed_proj_dim=32, max_position_embeddings=512, **COMMON),
+    "falcon": lambda: transformers.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                max_position_embeddings=512, **COMMON),
+    "stablelm": lambda: transformers.StableLmConfig(**LAYERS, **COMMON),
+    "phi": lambda: transformers.PhiConfig(**LAYERS, **COMMON),
+    "qwen3": lambda: transformers.Qwen3Config(head_dim=8, **LAYERS, **COMMON),
+    "smollm3": lambda: transformers.SmolLM3Config(**LAYERS, **COMMON),
+    "olmo2": lambda: transformers.Olmo2Config(**LAYERS, **COMMON),
+    "starcoder2": lambda: transformers.Starcoder2Config(**LAYERS, **COMMON),
+    "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **LAYERS, **COMMON),
+})
 FAMILIES = sorted(CONFIGS)
 
 
 @functools.cache
 def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
     config = CONFIGS[family]()
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    try:
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    except ValueError:  # no SDPA path in this family (e.g. Gemma2's soft-capping): eager attention
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    model.eval()
     model.generation_config.pad_token_id = PAD
     return model
 
@@ -70,6 +98,9 @@ def tiny_tokenizer():
     vocab = {"<pad>": PAD, "<s>": BOS, "</s>": EOS, "<unk>": 3}
     for word in WORDS:
         vocab.setdefault(word, len(vocab))
+    # transformers' stop-string matcher learns each token's text by decoding it after this
+    # probe word ("abcdef"); the word must therefore be in the vocabulary.
+    vocab.setdefault("abcdef", len(vocab))
     assert len(vocab) <= VOCAB
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

@@ -2,10 +2,13 @@
 
 The committed KV lives in a plain ``DynamicCache`` (no sliding-window layers, so cache index ==
 position). After each step only the accepted rows' KV is kept, by moving them down in place
-and cutting the tail: no second forward.
+and cutting the tail: no second forward. Sliding-window layers keep their whole KV too; the
+mask hides what falls outside their window.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -22,6 +25,15 @@ def context_limit(config) -> int:
     return 2048
 
 
+# Layer kinds one additive mask per kind can express (the names models use in ``layer_types``).
+MASKABLE_LAYERS = {"full_attention", "sliding_attention"}
+
+
+def ignores_custom_masks(attn_implementation: str | None) -> bool:
+    """Flash-attention kernels take no arbitrary mask: tree rows would see their siblings."""
+    return "flash" in str(attn_implementation or "")
+
+
 class HFAdapter:
     name = "hf"
 
@@ -29,9 +41,10 @@ class HFAdapter:
         self.model = model.eval()
         config = model.config
         self.family = config.model_type
+        self._use_maskable_attention()
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
-        self.sliding_window = self._uniform_sliding_window(config)
+        self.sliding_window, self.layer_windows = self._attention_windows(config)
         self.cache = DynamicCache()
         if check_tree_mask:
             self.check_tree_mask()
@@ -48,17 +61,59 @@ class HFAdapter:
     def past_len(self) -> int:
         return self.cache.get_seq_length()
 
-    def _uniform_sliding_window(self, config) -> int | None:
-        """The window every layer uses, or None. Mixed sliding/full layers need per-layer masks,
-        which one 4D mask cannot express: such models may only run within their window."""
+    def _use_maskable_attention(self) -> None:
+        """Switch a flash-attention model to SDPA (or eager, for families without SDPA), which take
+        the tree mask: same weights, same math."""
+        current = self.model.config._attn_implementation
+        if not ignores_custom_masks(current):
+            return
+        reasons = []
+        for fallback in ("sdpa", "eager"):
+            try:
+                self.model.set_attn_implementation(fallback)
+            except (ValueError, ImportError) as exc:  # the family lacks this implementation
+                reasons.append(f"{fallback}: {exc}")
+                continue
+            if self.model.config._attn_implementation == fallback:
+                warnings.warn(f"attn_implementation={current!r} cannot take specfree's tree attention mask; "
+                              f"switched this model to {fallback!r}", stacklevel=3)
+                return
+            reasons.append(f"{fallback}: the model does not switch attention after loading")
+        raise UnsupportedModelError(
+            f"model family '{self.family}' runs {current!r}, which cannot take specfree's tree attention "
+            f"mask, and could not be switched ({'; '.join(reasons)}). Load it with "
+            "attn_implementation='sdpa' or 'eager'.")
+
+    def _attention_windows(self, config) -> tuple[int | None, dict[str, int | None] | None]:
+        """(the window every layer uses, or None; per layer kind windows when kinds are mixed, or None).
+
+        Mixed sliding/full layers (Gemma2/3, Cohere2...) get one mask per kind, passed as the
+        dict ``{layer kind: mask}`` the model's forward accepts from ``generate``. Other layer
+        kinds (chunked, linear attention...) cannot be expressed so: such a model may then only
+        run within its window.
+        """
         window = getattr(config, "sliding_window", None)
         if not window or getattr(config, "use_sliding_window", True) is False:
-            return None
-        layer_types = getattr(config, "layer_types", None)
-        if layer_types and any(t != "sliding_attention" for t in layer_types):
-            self.max_length = min(self.max_length, window)
-            return None
-        return window
+            return None, None
+        kinds = set(getattr(config, "layer_types", None) or ["sliding_attention"])
+        if kinds == {"sliding_attention"}:
+            return window, None
+        if kinds <= MASKABLE_LAYERS:
+            return None, {"full_attention": None, "sliding_attention": window}
+        self.max_length = min(self.max_length, window)
+        return None, None
+
+    @property
+    def window(self) -> int | None:
+        """The narrowest attention window of any layer (masks are needed once it is exceeded)."""
+        return self.sliding_window or (self.layer_windows or {}).get("sliding_attention")
+
+    def _mask(self, allowed: torch.Tensor, past: int, positions: torch.Tensor):
+        """The additive mask [1,1,Q,past+Q], or one per layer kind for mixed-window models."""
+        if self.layer_windows is None:
+            return additive_mask(allowed, past, positions.cpu(), self.dtype, self.sliding_window).to(self.device)
+        return {kind: additive_mask(allowed, past, positions.cpu(), self.dtype, window).to(self.device)
+                for kind, window in self.layer_windows.items()}
 
     def reset(self) -> None:
         self.cache = DynamicCache()
@@ -71,9 +126,8 @@ class HFAdapter:
         past = self.past_len
         positions = torch.arange(past, past + ids.numel(), device=self.device)
         mask = None
-        if self.sliding_window is not None and past + ids.numel() > self.sliding_window:
-            causal = torch.ones(ids.numel(), ids.numel(), dtype=torch.bool).tril()
-            mask = additive_mask(causal, past, positions.cpu(), self.dtype, self.sliding_window)
+        if self.window is not None and past + ids.numel() > self.window:
+            mask = self._mask(torch.ones(ids.numel(), ids.numel(), dtype=torch.bool).tril(), past, positions)
         self._forward(ids, positions, mask, logits_to_keep=1)
 
     @torch.inference_mode()
@@ -90,12 +144,12 @@ class HFAdapter:
             seen = allowed.sum(-1) if allowed is not None else torch.arange(1, q + 1)
             positions = past + seen - 1
         causal = allowed is None or (q == 1 or bool(torch.equal(allowed, torch.ones(q, q, dtype=torch.bool).tril())))
-        windowed = self.sliding_window is not None and past + q > self.sliding_window
+        windowed = self.window is not None and past + q > self.window
         mask = None
         if not causal or windowed:
             if allowed is None:
                 allowed = torch.ones(q, q, dtype=torch.bool).tril()
-            mask = additive_mask(allowed, past, positions, self.dtype, self.sliding_window).to(self.device)
+            mask = self._mask(allowed, past, positions)
         return self._forward(tokens, positions, mask)
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:

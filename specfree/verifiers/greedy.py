@@ -23,6 +23,7 @@ class GreedyVerifier:
             preds = logits.argmax(-1).tolist()  # one op for the whole tree
             pick = lambda node, prefix: preds[node]  # noqa: E731
         else:
+            context = context.to(logits.device)  # processors index the scores with these ids
             pick = lambda node, prefix: int(  # noqa: E731
                 self.processors(prefix[None], logits[node : node + 1].float())[0].argmax())
         return walk(tree, context, pick)

@@ -43,6 +43,8 @@ class SamplingVerifier:
         self.seed = seed
 
     def verify(self, logits: torch.Tensor, tree: DraftTree, context: torch.Tensor) -> Verdict:
+        context = context.to(logits.device)  # processors index the scores with these ids
+
         def pick(node: int, prefix: torch.Tensor) -> int:
             scores = self.processors(prefix[None], logits[node : node + 1].float())[0]
             probs = torch.softmax(scores, dim=-1)

@@ -1,0 +1,1 @@
+"""Bridges from other libraries' entry points to specfree's engine."""

@@ -1,0 +1,106 @@
+"""Every supported model family decodes losslessly through the adapter; the others are refused by name."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers
+
+from specfree import Engine, UnsupportedModelError
+from specfree.adapters.hf import HFAdapter, ignores_custom_masks
+from specfree.adapters.loading import load_model
+from tests.tiny_models import COMMON, CONFIGS, FAMILIES, reference_greedy, tiny_model
+
+# Repetitive, so prompt lookup drafts several sibling candidates; 20 + 16 tokens outrun the
+# 16-token window of the windowed families.
+PROMPT = [5, 6, 7, 8, 9] * 3 + [10, 11, 5, 6, 7]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tree_drafts_reproduce_generate(family):
+    model = tiny_model(family)
+    engine = Engine.from_model(model, None, "prompt_lookup", num_candidates=3, draft_len=6)
+    result = engine.generate(PROMPT, 16)
+    assert result.tokens == reference_greedy(model, PROMPT, 16)
+    assert engine.adapter.max_length == 512  # windows are masked, never a cap on the context
+
+
+def test_mixed_sliding_and_full_layers_get_one_mask_per_kind():
+    adapter = HFAdapter(tiny_model("gemma2"))
+    assert adapter.layer_windows == {"full_attention": None, "sliding_attention": 16}
+    assert adapter.sliding_window is None and adapter.window == 16
+
+
+def test_one_window_for_every_layer_past_the_window():
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, **COMMON)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    engine = Engine.from_model(model, None, "prompt_lookup", num_candidates=3, draft_len=6)
+    assert engine.adapter.sliding_window == 8
+    assert engine.generate(PROMPT, 12).tokens == reference_greedy(model, PROMPT, 12)
+
+
+@pytest.mark.parametrize("config, family, reason", [
+    # ALiBi attention (Bloom, Falcon-RW) builds its bias from a 2D padding mask and rejects a 4D one.
+    (lambda: transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **COMMON), "bloom",
+     "cannot run specfree's tree attention"),
+    (lambda: transformers.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True,
+                                       **COMMON), "falcon", "cannot run specfree's tree attention"),
+    # MPT adds its own causal ALiBi bias and ignores the mask, so siblings would see each other.
+    (lambda: transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, max_seq_len=512, **COMMON), "mpt",
+     "ignores custom 4D attention masks"),
+])
+def test_families_that_cannot_take_a_tree_mask_are_refused(config, family, reason):
+    model = transformers.AutoModelForCausalLM.from_config(config()).eval()
+    with pytest.raises(UnsupportedModelError, match=f"model family '{family}' {reason}"):
+        HFAdapter(model)
+
+
+def test_flash_attention_is_detected():
+    assert ignores_custom_masks("flash_attention_2") and ignores_custom_masks("flash_attention_3")
+    assert ignores_custom_masks("kernels-community/flash-attn2")
+    assert not any(map(ignores_custom_masks, ["sdpa", "eager", None]))
+
+
+def _claims_flash(family: str) -> transformers.PreTrainedModel:
+    """A fresh tiny model whose config says flash attention (settable without flash-attn installed)."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family](), attn_implementation="eager").eval()
+    model.config._attn_implementation = "flash_attention_2"
+    return model
+
+
+@pytest.mark.parametrize("family, fallback", [("llama", "sdpa"), ("gemma2", "eager")])
+def test_flash_attention_model_switches_to_a_masked_implementation(family, fallback):
+    model = _claims_flash(family)
+    with pytest.warns(UserWarning, match=f"'flash_attention_2' cannot take specfree's tree attention mask; "
+                                         f"switched this model to '{fallback}'"):
+        engine = Engine.from_model(model, None, "prompt_lookup")
+    assert model.config._attn_implementation == fallback
+    assert engine.generate(PROMPT, 8).tokens == reference_greedy(model, PROMPT, 8)
+
+
+def test_flash_attention_model_that_cannot_switch_is_refused():
+    class FixedAttention(transformers.LlamaForCausalLM):
+        def _can_set_attn_implementation(self) -> bool:  # as a model outside AttentionInterface
+            return False
+
+    torch.manual_seed(0)
+    model = FixedAttention(CONFIGS["llama"]()).eval()
+    model.config._attn_implementation = "flash_attention_2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(UnsupportedModelError, match="model family 'llama' runs 'flash_attention_2', which "
+                                                        "cannot take specfree's tree attention mask, and could "
+                                                        "not be switched .*attn_implementation='sdpa' or 'eager'"):
+            HFAdapter(model)
+
+
+def test_load_model_asked_for_flash_attention_loads_sdpa(tiny_llama_dir):
+    with pytest.warns(UserWarning, match="'flash_attention_2' cannot take specfree's tree attention mask; "
+                                         "loading with 'sdpa'"):
+        model, _ = load_model(str(tiny_llama_dir), attn_implementation="flash_attention_2")
+    assert model.config._attn_implementation == "sdpa"
