@@ -9,12 +9,29 @@ from specfree.hookspecs import hookimpl
 def specfree_register(registry) -> None:
     from specfree.adapters.hf import HFAdapter
     from specfree.masks.tree import build_layout
+    from specfree.pools.lru import LRUNGramPool
+    from specfree.pools.suffix_array import SuffixArrayPool
+    from specfree.pools.trie import TriePool
     from specfree.strategies.autoregressive import Autoregressive
+    from specfree.strategies.lookahead import LOOKAHEAD_DEFAULTS, lookahead
+    from specfree.strategies.hybrid import make_hybrid
     from specfree.strategies.prompt_lookup import PromptLookup
+    from specfree.strategies.recycling import TokenRecycling
+    from specfree.strategies.retrieval import make_retrieval
+    from specfree.strategies.trie import make_trie
     from specfree.verifiers.factories import greedy, sampling
 
     registry.add("strategy", "autoregressive", Autoregressive)
     registry.add("strategy", "prompt_lookup", PromptLookup)
+    registry.add("strategy", "lookahead", lookahead, config=LOOKAHEAD_DEFAULTS)
+    registry.add("strategy", "trie", make_trie)
+    registry.add("strategy", "retrieval", make_retrieval)
+    registry.add("strategy", "recycling", TokenRecycling)
+    registry.add("strategy", "hybrid", make_hybrid)
+    registry.add("pool", "lru", LRUNGramPool)
+    registry.add("pool", "trie", TriePool)
+    # A suffix array is built from a corpus, not from knobs: its node loads a saved datastore.
+    registry.add("pool", "suffix_array", SuffixArrayPool.load)
     registry.add("verifier", "greedy", greedy)
     registry.add("verifier", "sampling", sampling)
     registry.add("adapter", "hf", HFAdapter)

@@ -109,3 +109,38 @@ def _tokenize(tokenizer, texts: list[str]) -> list[np.ndarray]:
         return []
     ids = tokenizer(texts, add_special_tokens=False).input_ids
     return [np.asarray(x, dtype=np.int32) for x in ids]
+
+
+USAGE = ("usage: python -m specfree datastore build input=FILE[,FILE...] out=PATH "
+         "[model=smollm2|PATH|HUB_ID] [fields=text,turns]")
+
+
+def main(args: Sequence[str]) -> int:
+    """``python -m specfree datastore build input=... out=...``: build with a progress bar."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specfree.adapters.loading import load_tokenizer
+
+    if not args or args[0] != "build":
+        raise ConfigError(USAGE)
+    options: dict[str, str] = {}
+    for arg in args[1:]:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in ("input", "out", "model", "fields", "cache_dir"):
+            raise ConfigError(f"datastore build: unexpected argument {arg!r}; {USAGE}")
+        options[key] = value
+    if not options.get("input") or not options.get("out"):
+        raise ConfigError(f"datastore build needs input= and out=; {USAGE}")
+    inputs = [p for p in options["input"].strip("[]").split(",") if p]
+    fields = [f for f in options.get("fields", "").strip("[]").split(",") if f] or None
+    tokenizer = load_tokenizer(options.get("model", "smollm2"), cache_dir=options.get("cache_dir"))
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("reading", total=1.0)
+        stats = build_datastore(inputs, tokenizer, options["out"], fields,
+                                progress=lambda stage, f: bar.update(task, description=stage, completed=f))
+    console.print(f"datastore {options['out']}: {stats.documents} documents, {stats.tokens:,} tokens, "
+                  f"{stats.file_bytes / 2**20:.1f} MiB; tokenize {stats.tokenize_s:.1f} s, "
+                  f"index {stats.index_s:.1f} s, peak RSS {stats.peak_rss_mb:.0f} MB")
+    return 0

@@ -207,7 +207,7 @@ class Engine:
                     from_draft.append(emitted <= len(verdict.path))
                     if detok is not None:
                         text += detok.push(token)
-                    stop_reason = self._stop_reason(token, detok, stop, ignore_eos)
+                    stop_reason = self.should_stop(token, detok, stop, ignore_eos)
                     if stop_reason or n >= limit:
                         break
                 strategy.observe(Outcome(tree, verdict, buffer[:n],
@@ -232,8 +232,13 @@ class Engine:
         return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,
                           prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft)
 
-    def _stop_reason(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
-                     ignore_eos: bool) -> str | None:
+    def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
+                    ignore_eos: bool) -> str | None:
+        """Why to stop after emitting ``token`` (asked once per token, in order), or None.
+
+        Subclasses add stop conditions here (the transformers integration applies
+        ``generate``'s stopping criteria this way).
+        """
         if token in self.eos_ids and not ignore_eos:
             return "eos"
         if stop and detok is not None:

@@ -9,7 +9,12 @@ A plugin is any module or object with ``@hookimpl`` functions, published under t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pluggy
+
+if TYPE_CHECKING:
+    from specfree.plugins import Registry
 
 PROJECT = "specfree"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -17,10 +22,12 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def specfree_register(registry: "Registry") -> None:  # noqa: F821 (see specfree.plugins)
+def specfree_register(registry: Registry) -> None:
     """Add components with ``registry.add(kind, name, factory, config=...)``.
 
     ``kind`` is one of "strategy", "pool", "verifier", "adapter", "mask". ``factory`` is a
-    class or function taking plain keyword knobs; ``config`` is an optional dict of its
-    default knobs, which becomes its Hydra config node.
+    class or function taking plain keyword knobs; ``config`` is an optional dict of default
+    knobs. Strategies, pools and verifiers get a Hydra config node ``<kind>/<name>`` made from
+    the factory's signature (annotated types are checked) and these defaults, so
+    ``strategy=<name> strategy.<knob>=...`` works without shipping YAML.
     """

@@ -1,0 +1,5 @@
+"""``python -m specfree``: see specfree.cli."""
+
+from specfree.cli import main
+
+raise SystemExit(main())

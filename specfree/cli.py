@@ -1,0 +1,422 @@
+"""The command line: ``python -m specfree <command> [overrides]`` (also installed as ``specfree``).
+
+``decode`` and ``bench`` run through ``hydra.main``, so multirun (``-m``), output folders and
+launchers are Hydra's own. Every job's config is composed here first: a mistake in any of them
+is reported as one line (exit code 2) before anything runs, instead of Hydra's multi-line report.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from specfree.errors import ConfigError, SpecfreeError, check_int
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from specfree.plugins import Registry
+
+USAGE_ERROR = 2
+INTERRUPTED = 130
+BASELINE = "autoregressive"
+COMMANDS = {
+    "decode": "generate from one prompt, streamed; tokens from accepted drafts are marked",
+    "bench": "benchmark strategies over a prompt file (bench=spec_bench or bench=custom)",
+    "compare": "one table over decode multirun folders and bench outputs: compare DIR...",
+    "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
+    "datastore": "build a retrieval datastore from text or JSONL files",
+}
+EXAMPLES = """\
+examples:
+  python -m specfree decode strategy=prompt_lookup prompt="Summarize: ..."
+  echo "Tell me a story" | python -m specfree decode chat=false max_new_tokens=64
+  python -m specfree decode -m strategy=autoregressive,prompt_lookup model=smollm2 prompt="..."
+  python -m specfree compare multirun/2026-01-01/12-00-00
+  python -m specfree bench bench.prompts=spec_bench_questions.jsonl bench.limit=10
+  python -m specfree decode --help      (the full config, Hydra's flags)"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not argv or argv[0] in ("-h", "--help", "help"):
+            print(help_text())
+            return 0 if argv else USAGE_ERROR
+        command, args = argv[0], argv[1:]
+        if command not in COMMANDS:
+            raise ConfigError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)} (see --help)")
+        if command == "compare":
+            return compare(args)
+        if command == "plugins":
+            return plugins(args)
+        if command == "datastore":
+            return _delegate("specfree.datastore", "main", "datastore")(args)
+        return hydra_command(command, args)
+    except SpecfreeError as exc:
+        print_error(exc)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        return INTERRUPTED
+
+
+def print_error(exc: BaseException) -> None:
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+
+
+def help_text() -> str:
+    from specfree.config import group_options
+
+    lines = ["usage: python -m specfree <command> [group=option] [key=value ...] [-m]", "", "commands:"]
+    lines += [f"  {name:<10} {about}" for name, about in COMMANDS.items()]
+    lines += ["", "config groups (pick an option with group=option, set a field with group.field=value):"]
+    lines += [f"  {group:<9} {', '.join(options) or '(none registered)'}" for group, options in group_options().items()]
+    lines += ["", "top-level settings: prompt, prompt_file, chat, max_new_tokens, stop, ignore_eos, seed,",
+              "  device, dtype, threads, cache_dir, output", "", EXAMPLES]
+    return "\n".join(lines)
+
+
+# ---- decode and bench: through Hydra ------------------------------------------------------
+def hydra_command(command: str, args: list[str]) -> int:
+    import hydra
+    from hydra._internal.utils import (
+        get_args_parser,  # Hydra's own flags: -m, --cfg, --help...
+    )
+
+    from specfree.config import (
+        CONFIG_MODULE,
+        CONFIG_NAME,
+        compose,
+        register_config_nodes,
+    )
+    from specfree.plugins import build_plugin_manager, registry
+
+    parser = get_args_parser()
+    parser.prog = f"python -m specfree {command}"
+    try:
+        parsed = parser.parse_args(args)
+    except SystemExit as usage:  # argparse has printed the usage and the problem
+        return usage.code if isinstance(usage.code, int) else USAGE_ERROR
+    reg = registry(build_plugin_manager())
+    overrides = [quote_free_text(o) for o in parsed.overrides]
+    if command == "bench" and not any(o.lstrip("+").startswith("bench=") for o in overrides):
+        overrides.insert(0, "bench=spec_bench")
+    register_config_nodes(reg)
+    runs = not (parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion)
+    jobs = [compose(job, reg) for job in (sweep_jobs(overrides) if parsed.multirun else [overrides])]
+    piped = None
+    for cfg in jobs if runs else []:
+        _require_values(cfg)
+        if command == "decode" and piped is None and cfg.prompt is None and cfg.prompt_file is None:
+            piped = read_stdin()  # once: every job of a sweep decodes the same piped prompt
+            read_prompt(cfg, piped)  # no prompt at all: say so before anything runs
+    flags = [a for a in args if a not in parsed.overrides]
+    runner = ((lambda cfg: decode(cfg, reg, piped=piped)) if command == "decode"
+              else _delegate("specfree.bench.cli", "run", "bench"))
+
+    def task(cfg) -> None:
+        try:
+            code = runner(cfg)
+        except SpecfreeError as exc:
+            print_error(exc)
+            raise SystemExit(USAGE_ERROR) from None
+        if code:
+            raise SystemExit(code)  # also stops a sweep: the later jobs would fail the same way
+
+    app = hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base="1.3")(task)
+    # hydra.main reads its arguments from sys.argv; hand it this command's, then put them back.
+    saved = sys.argv
+    sys.argv = [f"specfree {command}", *flags, f"hydra.job.name={command}", *overrides]
+    try:
+        app()
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else USAGE_ERROR
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def quote_free_text(override: str) -> str:
+    """``prompt=`` takes any text: quote it for Hydra so commas, colons or parentheses survive."""
+    key, sep, value = override.partition("=")
+    if key.lstrip("+") != "prompt" or not sep or not value or value[0] in "'\"":
+        return override
+    return f"{key}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """Every job of a ``-m`` sweep, as the overrides of one run (the cartesian product)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from specfree.config import config_error
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                   else [o.input_line] for o in parsed]
+    except Exception as exc:
+        raise config_error(exc) from None
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def _require_values(cfg) -> None:
+    from omegaconf import OmegaConf
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        hint = " (model=local reads a folder or a .gguf file)" if missing[0] == "model.path" else ""
+        raise ConfigError(f"{missing[0]} is required: add {missing[0]}=...{hint}")
+
+
+def _delegate(module: str, function: str, command: str) -> Callable[..., int]:
+    """A command another part of specfree provides; a clear message when it is not installed."""
+    try:
+        return getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError):
+        raise ConfigError(f"{command} is not available in this install ({module}.{function} is missing)") from None
+
+
+# ---- decode -------------------------------------------------------------------------------
+def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Console | None = None,
+           piped: str | None = None) -> int:
+    """Stream one completion; drafted tokens in green on a terminal; a summary line on stderr.
+
+    ``piped`` is the text already read from stdin (else stdin is read when there is no prompt).
+    """
+    from specfree.config import build_engine, knobs
+    from specfree.detokenize import Detokenizer
+
+    out = out or Console(highlight=False, soft_wrap=True)
+    err = err or Console(stderr=True, highlight=False, soft_wrap=True)
+    prompt = read_prompt(cfg, piped)
+    if cfg.threads is not None:
+        import torch
+
+        torch.set_num_threads(check_int("threads", cfg.threads, low=1))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a weight-loading bar would land between prompt and answer
+    engine = build_engine(cfg, reg)
+    chat = bool(cfg.chat and getattr(engine.tokenizer, "chat_template", None))
+    ids = engine.encode(prompt, chat=chat)
+    stream = engine.stream(ids, cfg.max_new_tokens, stop=list(cfg.stop), seed=cfg.seed, ignore_eos=cfg.ignore_eos)
+    detok = Detokenizer(engine.tokenizer)
+    tokens: list[int] = []
+    drafted: list[bool] = []
+    steps, generation, start = 0, None, time.perf_counter()
+    try:
+        while True:
+            chunk = next(stream)
+            for token, from_draft in zip(chunk.tokens, chunk.from_draft):
+                # Per token, so a step's accepted drafts and the model's own token differ in colour.
+                out.print(Text(detok.push(token), style="green" if from_draft else ""), end="")
+            tokens += chunk.tokens
+            drafted += chunk.from_draft
+            steps += 1
+    except StopIteration as done:
+        generation = done.value
+    except KeyboardInterrupt:
+        pass  # keep what was generated: print it, its summary and its result file
+    out.print(detok.flush())
+    wall = time.perf_counter() - start
+    partial = {"tokens": tokens, "drafted": drafted, "steps": steps, "wall": wall}
+    result = _result(cfg, prompt, ids, generation, partial, knobs(cfg.strategy), engine.tokenizer)
+    line = Text(summary_line(result))
+    line.highlight_regex(r"\d+ drafted", "green")  # the legend for the coloured tokens above
+    err.print(line)
+    _write_result(cfg, result)
+    return INTERRUPTED if generation is None else 0
+
+
+def read_prompt(cfg, piped: str | None = None) -> str:
+    """``prompt``, else ``prompt_file``, else the text piped on stdin (``piped`` if already read)."""
+    if cfg.prompt is not None and cfg.prompt_file is not None:
+        raise ConfigError("give prompt=... or prompt_file=..., not both")
+    if cfg.prompt is not None:
+        return str(cfg.prompt)
+    if cfg.prompt_file is not None:
+        path = _original_path(cfg.prompt_file)
+        if not path.is_file():
+            raise ConfigError(f"prompt_file not found: {path}")
+        return path.read_text(encoding="utf-8")
+    text = read_stdin() if piped is None else piped
+    if not text.strip():
+        raise ConfigError('no prompt: give prompt="...", prompt_file=PATH, or pipe text on stdin')
+    return text
+
+
+def read_stdin() -> str:
+    """Piped input, or "" when stdin is a terminal (nobody is typing a prompt into a pipe)."""
+    return "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+
+
+def summary_line(result: dict) -> str:
+    s = result["summary"]
+    drafted = sum(result["drafted_mask"])
+    return (f"{s['new_tokens']} tokens · {s['tokens_per_s']:.1f} tok/s · {s['forwards']} forwards · "
+            f"{s['mean_accepted']:.2f} tokens/step · {drafted} drafted · {result['strategy']['name']}"
+            + (" · interrupted" if result["interrupted"] else ""))
+
+
+def _result(cfg, prompt, ids, generation, partial, strategy, tokenizer) -> dict:
+    from omegaconf import OmegaConf
+
+    import specfree
+
+    if generation is not None:
+        summary, steps, text = generation.summary(), [asdict(s) for s in generation.steps], generation.text
+        tokens, drafted = generation.tokens, generation.drafted_mask
+    else:  # interrupted: the engine's records went with its generator; count what was printed
+        tokens, drafted, wall, n = partial["tokens"], partial["drafted"], partial["wall"], partial["steps"]
+        summary = {"new_tokens": len(tokens), "prompt_tokens": len(ids), "forwards": n,
+                   "mean_accepted": len(tokens) / max(1, n), "tokens_per_s": len(tokens) / wall if wall > 0 else 0.0,
+                   "wall_s": wall, "stop_reason": "interrupted"}
+        steps, text = [], tokenizer.decode(tokens, skip_special_tokens=True)
+    return {"kind": "decode", "config": OmegaConf.to_container(cfg, resolve=True), "overrides": _task_overrides(),
+            "model": cfg.model.path or cfg.model.name, "strategy": {"name": cfg.strategy.name, **strategy},
+            "prompt": prompt, "prompt_tokens": len(ids), "tokens": tokens, "text": text, "drafted_mask": drafted,
+            "summary": summary, "steps": steps, "interrupted": generation is None,
+            "versions": {"specfree": specfree.__version__}}
+
+
+def _task_overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _write_result(cfg, result: dict) -> Path | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    if cfg.output is not None:
+        path = _original_path(cfg.output)
+    elif HydraConfig.initialized():
+        path = Path(HydraConfig.get().runtime.output_dir) / "result.json"
+    else:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return path
+
+
+def _original_path(value: str) -> Path:
+    """A user's relative path is relative to where they ran the command, even if Hydra chdir'ed."""
+    from hydra.core.hydra_config import HydraConfig
+
+    path = Path(str(value)).expanduser()
+    if not path.is_absolute() and HydraConfig.initialized():
+        from hydra.utils import get_original_cwd
+
+        path = Path(get_original_cwd()) / path
+    return path
+
+
+# ---- compare ------------------------------------------------------------------------------
+def compare(args: list[str], console: Console | None = None) -> int:
+    """One table over decode results (each job's ``result.json``); bench outputs go to the bench module."""
+    if not args or any(a.startswith("-") for a in args):
+        raise ConfigError("usage: python -m specfree compare DIR_OR_FILE... (multirun or bench output folders)")
+    # Piped output keeps whole rows rather than wrapping them at 80 columns.
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    decode_files, other = [], []
+    for arg in args:
+        path = Path(arg).expanduser()
+        if not path.exists():
+            raise ConfigError(f"compare: {path} does not exist")
+        for f in [path] if path.is_file() else sorted(path.rglob("*.json"), key=_natural):
+            (decode_files if f.name == "result.json" else other).append(f)
+    bench_files = [f for f in other if f.name == "bench.json"]
+    if not decode_files and not bench_files:
+        raise ConfigError(f"compare: no result.json (decode) or bench.json (bench) under {' '.join(args)}")
+    if bench_files:
+        _delegate("specfree.bench.compare", "compare", "compare for bench outputs")(
+            [str(f) for f in bench_files], console=console)
+    if decode_files:
+        console.print(decode_table([_load(f) for f in decode_files]))
+    return 0
+
+
+def decode_table(runs: list[tuple[Path, dict]]) -> Table:
+    """Each run against the autoregressive run with the same config apart from the strategy."""
+    baselines: dict[str, dict] = {}
+    for _, res in runs:
+        if res["strategy"]["name"] == BASELINE:
+            baselines.setdefault(_comparable(res), res)
+    shared = set.intersection(*(set(res.get("overrides") or []) for _, res in runs))
+    table = Table("run", "model", "strategy", "tokens", "tok/s", "speedup", "tokens/step", "identical",
+                  title="decode runs: speedup is tokens/s over the autoregressive run with the same settings")
+    for path, res in runs:
+        s, base = res["summary"], baselines.get(_comparable(res))
+        speedup = identical = "–"
+        if base is not None:
+            if base["summary"]["tokens_per_s"] > 0:
+                speedup = f"{s['tokens_per_s'] / base['summary']['tokens_per_s']:.2f}x"
+            identical = "yes" if res["tokens"] == base["tokens"] else "NO"
+        # The overrides that tell this run from the others (the swept ones), else its job folder.
+        swept = [o for o in res.get("overrides") or [] if o not in shared and not o.startswith("strategy=")]
+        label = " ".join(swept) or path.parent.name
+        table.add_row(label, str(res["model"]), res["strategy"]["name"], str(s["new_tokens"]),
+                      f"{s['tokens_per_s']:.1f}", speedup, f"{s['mean_accepted']:.2f}", identical)
+    return table
+
+
+def _comparable(res: dict) -> str:
+    """The settings two runs must share for one to be the other's baseline."""
+    cfg = {k: v for k, v in res.get("config", {}).items() if k not in ("strategy", "pool", "output", "threads")}
+    return json.dumps([cfg, res.get("prompt")], sort_keys=True, default=str)
+
+
+def _load(path: Path) -> tuple[Path, dict]:
+    try:
+        res = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not a readable JSON file: {exc}") from None
+    if not isinstance(res, dict) or res.get("kind") != "decode":
+        raise ConfigError(f"{path} is not a decode result (written by python -m specfree decode)")
+    return path, res
+
+
+def _natural(path: Path):
+    """Multirun job folders in numeric order: 0, 1, 2, ..., 10."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.parts]
+
+
+# ---- plugins ------------------------------------------------------------------------------
+def plugins(args: list[str], console: Console | None = None) -> int:
+    from specfree.config import COMPONENT_GROUPS
+    from specfree.plugins import KINDS, build_plugin_manager, registry
+
+    if args:
+        raise ConfigError("usage: python -m specfree plugins")
+    reg = registry(build_plugin_manager())
+    table = Table("kind", "name", "from", "knobs (config defaults)", title="registered components")
+    for kind in KINDS:
+        for name in reg.names(kind):
+            component = reg.get(kind, name)
+            table.add_row(kind, name, component.source, _knob_defaults(component) if kind in COMPONENT_GROUPS else "")
+    (console or Console(highlight=False)).print(table)
+    return 0
+
+
+def _knob_defaults(component) -> str:
+    from omegaconf import MISSING
+
+    from specfree.config import knob_fields
+
+    try:
+        fields = knob_fields(component)
+    except SpecfreeError as exc:
+        return f"(broken: {exc})"
+    show = lambda v: "(required)" if v == MISSING else repr(v) if isinstance(v, str) else str(v)  # noqa: E731
+    return ", ".join(f"{knob}={show(default)}" for knob, (_, default) in fields.items())

@@ -1,0 +1,152 @@
+"""Config schemas: the dataclasses the packaged YAML is checked against, and the nodes made
+from the plugin registry for strategies, verifiers and pools.
+
+Each registered component becomes a dataclass ``{name, knobs...}`` whose fields are its
+factory's keyword parameters, typed from their annotations, with defaults from
+``Registry.add(config=...)`` or the signature. A third-party strategy thus gets a config node
+with typo and type checks without shipping YAML, exactly like the built-ins.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+import dataclasses
+import enum
+import inspect
+import pathlib
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+from specfree.errors import ConfigError
+from specfree.plugins import Component
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # embedded name (smollm2), hub id, folder or .gguf file
+    # A folder or .gguf on disk, loaded instead of `name`. Every model option sets it (most to
+    # null); a YAML `???` could not make it required, because merging never overwrites with ???.
+    path: str | None = MISSING
+    revision: str | None = None
+    attn_implementation: str = "sdpa"
+    adapter: str = "hf"  # a registered model adapter
+
+
+@dataclass
+class BenchConfig:
+    prompts: str = MISSING
+    format: str = "spec_bench"
+    fields: dict[str, str | None] = field(default_factory=dict)
+    limit: int | None = None
+    per_category: int | None = None
+    max_new_tokens: int = 128
+    baselines: list[Any] = field(default_factory=lambda: ["hf_generate", "hf_prompt_lookup"])
+    strategies: list[Any] = field(default_factory=list)
+    repeats: int = 1
+    warmup: int = 1
+    resume: bool = False
+    out: str | None = None
+    chat: bool = True
+    markdown: bool = False
+
+
+@dataclass
+class SpecfreeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    strategy: Any = None  # these three are checked by their own registry-made schemas
+    verifier: Any = None
+    pool: Any = None
+    bench: BenchConfig | None = None
+    prompt: str | None = None
+    prompt_file: str | None = None
+    chat: bool = True
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int | None = None
+    cache_dir: str | None = None
+    output: str | None = None
+
+
+# ---- config nodes made from the registry ---------------------------------------------------
+def knob_fields(component: Component) -> dict[str, tuple[Any, Any]]:
+    """The knobs a config can set: name -> (type OmegaConf checks, default or MISSING).
+
+    Parameters whose type a config cannot hold (a pool object, logits processors) are left out;
+    a ``pool`` object comes from the ``pool`` group instead.
+    """
+    try:
+        params = inspect.signature(component.factory, eval_str=True).parameters
+    except Exception:  # an annotation that only exists under TYPE_CHECKING: keep the strings
+        params = inspect.signature(component.factory).parameters
+    fields: dict[str, tuple[Any, Any]] = {}
+    for p in params.values():
+        if p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+            continue
+        kind = _config_type(p.annotation)
+        if kind is None or (p.name == "pool" and kind is Any):  # an untyped `pool` is a pool object
+            continue
+        default = component.config.get(p.name, p.default)
+        fields[p.name] = (kind, MISSING if default is p.empty else _plain_default(default))
+    stray = sorted(set(component.config) - set(fields))
+    if stray:
+        raise ConfigError(f"{component.kind} {component.name!r} (from {component.source}) has config defaults for "
+                          f"{stray}, which are not knobs of its factory; knobs: {', '.join(fields)}")
+    return fields
+
+
+def _config_type(annotation: Any) -> Any:
+    """The OmegaConf type for a parameter annotation, or None when a config cannot express it."""
+    if annotation is inspect.Parameter.empty or annotation is Any or isinstance(annotation, str):
+        return Any
+    if annotation in (int, float, bool, str):
+        return annotation
+    if annotation in (list, tuple, set, frozenset):
+        return list[Any]
+    if annotation is dict:
+        return dict[str, Any]
+    if inspect.isclass(annotation):
+        if issubclass(annotation, pathlib.PurePath):
+            return str
+        return annotation if issubclass(annotation, enum.Enum) else None  # other classes are objects
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        inner = _config_type(rest[0]) if len(rest) == 1 else Any
+        return None if inner is None else (Optional[inner] if len(rest) < len(args) else inner)
+    if origin is typing.Literal:
+        kinds = {type(a) for a in args}
+        return kinds.pop() if len(kinds) == 1 and kinds <= {int, str, bool, float} else Any
+    if origin in (list, tuple, set, frozenset, collections.abc.Sequence, collections.abc.Set):
+        inner = _config_type(args[0]) if args else Any
+        return None if inner is None else list[inner]
+    if origin in (dict, collections.abc.Mapping):
+        return dict[str, Any]
+    return None
+
+
+def _plain_default(value: Any) -> Any:
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    if isinstance(value, pathlib.PurePath):
+        return str(value)
+    return value
+
+
+def node_schema(component: Component) -> type:
+    """A dataclass ``{name, knobs...}`` for one registered component: its Hydra config node."""
+    specs = [("name", str, component.name)]
+    for knob, (kind, default) in knob_fields(component).items():
+        if isinstance(default, (list, dict)):
+            default = field(default_factory=lambda d=default: copy.deepcopy(d))
+        specs.append((knob, kind, default))
+    title = "".join(part.title() for part in f"{component.name}_{component.kind}".split("_"))
+    return dataclasses.make_dataclass(f"{title}Config", specs, namespace={"component": component.name})

@@ -1,0 +1,339 @@
+"""Composing the packaged Hydra configs, checking them, and building an Engine from a config.
+
+The config tree (``specfree/conf``) has one group per swappable part; its schemas, including the
+nodes made from the plugin registry for strategies, verifiers and pools, are in
+``specfree/conf/schema.py``. Every mistake becomes a one-line ``ConfigError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from specfree.conf.schema import BenchConfig, ModelConfig, SpecfreeConfig, knob_fields, node_schema
+from specfree.errors import ConfigError, ModelLoadError
+from specfree.plugins import Registry
+
+__all__ = ["BenchConfig", "ModelConfig", "SpecfreeConfig", "build_engine", "compose", "config_error",
+           "engine_from_config", "group_options", "knob_fields", "load_config", "node_schema"]
+
+CONFIG_MODULE = "specfree.conf"
+CONFIG_NAME = "config"
+SCHEMA_NAME = "specfree_schema"
+COMPONENT_GROUPS = ("strategy", "verifier", "pool")  # group name == registry kind
+GROUPS = ("model", *COMPONENT_GROUPS, "bench")
+
+
+def register_config_nodes(reg: Registry) -> None:
+    """Put the schemas and every registered component's node into Hydra's ConfigStore.
+
+    The ConfigStore is Hydra's process-wide table; these groups are rewritten from ``reg`` on
+    every call, so the last registry used decides what ``strategy=NAME`` means.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=SpecfreeConfig)
+    for kind in COMPONENT_GROUPS:
+        store.repo.pop(kind, None)  # a previous registry's components must not linger as options
+        for name in reg.names(kind):
+            store.store(group=kind, name=name, node=node_schema(reg.get(kind, name)))
+
+
+# ---- composing ----------------------------------------------------------------------------
+@contextmanager
+def packaged_configs() -> Iterator[None]:
+    """Hydra initialized on the packaged configs, even from inside another Hydra app."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    backup = get_gh_backup() if GlobalHydra.instance().is_initialized() else None
+    if backup is not None:
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+            yield
+    finally:
+        if backup is not None:
+            restore_gh_from_backup(backup)
+
+
+def compose(overrides: Sequence[str] = (), reg: Registry | None = None) -> DictConfig:
+    """The packaged config with command-line style ``overrides``; mistakes raise ConfigError."""
+    from hydra import compose as hydra_compose
+
+    reg = reg if reg is not None else _default_registry()
+    register_config_nodes(reg)
+    with packaged_configs():
+        try:
+            cfg = hydra_compose(CONFIG_NAME, overrides=list(overrides))
+        except Exception as exc:
+            raise config_error(exc) from None
+    check(cfg, reg)
+    return cfg
+
+
+def check(cfg: DictConfig, reg: Registry) -> None:
+    """Refuse keys no schema has room for (Hydra lets ``+key=value`` add them) and unknown names."""
+    try:
+        # Plain copies: a node keeps its schema class, which a fresh schema would not accept.
+        plain = OmegaConf.to_container(cfg)
+        top = {k: v for k, v in plain.items() if k not in (*COMPONENT_GROUPS, "hydra")}
+        OmegaConf.merge(OmegaConf.structured(SpecfreeConfig), top)
+        for group in COMPONENT_GROUPS:
+            node = plain.get(group)
+            if node is not None:
+                if not isinstance(node, Mapping) or not node.get("name"):
+                    raise ConfigError(f"{group} must be an option name, e.g. {group}={reg.names(group)[0]}; "
+                                      f"available: {', '.join(reg.names(group))}")
+                schema = node_schema(reg.get(group, str(node["name"])))
+                OmegaConf.merge(OmegaConf.create({group: OmegaConf.structured(schema)}), {group: node})
+    except Exception as exc:
+        raise config_error(exc) from None
+
+
+def group_options(reg: Registry | None = None) -> dict[str, list[str]]:
+    """Every config group and its options, as ``--help`` lists them."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_config_nodes(reg if reg is not None else _default_registry())
+    with packaged_configs():
+        loader = GlobalHydra.instance().config_loader()
+        return {group: loader.get_group_options(group) for group in GROUPS}
+
+
+def load_config(cfg: DictConfig | Mapping | str | Path | None = None, overrides: Sequence[str] = (),
+                reg: Registry | None = None) -> DictConfig:
+    """A checked config: ``cfg`` (a config, a dict or a YAML file) over the packaged defaults, then
+    ``overrides`` (``["strategy=prompt_lookup", "strategy.draft_len=8"]``) on top.
+
+    A partial ``cfg`` is fine: its ``strategy.name`` (likewise verifier, pool) picks the option
+    whose defaults fill in the knobs it leaves out.
+    """
+    reg = reg if reg is not None else _default_registry()
+    user = _as_config(cfg)
+    if user is None:
+        return compose(overrides, reg)
+    chosen, values = _split_overrides(overrides)
+    picks = dict(chosen)
+    for group in COMPONENT_GROUPS:
+        node = user.get(group)
+        if isinstance(node, str):  # {"strategy": "lookahead"}: just the option
+            picks.setdefault(group, node)
+            user.pop(group)
+        elif group in chosen:
+            if isinstance(node, Mapping) and node.get("name") != chosen[group]:
+                user.pop(group)  # the override picks another option: this node no longer applies
+        elif isinstance(node, Mapping) and node.get("name"):
+            picks[group] = str(node["name"])
+    base = compose([f"{group}={option}" for group, option in picks.items() if option is not None], reg)
+    try:
+        merged = OmegaConf.merge(base, user)
+        for group, option in picks.items():
+            if option is None:  # pool=null: no option to compose, just an empty group
+                merged[group] = None
+        for key, value in values:
+            OmegaConf.update(merged, key, value, merge=False)
+    except Exception as exc:
+        raise config_error(exc) from None
+    check(merged, reg)
+    return merged
+
+
+def _as_config(cfg) -> DictConfig | None:
+    if cfg is None:
+        return None
+    if isinstance(cfg, (str, Path)):
+        path = Path(cfg).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            cfg = OmegaConf.load(path)
+        except Exception as exc:
+            raise ConfigError(f"{path} is not a YAML config: {exc}") from None
+    if not isinstance(cfg, (DictConfig, Mapping)):
+        raise ConfigError(f"a config must be a DictConfig, a dict or a YAML path, got {type(cfg).__name__}")
+    plain = OmegaConf.to_container(OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg)
+    plain.pop("hydra", None)  # a config saved by a Hydra run carries Hydra's own node
+    return OmegaConf.create(plain)
+
+
+def _split_overrides(overrides: Sequence[str]) -> tuple[dict[str, str | None], list[tuple[str, Any]]]:
+    """Group picks (``strategy=x``) and value settings (``strategy.k=2``), parsed like the CLI."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception as exc:
+        raise config_error(exc) from None
+    chosen, values = {}, []
+    for o in parsed:
+        if o.is_sweep_override() or o.is_delete() or o.is_add() or o.is_force_add():
+            raise ConfigError(f"override {o.input_line!r}: only key=value and group=option work here; "
+                              "sweeps (-m) need the command line")
+        key = o.key_or_group
+        if key in GROUPS:
+            chosen[key] = None if o.value() is None else str(o.value())
+        else:
+            values.append((key, o.value()))
+    return chosen, values
+
+
+def _default_registry() -> Registry:
+    from specfree.plugins import build_plugin_manager, registry
+
+    return registry(build_plugin_manager())
+
+
+# ---- building -----------------------------------------------------------------------------
+def knobs(node: DictConfig | Mapping) -> dict[str, Any]:
+    """A component node as plain keyword knobs (``name`` removed)."""
+    plain = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    plain.pop("name", None)
+    return plain
+
+
+def build(reg: Registry, kind: str, node: DictConfig | Mapping, **extra: Any) -> Any:
+    if not isinstance(node, Mapping) or not node.get("name"):
+        raise ConfigError(f"{kind} must be a node with a name, e.g. {kind}={reg.names(kind)[0]}; got {node!r}")
+    try:
+        return reg.make(kind, str(node["name"]), **knobs(node), **extra)
+    except ValueError as exc:  # factories (pools) refuse bad knob values with ValueError: a config mistake
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{kind}={node['name']}: {exc}") from exc
+
+
+def build_strategy(cfg: DictConfig, reg: Registry):
+    """The strategy, given the ``pool`` node's pool when its factory takes a pool object."""
+    component = reg.get("strategy", cfg.strategy.name)
+    wants_pool = "pool" in component.knobs and "pool" not in knob_fields(component)
+    extra = {}
+    if cfg.pool is not None:
+        if not wants_pool:
+            raise ConfigError(f"strategy {component.name!r} does not take a pool from the pool group; "
+                              f"remove pool={cfg.pool.name}")
+        extra["pool"] = build(reg, "pool", cfg.pool)
+    elif wants_pool and inspect.signature(component.factory).parameters["pool"].default is inspect.Parameter.empty:
+        raise ConfigError(f"strategy {component.name!r} needs a pool: add pool=NAME "
+                          f"(available: {', '.join(reg.names('pool'))})")
+    return build(reg, "strategy", cfg.strategy, **extra)
+
+
+def build_engine(cfg: DictConfig, reg: Registry):
+    """An Engine from a checked config. Strategy and verifier are built first, so their mistakes
+    show before the model spends seconds loading."""
+    from specfree.adapters.loading import load_model
+    from specfree.engine import Engine
+
+    strategy = build_strategy(cfg, reg)
+    verifier = build(reg, "verifier", cfg.verifier)
+    model_cfg = cfg.model
+    if model_cfg.path is not None and not Path(model_cfg.path).expanduser().exists():
+        raise ModelLoadError(f"model.path not found: {model_cfg.path} (give a model folder or a .gguf file)")
+    check_hub_reachable(model_cfg.path or model_cfg.name, model_cfg.revision)
+    model, tokenizer = load_model(model_cfg.path or model_cfg.name, device=cfg.device, dtype=cfg.dtype,
+                                  cache_dir=cfg.cache_dir, attn_implementation=model_cfg.attn_implementation,
+                                  revision=model_cfg.revision)
+    adapter = reg.make("adapter", model_cfg.adapter, model=model)
+    return Engine(adapter, strategy, verifier, tokenizer)
+
+
+def check_hub_reachable(source: str, revision: str | None = None) -> None:
+    """Fail at once, not after a minute of download retries, when a hub model that is not cached
+    cannot be fetched because the hub's host does not even resolve (no network)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    from specfree.adapters.loading import EMBEDDED
+
+    local = source in EMBEDDED or source.endswith(".gguf") or Path(source).expanduser().exists()
+    if local or constants.HF_HUB_OFFLINE:
+        return  # offline mode fails fast by itself
+    if isinstance(try_to_load_from_cache(source, "config.json", revision=revision), str):
+        return
+    try:
+        socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname, 443)
+    except OSError:
+        raise ModelLoadError(
+            f"could not load {source!r}: it is not a local folder, a .gguf file or in the Hugging Face "
+            f"cache, and the hub cannot be reached (no network). Download it elsewhere and pass its "
+            f"folder with model=local model.path=DIR, or use the embedded model: model=smollm2") from None
+
+
+def engine_from_config(cfg: DictConfig | Mapping | str | Path | None = None, overrides: Sequence[str] = (),
+                       plugins: Sequence[object] = ()):
+    """``Engine.from_config``: installed plugins plus ``plugins``, the checked config, the engine."""
+    from specfree.plugins import build_plugin_manager, registry
+
+    reg = registry(build_plugin_manager(extra_plugins=tuple(plugins)))
+    return build_engine(load_config(cfg, overrides, reg), reg)
+
+
+# ---- errors -------------------------------------------------------------------------------
+def config_error(exc: BaseException) -> ConfigError:
+    """One line, naming the field and what it accepts, for a Hydra or OmegaConf failure."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
+
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and "/" in exc.missing_cfg_file:
+        group, _, option = exc.missing_cfg_file.rpartition("/")
+        return ConfigError(f"unknown {group} {option!r}; available: {', '.join(exc.options or [])}")
+    if isinstance(exc, OverrideParseException):
+        return ConfigError(f"{_first_line(exc)}; quote values with spaces or commas: 'key=\"a, b\"'")
+    cause = exc
+    while not isinstance(cause, OmegaConfBaseException) and cause.__cause__ is not None:
+        cause = cause.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        key = cause.full_key or cause.key
+        schema = cause.object_type if dataclasses.is_dataclass(cause.object_type) else None
+        names = [f.name for f in dataclasses.fields(schema)] if schema else []
+        if isinstance(cause, MissingMandatoryValue):
+            return ConfigError(f"{key} is required: set it with {key}=...")
+        if isinstance(cause, ConfigKeyError) or "not in struct" in str(cause) or "not in '" in str(cause):
+            owner, _, leaf = str(key).rpartition(".")
+            label = getattr(schema, "component", None)
+            if label:
+                names = [n for n in names if n != "name"]
+                return ConfigError(f"{key}: {owner} {label!r} has no knob {leaf!r}; its knobs: "
+                                   f"{', '.join(names) or '(none)'}{_did_you_mean(leaf, names)}")
+            return ConfigError(f"{key}: no such setting; {owner or 'the top level'} has: {', '.join(names)}"
+                               + _did_you_mean(leaf, names))
+        if isinstance(cause, ValidationError) and schema is not None:
+            leaf = str(key).rpartition(".")[2]
+            hints = typing.get_type_hints(schema)  # resolved: the schemas' annotations are strings
+            if leaf in hints:
+                return ConfigError(f"{key}: expected {_type_name(hints[leaf])}, got {cause.value!r}")
+        return ConfigError(f"{key}: {_first_line(cause)}" if key else _first_line(cause))
+    return ConfigError(" ".join(line.strip() for line in str(exc).splitlines() if line.strip()))
+
+
+def _did_you_mean(word: str, names: Sequence[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, names, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _type_name(kind: Any) -> str:
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
+        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or null"
+    return kind.__name__ if inspect.isclass(kind) else str(kind).replace("typing.", "")
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

@@ -1,0 +1,31 @@
+"""Fixtures shared across test modules. Keep each group in its own section."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import EXAMPLE_PLUGIN, write_dist_info
+
+
+# ---- CLI, configs and plugins (test_cli.py, test_configs.py, test_plugins.py) ---------------
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama and its word-level tokenizer (with a chat template), saved as a folder,
+    so tests run the real loading path with ``model=local model.path=<this folder>``."""
+    from tests.tiny_models import tiny_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def example_plugin_paths(tmp_path_factory) -> list[str]:
+    """sys.path entries under which the example plugin counts as installed (its entry point
+    ``specfree: example``), without pip: the dist-info folder and the plugin's source."""
+    site = tmp_path_factory.mktemp("site")
+    write_dist_info(site, "specfree-example-plugin", "0.1.0", {"example": "specfree_example.plugin"})
+    return [str(site), str(EXAMPLE_PLUGIN)]

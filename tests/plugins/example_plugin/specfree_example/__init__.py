@@ -1,0 +1,1 @@
+"""An example specfree plugin (see plugin.py)."""
