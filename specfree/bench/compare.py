@@ -1,0 +1,116 @@
+"""``specfree compare PATH...``: one table over bench output folders and decode (multi)run folders.
+
+A path may be a ``bench.json``/``result.json`` file or any folder: folders (a bench ``-m`` sweep
+too) are searched for both. Bench runs keep their own same-run speedups; with several runs each
+system is labelled by its run's Hydra overrides. Decode results (``result.json`` from ``specfree
+decode``) are shown with the decode command's own table (``specfree.cli.decode_table``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from specfree.bench import store as store_mod
+from specfree.bench.metrics import BASELINE, summarize
+from specfree.bench.plots import write_plots
+from specfree.bench.report import HEADERS, cells, markdown_table, rich_table, speedup_matrix, wide_console
+from specfree.errors import ConfigError
+
+
+def discover(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
+    """(bench.json files, decode result.json files) found under ``paths``, in a stable order."""
+    bench, decode = [], []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise ConfigError(f"compare: {path} does not exist")
+        files = [path] if path.is_file() else sorted(path.rglob("*.json"), key=_natural)
+        for f in files:
+            if f.name == store_mod.FILENAME:
+                bench.append(f)
+            elif f.name == "result.json" or path.is_file():  # a file named on the command line
+                decode.append(f)
+    return list(dict.fromkeys(bench)), list(dict.fromkeys(decode))
+
+
+def run_label(folder: Path) -> str:
+    """A job's Hydra overrides (``strategy=trie,strategy.budget=8``) when recorded, else its folder name."""
+    overrides = folder / ".hydra" / "overrides.yaml"
+    if overrides.is_file():
+        from omegaconf import OmegaConf
+
+        values = [str(v) for v in OmegaConf.load(overrides) or []]
+        values = [v for v in values if not v.startswith(("hydra.", "bench.out", "bench.resume"))]
+        if values:
+            return ",".join(values)
+    return folder.name
+
+
+def compare(paths: Sequence[str], out: str | None = None, markdown: bool = False,
+            console: Console | None = None) -> int:
+    """Print one table for all runs under ``paths``; with ``out``, also write compare.md and plots there."""
+    console = console or wide_console()
+    bench_files, decode_files = discover(paths)
+    if not bench_files and not decode_files:
+        raise ConfigError(f"compare: no {store_mod.FILENAME} or result.json under {', '.join(map(str, paths))}")
+    if bench_files:
+        rows, systems = bench_rows(bench_files)
+        text = "\n\n".join(["## Speedup vs autoregressive (same run)", markdown_table(*speedup_matrix(rows), left=1),
+                            "## Details", markdown_table(HEADERS, [cells(r) for r in rows])]) + "\n"
+        if markdown:
+            console.print(text, markup=False, highlight=False)
+        else:
+            console.print(rich_table(rows, "benchmark runs (speedups are within each run)"))
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "compare.md").write_text(text, encoding="utf-8")
+            write_plots(rows, systems, out)
+    if decode_files:  # decode results have one table: the decode command's own
+        from specfree.cli import decode_table
+
+        console.print(decode_table(decode_results(decode_files)))
+    return 0
+
+
+def bench_rows(files: Sequence[Path]):
+    """Summary rows of every bench run; system labels get the run's label when there are several."""
+    rows, systems = [], []
+    for f in files:
+        doc = store_mod.read(f)
+        prefix = f"{run_label(f.parent)}: " if len(files) > 1 else ""
+        order = [s["label"] for s in doc.get("systems", [])]
+        rows += [replace(r, system=prefix + r.system)
+                 for r in summarize(doc["records"], doc["meta"].get("baseline", BASELINE), order)]
+        systems += [{**s, "label": prefix + s["label"]} for s in doc.get("systems", [])]
+    tasks = _task_order(rows)
+    rows.sort(key=lambda r: tasks.index(r.category))  # stable: keeps run/system order within a task
+    return rows, systems
+
+
+def _task_order(rows) -> list[str]:
+    tasks = list(dict.fromkeys(r.category for r in rows))
+    return [t for t in tasks if t != "overall"] + (["overall"] if "overall" in tasks else [])
+
+
+def decode_results(files: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    runs = []
+    for f in files:
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{f} is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("kind") != "decode":
+            raise ConfigError(f"{f} is neither a bench records file nor a decode result")
+        runs.append((f, doc))
+    return runs
+
+
+def _natural(path: Path):
+    """Sort multirun job folders 0, 1, 2, ..., 10 rather than 0, 1, 10, 2."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.parts]

@@ -1,0 +1,99 @@
+"""PNG plots of summary rows, drawn with matplotlib's object API (no pyplot state, no GUI backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from specfree.bench.metrics import BASELINE, OVERALL, Row, sweeps
+
+
+def _legend_below(ax, entries: int) -> None:
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(entries, 2), frameon=False)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def speedup_bars(rows: Sequence[Row], path: Path, baseline: str = BASELINE) -> Path | None:
+    """Grouped bars: one group per task, one bar per system, height = speedup vs the baseline."""
+    tasks = list(dict.fromkeys(r.category for r in rows))
+    names = [s for s in dict.fromkeys(r.system for r in rows) if s != baseline]
+    lookup = {(r.category, r.system): r.speedup for r in rows}
+    if not names or not tasks:
+        return None
+    fig = Figure(figsize=(max(6.0, 1.1 * len(tasks) * max(1, len(names)) ** 0.5 + 2), 4.5 + 0.25 * len(names)))
+    ax = fig.add_subplot()
+    width = 0.8 / len(names)
+    x = np.arange(len(tasks))
+    for i, name in enumerate(names):
+        heights = [lookup.get((t, name)) or 0.0 for t in tasks]
+        ax.bar(x + (i - (len(names) - 1) / 2) * width, heights, width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(x, tasks, rotation=20, ha="right")
+    ax.set_ylabel(f"speedup vs {baseline} (tokens/s ratio)")
+    ax.set_title("Speedup per task, same run")
+    _legend_below(ax, len(names))
+    return _save(fig, path)
+
+
+def accepted_histogram(rows: Sequence[Row], path: Path, baseline: str = BASELINE) -> Path | None:
+    """Share of steps that emitted k tokens, per system (overall rows; systems with step records)."""
+    hists = {r.system: r.accepted_hist for r in rows
+             if r.category == OVERALL and r.system != baseline and r.accepted_hist}
+    if not hists:
+        return None
+    top = max(max(h) for h in hists.values())
+    ks = np.arange(1, top + 1)
+    fig = Figure(figsize=(max(6.0, 0.35 * top + 3), 4.5 + 0.25 * len(hists)))
+    ax = fig.add_subplot()
+    width = 0.8 / len(hists)
+    for i, (name, hist) in enumerate(hists.items()):
+        counts = np.array([hist.get(int(k), 0) for k in ks], dtype=float)
+        ax.bar(ks + (i - (len(hists) - 1) / 2) * width, counts / counts.sum(), width, label=name)
+    ax.set_xticks(ks)
+    ax.set_xlabel("tokens emitted per step (accepted drafts + 1)")
+    ax.set_ylabel("share of steps")
+    ax.set_title("Accepted length per step")
+    _legend_below(ax, len(hists))
+    return _save(fig, path)
+
+
+def sweep_lines(rows: Sequence[Row], systems_meta: Sequence[dict], path: Path,
+                baseline: str = BASELINE) -> Path | None:
+    """Overall tokens/s against the one knob a strategy's configs differ in (a draft budget sweep)."""
+    found = sweeps(systems_meta)
+    if not found:
+        return None
+    overall = {r.system: r.tokens_per_s for r in rows if r.category == OVERALL}
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.add_subplot()
+    for (strategy, knob), points in found.items():
+        xs = [v for v, label in points if overall.get(label) is not None]
+        ys = [overall[label] for _, label in points if overall.get(label) is not None]
+        ax.plot(xs, ys, marker="o", label=f"{strategy} vs {knob}")
+    if overall.get(baseline):
+        ax.axhline(overall[baseline], color="black", linewidth=0.8, linestyle="--", label=baseline)
+    knobs = {knob for _, knob in found}
+    ax.set_xlabel(next(iter(knobs)) if len(knobs) == 1 else "knob value (draft budget)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("tokens/s (overall)")
+    ax.set_title("Tokens/s vs draft budget")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def write_plots(rows: Sequence[Row], systems_meta: Sequence[dict], folder: str | Path,
+                baseline: str = BASELINE) -> list[Path]:
+    folder = Path(folder)
+    made = [speedup_bars(rows, folder / "speedup.png", baseline),
+            accepted_histogram(rows, folder / "accepted_length.png", baseline),
+            sweep_lines(rows, systems_meta, folder / "sweep.png", baseline)]
+    return [p for p in made if p is not None]

@@ -1,0 +1,84 @@
+"""Tables of summary rows: a rich table for the terminal and the same cells as Markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from specfree.bench.metrics import OVERALL, PHASES, Row
+
+HEADERS = ("task", "system", "prompts", "new tokens", "wall s", "tokens/s", "speedup", "accepted/step",
+           "split % draft/mask/fwd/verify/other", "identical")
+SHORT_HEADERS = ("task", "system", "n", "tokens", "wall s", "tok/s", "speedup", "acc/step", "d/m/f/v/o %", "identical")
+
+
+def wide_console() -> Console:
+    """stdout; when it is not a terminal (a log file, a pipe), wide enough that cells do not wrap."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _num(value: float | None, fmt: str, spread: tuple[float, float] | None = None, suffix: str = "") -> str:
+    if value is None:
+        return "–"
+    text = f"{value:{fmt}}{suffix}"
+    if spread is not None and spread[0] != spread[1]:
+        text += f" ({spread[0]:{fmt}}–{spread[1]:{fmt}})"
+    return text
+
+
+def cells(row: Row) -> list[str]:
+    """The table cells of one row; ranges are min–max over repeats."""
+    spread = row.repeats > 1
+    split = "/".join(f"{100 * row.split[k]:.0f}" for k in PHASES) if row.split else "–"
+    identical = f"{row.identical}/{row.compared}" if row.compared else "–"
+    if row.errors:
+        identical += f" ({row.errors} failed)"
+    return [row.category, row.system, str(row.prompts), f"{row.new_tokens:.0f}", f"{row.wall_s:.2f}",
+            _num(row.tokens_per_s, ".1f", row.tokens_per_s_range if spread else None),
+            _num(row.speedup, ".2f", row.speedup_range if spread else None, "x"),
+            _num(row.mean_accepted, ".2f"), split, identical]
+
+
+def rich_table(rows: Sequence[Row], title: str | None = None) -> Table:
+    table = Table(*SHORT_HEADERS, title=title, header_style="bold",
+                  caption="split: share of step time in draft/mask/forward/verify/other; ranges: min–max over repeats")
+    for col in table.columns[2:]:
+        col.justify = "right"
+    table.columns[1].overflow = "fold"
+    for i, row in enumerate(rows):
+        last_of_task = i + 1 == len(rows) or rows[i + 1].category != row.category
+        style = "bold" if row.category == OVERALL else None
+        table.add_row(*cells(row), style=style, end_section=last_of_task)
+    return table
+
+
+def markdown_table(headers: Sequence[str], body: Sequence[Sequence[str]], left: int = 2) -> str:
+    """A GitHub Markdown table; the first ``left`` columns are text, the rest right-aligned numbers."""
+    def line(values):
+        return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |"
+
+    align = ["---" if i < left else "---:" for i in range(len(headers))]
+    return "\n".join([line(headers), "| " + " | ".join(align) + " |", *map(line, body)])
+
+
+def speedup_matrix(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
+    """Systems down, tasks across: the speedup of each (Spec-Bench's usual view)."""
+    tasks = list(dict.fromkeys(r.category for r in rows))
+    names = list(dict.fromkeys(r.system for r in rows))
+    lookup = {(r.category, r.system): r for r in rows}
+    body = [[name, *(_num(lookup[(t, name)].speedup, ".2f", suffix="x") if (t, name) in lookup else "–"
+                     for t in tasks)] for name in names]
+    return ["system", *tasks], body
+
+
+def markdown(rows: Sequence[Row], title: str | None = None, notes: Sequence[str] = ()) -> str:
+    """The whole report: speedup per task, then the detailed table."""
+    parts = [f"# {title}"] if title else []
+    parts += ["## Speedup vs autoregressive (same run)", markdown_table(*speedup_matrix(rows), left=1),
+              "## Details", markdown_table(HEADERS, [cells(r) for r in rows])]
+    if notes:
+        parts.append("\n".join(f"- {n}" for n in notes))
+    return "\n\n".join(parts) + "\n"

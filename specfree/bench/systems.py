@@ -1,0 +1,165 @@
+"""The things a benchmark times: specfree engines and transformers' own ``generate()``.
+
+Every system shares ONE loaded model and answers ``run(ids, max_new_tokens) -> Turn``: the new
+tokens and what was measured while making them. Wall time is taken the same way for every
+system (perf_counter around the call, after a device sync), so the columns compare like with like.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from specfree.bench.metrics import PHASES
+from specfree.engine import Engine
+from specfree.errors import ConfigError
+from specfree.plugins import Registry, build_plugin_manager, registry
+
+HF_BASELINES = ("hf_generate", "hf_prompt_lookup")
+
+
+@dataclass
+class Turn:
+    """One generation: the raw events every metric is computed from."""
+
+    tokens: list[int]
+    wall_s: float
+    prompt_tokens: int
+    stop_reason: str | None = None
+    prefill_s: float | None = None  # None where the system does not expose it
+    steps: int | None = None  # forwards that emitted tokens (specfree: after its prefill; transformers: all)
+    emitted: list[int] | None = None  # tokens emitted by each step
+    rows: int | None = None  # rows pushed through all forwards
+    split: dict[str, float] | None = None  # draft/mask/forward/verify/other seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sync(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def describe(name: str, knobs: dict[str, Any]) -> str:
+    """A system's label: its name and the knobs it was given, e.g. ``prompt_lookup(draft_len=8)``."""
+    if not knobs:
+        return name
+    return f"{name}({','.join(f'{k}={v}' for k, v in sorted(knobs.items()))})"
+
+
+@dataclass
+class SpecfreeSystem:
+    """A specfree ``Engine`` with one strategy over the shared model."""
+
+    strategy: str
+    engine: Engine
+    knobs: dict[str, Any] = field(default_factory=dict)  # as given (a pool as its config node)
+    params: dict[str, Any] = field(default_factory=dict)  # every knob in effect, defaults filled in
+    label: str = ""
+    seed: int | None = None
+    kind: str = "specfree"
+
+    @classmethod
+    def build(cls, model, tokenizer, strategy: str, knobs: dict[str, Any] | None = None,
+              seed: int | None = None, reg: Registry | None = None) -> SpecfreeSystem:
+        """``knobs`` may hold ``pool`` as a pool config node ``{name, knobs...}`` (or a pool name)."""
+        reg = reg or registry(build_plugin_manager())
+        knobs = dict(knobs or {})
+        component = reg.get("strategy", strategy)
+        built = dict(knobs)
+        if isinstance(knobs.get("pool"), (str, Mapping)):
+            node = {"name": knobs["pool"]} if isinstance(knobs["pool"], str) else dict(knobs["pool"])
+            built["pool"] = reg.make("pool", str(node.pop("name")), **node)
+        engine = Engine.from_model(model, tokenizer, strategy, **built)
+        documented, actual = {}, {}
+        for p in inspect.signature(component.factory).parameters.values():
+            if p.default is not p.empty:
+                documented[p.name] = component.config.get(p.name, p.default)
+                actual[p.name] = p.default
+        # The label names only the knobs that differ from the documented defaults.
+        shown = {k: (v.get("name", v) if isinstance(v, Mapping) else v) for k, v in knobs.items()
+                 if k not in documented or documented[k] != v}
+        return cls(strategy, engine, knobs, {**actual, **knobs}, describe(strategy, shown), seed)
+
+    def run(self, ids: list[int], max_new_tokens: int) -> Turn:
+        device = self.engine.adapter.device
+        start = _sync(device)
+        gen = self.engine.generate(ids, max_new_tokens, seed=self.seed)
+        wall = _sync(device) - start
+        self.engine.adapter.reset()  # free this system's KV cache before the next one runs
+        return Turn(tokens=list(gen.tokens), wall_s=wall, prompt_tokens=gen.prompt_tokens,
+                    stop_reason=gen.stop_reason, prefill_s=gen.prefill_s, steps=len(gen.steps),
+                    emitted=[s.emitted for s in gen.steps], rows=sum(s.rows for s in gen.steps),
+                    split={k: sum(getattr(s, k) for s in gen.steps) for k in PHASES})
+
+
+@dataclass
+class HFSystem:
+    """transformers' ``model.generate`` (greedy), optionally with its prompt-lookup decoding."""
+
+    strategy: str
+    model: Any
+    eos_ids: list[int]
+    max_length: int
+    knobs: dict[str, Any] = field(default_factory=dict)
+    kind: str = "transformers"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.knobs)
+
+    @classmethod
+    def build(cls, model, name: str, eos_ids, max_length: int, knobs: dict[str, Any] | None = None) -> HFSystem:
+        knobs = dict(knobs or {})
+        if name not in HF_BASELINES:
+            raise ConfigError(f"unknown outside baseline {name!r}; available: {', '.join(HF_BASELINES)}")
+        if name == "hf_prompt_lookup":
+            knobs.setdefault("prompt_lookup_num_tokens", 10)
+        elif "prompt_lookup_num_tokens" in knobs:
+            raise ConfigError("hf_generate takes no prompt_lookup_num_tokens; use hf_prompt_lookup")
+        if not eos_ids:
+            raise ConfigError("the model defines no eos token id; transformers' generate() needs one to stop")
+        return cls(name, model, sorted(eos_ids), max_length, knobs)
+
+    @property
+    def label(self) -> str:
+        return describe(self.strategy, self.knobs)
+
+    @torch.inference_mode()
+    def run(self, ids: list[int], max_new_tokens: int) -> Turn:
+        device = self.model.device
+        input_ids = torch.tensor([ids], device=device)
+        # The engine stops at the context end; ask generate() for no more than fits either.
+        budget = max(0, min(max_new_tokens, self.max_length - len(ids)))
+        if budget == 0:
+            raise ConfigError(f"the prompt has {len(ids)} tokens but the model's context holds {self.max_length}")
+        forwards = 0
+
+        def count(*_):
+            nonlocal forwards
+            forwards += 1
+
+        handle = self.model.register_forward_pre_hook(count)
+        try:
+            start = _sync(device)
+            out = self.model.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=budget, do_sample=False,
+                num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,  # plain greedy, whatever the
+                eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0],      # model's generation_config says
+                **self.knobs)
+            wall = _sync(device) - start
+        finally:
+            handle.remove()
+        tokens = out[0, len(ids):].tolist()
+        if tokens and tokens[-1] in self.eos_ids:
+            stop = "eos"
+        else:
+            stop = "max_new_tokens" if budget == max_new_tokens else "context_length"
+        return Turn(tokens=tokens, wall_s=wall, prompt_tokens=len(ids), stop_reason=stop, steps=forwards)

@@ -1,0 +1,150 @@
+"""``bench`` end to end on a tiny random Llama: records, resume, a failing prompt, Ctrl-C, report, plots, compare.
+
+Timings are recorded but never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from specfree.bench import cli
+from specfree.bench.compare import compare
+from specfree.bench.runner import WARMUP_PROMPT
+from specfree.bench.systems import HFSystem
+
+SYSTEMS = ["autoregressive", "prompt_lookup(draft_len=4)", "hf_generate",
+           "hf_prompt_lookup(prompt_lookup_num_tokens=10)"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def prompts(tmp_path, write_jsonl):
+    return write_jsonl(tmp_path / "prompts.jsonl", [
+        {"id": "rep", "category": "code", "prompt": "abc abc abc abc abc"},
+        {"id": "chat", "category": "chat", "turns": ["hello there", "and again"]},
+        {"id": "long", "category": "chat", "prompt": "far too long " * 20},  # > the model's 96 positions
+    ])
+
+
+def config(model_dir, prompts, out, **bench):
+    return OmegaConf.create({
+        "model": {"name": "local", "path": str(model_dir)},
+        "strategy": {"name": "prompt_lookup", "draft_len": 4},
+        "verifier": {"name": "greedy"}, "device": "cpu", "dtype": "float32", "seed": 0,
+        "bench": {"prompts": str(prompts), "format": "jsonl", "fields": {"prompt": "prompt", "turns": "turns"},
+                  "max_new_tokens": 6, "baselines": ["hf_generate", "hf_prompt_lookup"], "out": str(out),
+                  **bench}})
+
+
+def records(out):
+    return json.loads((out / "bench.json").read_text())["records"]
+
+
+def quiet():
+    return Console(record=True, width=200, file=open("/dev/null", "w"))
+
+
+def test_bench_runs_resumes_and_records_errors(tiny_model_dir, prompts, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert cli.run(config(tiny_model_dir, prompts, out, limit=2), quiet()) == 0
+    first = records(out)
+    assert [(r["prompt_id"], r["system"]) for r in first] == [(p, s) for p in ("rep", "chat") for s in SYSTEMS]
+    for r in first:
+        assert r["error"] is None and r["identical"] is True  # greedy: every system says the same
+        assert len(r["turns"]) == (2 if r["prompt_id"] == "chat" else 1)
+        for t in r["turns"]:
+            assert 1 <= len(t["tokens"]) <= 6 and t["wall_s"] > 0 and t["steps"] >= 1
+            if not r["system"].startswith("hf_"):
+                assert sum(t["emitted"]) == len(t["tokens"]) and set(t["split"]) >= {"forward_s", "draft_s"}
+
+    # Resume with one more prompt: only the new prompt runs, and it fails (too long) without stopping.
+    ran = []
+    original = cli.Conversation.run
+    monkeypatch.setattr(cli.Conversation, "run", lambda self, system, turns, n: ran.append(turns) or
+                        original(self, system, turns, n))
+    assert cli.run(config(tiny_model_dir, prompts, out, limit=3, resume=True), quiet()) == 0
+    assert {turns[0] for turns in ran if turns != [WARMUP_PROMPT]} == {"far too long " * 20}
+    second = records(out)
+    assert second[:8] == first  # finished records kept untouched
+    failed = second[8:]
+    assert [r["system"] for r in failed] == SYSTEMS
+    assert all("context" in r["error"] and r["turns"] == [] for r in failed)
+
+    report = (out / "report.md").read_text()
+    assert "| overall | prompt_lookup(draft_len=4) | 2 |" in report and "failed: prompt long" in report
+    for name in ("speedup.png", "accepted_length.png"):
+        assert (out / name).read_bytes()[:8] == PNG
+    import matplotlib.image
+
+    assert matplotlib.image.imread(out / "speedup.png").ndim == 3
+
+
+def test_sigterm_keeps_records_exits_130_and_resume_finishes(tiny_model_dir, prompts, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+
+    def interrupted(self, ids, max_new_tokens):  # as if `kill` (SIGTERM) arrived mid-run
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler turns the signal into KeyboardInterrupt before this ends
+        raise AssertionError("SIGTERM did not interrupt the run")
+
+    before = signal.getsignal(signal.SIGTERM)
+    with monkeypatch.context() as m:
+        m.setattr(cli, "warm_up", lambda *a, **k: None)
+        m.setattr(HFSystem, "run", interrupted)
+        console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+        assert cli.run(config(tiny_model_dir, prompts, out, limit=1, baselines=["hf_generate"]), console) == 130
+    assert [r["system"] for r in records(out)] == SYSTEMS[:2]  # what finished before the signal
+    assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
+    assert "autoregressive" in console.export_text()  # the partial table was printed
+    assert cli.run(config(tiny_model_dir, prompts, out, limit=1, baselines=["hf_generate"], resume=True),
+                   quiet()) == 0
+    assert [r["system"] for r in records(out)] == SYSTEMS[:3]
+
+
+def test_sweep_plot_and_compare(tiny_model_dir, prompts, tmp_path):
+    out = tmp_path / "sweep"
+    cfg = config(tiny_model_dir, prompts, out, limit=1, baselines=[], warmup=0, repeats=2,
+                 strategies=[{"name": "prompt_lookup", "draft_len": 2}, "prompt_lookup"])
+    assert cli.run(cfg, quiet()) == 0
+    doc = json.loads((out / "bench.json").read_text())
+    labels = [s["label"] for s in doc["systems"]]
+    assert labels == ["autoregressive", "prompt_lookup(draft_len=4)", "prompt_lookup(draft_len=2)", "prompt_lookup"]
+    assert {r["repeat"] for r in doc["records"]} == {0, 1}
+    assert (out / "sweep.png").read_bytes()[:8] == PNG
+
+    decode = tmp_path / "multirun" / "0"
+    decode.mkdir(parents=True)
+    (decode / "result.json").write_text(json.dumps({
+        "kind": "decode", "model": "m", "strategy": {"name": "autoregressive"}, "tokens": [1, 2], "config": {},
+        "overrides": [], "summary": {"tokens_per_s": 10.0, "mean_accepted": 1.0, "new_tokens": 2}}))
+    console = Console(record=True, width=250, file=open("/dev/null", "w"))  # noqa: SIM115
+    assert compare([str(out), str(tmp_path / "multirun")], out=str(tmp_path / "cmp"), console=console) == 0
+    text = console.export_text()
+    assert "prompt_lookup(draft_len=2)" in text and "decode runs" in text
+    assert (tmp_path / "cmp" / "compare.md").is_file() and (tmp_path / "cmp" / "sweep.png").is_file()
+
+
+def test_bad_bench_configs_are_config_errors(tmp_path):
+    from specfree.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="bench.prompts is not set"):
+        cli.BenchSettings.from_config({"model": "smollm2", "bench": {"prompts": None, "out": str(tmp_path)}})
+    with pytest.raises(ConfigError, match="needs a bench config"):
+        cli.BenchSettings.from_config({"model": "smollm2"})
+    with pytest.raises(ConfigError, match="verifier=greedy"):
+        cli.BenchSettings.from_config({"model": "smollm2", "verifier": {"name": "sampling"},
+                                       "bench": {"prompts": "p.jsonl", "out": str(tmp_path)}})
+    with pytest.raises(ConfigError, match="each entry must be a name"):
+        cli.BenchSettings.from_config({"model": "smollm2", "bench": {"prompts": "p.jsonl", "out": str(tmp_path),
+                                                                     "strategies": [3]}})
+    settings = cli.BenchSettings.from_config({"model": {"name": "smollm2"}, "strategy": {"name": "trie"},
+                                              "pool": {"name": "lru", "capacity": 10},
+                                              "bench": {"prompts": "p.jsonl", "out": str(tmp_path)}})
+    assert settings.strategies[0].knobs == {"pool": {"name": "lru", "capacity": 10}}
