@@ -10,6 +10,12 @@ Window life cycle, as in the reference implementation (``ALWAYS_FWD_ONE``): the 
 placed relative to the root and moves one position per step, however many tokens the
 step accepted.
 
+One departure, measured on a CPU where the row count prices a forward (``idle_every``): on a
+step with no candidate to verify, the window rows would turn a 1-row forward into a
+many-row one for n-grams that may never be used. ``idle_every=0`` decodes the window only
+on steps that verify something (those already pay for a multi-row forward); the paper's
+behaviour is ``idle_every=1``. Output is identical either way: window rows are never verified.
+
 - ``begin``: level 0 holds ``window + ngram - 3`` prompt tokens (plus the root at column 0).
 - warm-up (``ngram - 2`` steps): the argmax of the newest level, one column to the right,
   becomes a new level on top; every level drops its first column. Widths shrink to
@@ -31,17 +37,19 @@ from specfree.types import AuxBlock, Proposal
 
 INITS = ("random", "recent")
 POOLS = ("lru", "trie")
-# Chosen by a sweep on SmolLM2-135M on a 2-thread CPU (see the module's tests / README).
-LOOKAHEAD_DEFAULTS = dict(window=4, ngram=3, guesses=4, pool="lru", pool_from_prompt=True, add_output=True,
-                          init="recent", init_seed=0, pool_capacity=100_000, idle_every=1)
+# Chosen by a sweep on SmolLM2-135M, 2-thread CPU, 6 Spec-Bench prompts (one per task): small
+# windows win there, because every extra row in a forward costs time and a 135M model's window
+# n-grams are rarely accepted.
+LOOKAHEAD_DEFAULTS = dict(window=2, ngram=3, guesses=2, pool="lru", pool_from_prompt=True, add_output=True,
+                          init="recent", init_seed=0, pool_capacity=100_000, idle_every=0)
 
 
 class Lookahead(Strategy):
     name = "lookahead"
 
-    def __init__(self, pool, window: int = 4, ngram: int = 3, guesses: int | None = 4,
+    def __init__(self, pool, window: int = 2, ngram: int = 3, guesses: int | None = 2,
                  pool_from_prompt: bool = True, add_output: bool = True, init: str = "recent",
-                 init_seed: int = 0, idle_every: int = 1):
+                 init_seed: int = 0, idle_every: int = 0):
         self.pool = pool
         self.window = check_int("lookahead.window", window, low=1)
         self.ngram = check_int("lookahead.ngram", ngram, low=2)
@@ -55,6 +63,10 @@ class Lookahead(Strategy):
         self.add_output = bool(add_output)
         self.init_seed = check_int("lookahead.init_seed", init_seed, low=0)
         self.idle_every = check_int("lookahead.idle_every", idle_every, low=0)
+        if idle_every == 0 and not (self.pool_from_prompt or self.add_output):
+            raise ConfigError("lookahead.idle_every=0 decodes the window only on steps with candidates; with "
+                              "pool_from_prompt and add_output both off the pool would never have any, so the "
+                              "window would never run: set idle_every >= 1 or turn one of them on")
         self._idle = 0  # steps in a row with nothing to verify
         pool_ngram = getattr(pool, "ngram", None)
         if hasattr(pool, "add") and pool_ngram is not None and pool_ngram < ngram:
@@ -150,7 +162,7 @@ class Lookahead(Strategy):
 
     def _advance(self, newest: np.ndarray, lead: np.ndarray) -> None:
         """One Jacobi iteration: ``newest`` [top] are the argmaxes of the newest level's cells."""
-        levels, columns = self.grid.shape
+        levels = self.grid.shape[0]
         if levels < self.ngram - 1:  # warm-up: grow a level, drop the first column
             new_level = newest if levels == 1 else newest[1:]
             self.grid = np.vstack([self.grid[:, 1:], new_level[None]])
@@ -188,9 +200,9 @@ def _check(name: str, value, bounds: str, low: int) -> int:
     return value
 
 
-def lookahead(window: int = 4, ngram: int = 3, guesses: int | None = 4, pool: str = "lru",
+def lookahead(window: int = 2, ngram: int = 3, guesses: int | None = 2, pool: str = "lru",
               pool_from_prompt: bool = True, add_output: bool = True, init: str = "recent",
-              init_seed: int = 0, pool_capacity: int | None = 100_000, idle_every: int = 1) -> Lookahead:
+              init_seed: int = 0, pool_capacity: int | None = 100_000, idle_every: int = 0) -> Lookahead:
     """Build the strategy and its pool from plain knobs (what configs and the registry pass).
 
     ``pool_capacity`` caps the pool: keys for ``lru`` (each keeps at most ``guesses``
