@@ -64,16 +64,7 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
         warnings.warn(f"attn_implementation={attn_implementation!r} cannot take specfree's tree attention "
                       "mask; loading with 'sdpa'", stacklevel=2)
         attn_implementation = "sdpa"
-    cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
-    if name_or_path in EMBEDDED:
-        folder = gguf_to_folder(embedded_gguf(name_or_path), cache_dir)
-    elif str(name_or_path).endswith(".gguf"):
-        path = Path(name_or_path).expanduser()
-        if not path.is_file():
-            raise ModelLoadError(f"GGUF file not found: {path}")
-        folder = gguf_to_folder(path, cache_dir)
-    else:
-        folder = str(Path(name_or_path).expanduser()) if Path(name_or_path).expanduser().is_dir() else name_or_path
+    folder = resolve_source(name_or_path, cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
         model = _from_pretrained(folder, torch_dtype, attn_implementation, revision)
@@ -139,17 +130,21 @@ def gguf_chat_template(path: Path) -> str | None:
 
 def load_tokenizer(name_or_path: str, cache_dir: str | Path | None = None):
     """Just the tokenizer of ``name_or_path`` (same resolution as ``load_model``)."""
+    try:
+        return AutoTokenizer.from_pretrained(resolve_source(name_or_path, cache_dir))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load a tokenizer for '{name_or_path}': {exc}") from exc
+
+
+def resolve_source(name_or_path: str, cache_dir: str | Path | None = None) -> str | Path:
+    """Where transformers should load from: a GGUF (embedded or given) becomes its cached folder."""
     cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
     if name_or_path in EMBEDDED:
-        source = gguf_to_folder(embedded_gguf(name_or_path), cache_dir)
-    elif str(name_or_path).endswith(".gguf"):
+        return gguf_to_folder(embedded_gguf(name_or_path), cache_dir)
+    if str(name_or_path).endswith(".gguf"):
         path = Path(name_or_path).expanduser()
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
-        source = gguf_to_folder(path, cache_dir)
-    else:
-        source = name_or_path
-    try:
-        return AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"could not load a tokenizer for '{name_or_path}': {exc}") from exc
+        return gguf_to_folder(path, cache_dir)
+    local = Path(name_or_path).expanduser()
+    return str(local) if local.is_dir() else name_or_path
