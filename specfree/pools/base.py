@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from specfree.errors import SpecfreeError
 
-class PoolFileError(ValueError):
+
+class PoolFileError(SpecfreeError, ValueError):
     """A pool or datastore file is missing, truncated, or was not written by specfree."""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specfree.errors import ConfigError
 from specfree.pools._common import (
     as_tokens,
     check_int,
@@ -64,7 +65,7 @@ class TriePool:
         self.branch_length = check_int(_NAME, "branch_length", branch_length, low=1)
         self.max_query_length = check_int(_NAME, "max_query_length", max_query_length, low=1)
         if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0.0 < decay < 1.0:
-            raise ValueError(f"{_NAME}: decay must be a float in (0, 1), got {decay!r}")
+            raise ConfigError(f"{_NAME}: decay must be a float in (0, 1), got {decay!r}")
         self.decay = float(decay)
         root = np.array([-1])
         self._set(root, root, np.zeros(1), np.zeros(1), np.zeros(1))  # node 0 is the root
