@@ -207,8 +207,9 @@ def build(reg: Registry, kind: str, node: DictConfig | Mapping, **extra: Any) ->
         raise ConfigError(f"{kind} must be a node with a name, e.g. {kind}={reg.names(kind)[0]}; got {node!r}")
     try:
         return reg.make(kind, str(node["name"]), **knobs(node), **extra)
-    except ValueError as exc:  # factories (pools) refuse bad knob values with ValueError: a config mistake
-        if isinstance(exc, ConfigError):
+    except ValueError as exc:  # a factory refused a knob value: a config mistake
+        # Pool messages name the pool class, not the config group the user typed: say which.
+        if isinstance(exc, ConfigError) and kind != "pool":
             raise
         raise ConfigError(f"{kind}={node['name']}: {exc}") from exc
 
