@@ -5,7 +5,6 @@ Used by ``python -m specfree datastore build input=... out=...`` and by library 
 
 from __future__ import annotations
 
-import json
 import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from specfree.errors import ConfigError
+from specfree.jsonl import read_jsonl
 from specfree.pools.suffix_array import SuffixArrayPool
 
 TEXT_FIELDS = ("text", "content", "turns", "prompt", "question", "reference")
@@ -51,19 +51,12 @@ def read_documents(path: Path, fields: Sequence[str] | None = None) -> Iterator[
         raise ConfigError(f"datastore input not found: {path}")
     if path.suffix == ".jsonl":
         wanted = tuple(fields) if fields else TEXT_FIELDS
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-                texts = [t for f in wanted if isinstance(row, dict) and (t := _as_text(row.get(f)))]
-                if not texts and fields:
-                    raise ConfigError(f"{path}:{number}: none of the fields {list(wanted)} holds text; "
-                                      f"the row has {sorted(row) if isinstance(row, dict) else type(row).__name__}")
-                yield from texts
+        for number, row in read_jsonl(path):
+            texts = [t for f in wanted if (t := _as_text(row.get(f)))]
+            if not texts and fields:
+                raise ConfigError(f"{path}:{number}: none of the fields {list(wanted)} holds text; "
+                                  f"the row has {sorted(row)}")
+            yield from texts
     else:
         try:
             text = path.read_text(encoding="utf-8")

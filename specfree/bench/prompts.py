@@ -7,12 +7,12 @@ Spec-Bench files the eight MT-bench categories become one ``mt_bench`` task, as 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from specfree.errors import ConfigError, check_int
+from specfree.jsonl import read_jsonl
 
 FORMATS = ("spec_bench", "jsonl")
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -93,17 +93,7 @@ def _field_mapping(format: str, fields: Mapping[str, str] | None) -> dict[str, s
 def _read_jsonl(path: Path):
     if not path.is_file():
         raise ConfigError(f"prompt file not found: {path} (set bench.prompts to a JSONL file)")
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            yield number, row
+    yield from read_jsonl(path)
 
 
 def _item(row: dict, mapping: dict[str, str], format: str, path, line: int, default_category: str) -> PromptItem:
