@@ -1,10 +1,10 @@
 """Hybrid drafting: several drafters propose, one tree is verified, sized by expected profit.
 
-Every drafted node gets an acceptance probability: the product, down its path, of the rate
-at which that drafter's tokens of that kind (its label, e.g. the n-gram length of a prompt
-match) at that depth were accepted so far, learned online. Nodes are taken best first, and
-the tree stops growing where expected tokens per second, (1 + sum p) / cost(rows), peaks,
-using the measured forward cost curve. When no draft is worth its rows the step is a plain
+Every drafted node gets a probability of being emitted: the product, down its path, of the
+rate at which the drafter's tokens of that kind (its label, e.g. the n-gram length of a prompt
+match) at that depth were accepted so far, learned online, with siblings sharing one token's
+worth of probability. Nodes are taken best first, and the tree stops growing where expected
+tokens per second, (1 + sum p) / cost(rows), peaks, using the measured forward cost curve. When no draft is worth its rows the step is a plain
 one-row forward: drafting that does not pay costs almost nothing.
 """
 
@@ -70,34 +70,34 @@ class Hybrid(Strategy):
             drafter.end()
 
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
-        # Every proposed node with its probability of being reached and accepted.
-        best: dict[tuple[int, ...], tuple[float, str, str | None]] = {}
+        # Every proposed node: the best rate any drafter proposing it has at its depth.
+        rate: dict[tuple[int, ...], tuple[float, str, str | None]] = {}
         self._proposed = []
         for drafter in self.drafters:
             proposal = drafter.propose(context, max_depth)
             labels = proposal.labels or [None] * len(proposal.candidates)
             for candidate, label in zip(proposal.candidates, labels):
                 self._proposed.append((drafter.name, label, candidate))
-                p = 1.0
                 for depth in range(1, len(candidate) + 1):
-                    p *= self.acceptance.rate(drafter.name, label, depth)
                     prefix = tuple(candidate[:depth])
-                    if p > best.get(prefix, (0.0,))[0]:
-                        best[prefix] = (p, drafter.name, label)
-        if not best:
+                    r = self.acceptance.rate(drafter.name, label, depth)
+                    if r > rate.get(prefix, (0.0,))[0]:
+                        rate[prefix] = (r, drafter.name, label)
+        if not rate:
             self._last_rows = 1
             return Proposal(source=self.name)
+        reach = reach_probabilities({prefix: r for prefix, (r, _, _) in rate.items()})
         # A child is never likelier than its parent, so any best-first prefix is a subtree.
-        ranked = sorted(best.items(), key=lambda item: (-item[1][0], len(item[0])))[: self.max_rows - 1]
-        expected = 1.0 + np.cumsum([p for _, (p, _, _) in ranked])
+        ranked = sorted(reach.items(), key=lambda item: (-item[1], len(item[0])))[: self.max_rows - 1]
+        expected = 1.0 + np.cumsum([p for _, p in ranked])
         cost = self.costs or (lambda rows: 1.0 + 0.0 * rows)
         rates = [1.0 / cost(1)] + [expected[k - 1] / cost(k + 1) for k in range(1, len(ranked) + 1)]
         k = int(np.argmax(rates))
         self._last_rows = k + 1
         inner = {path[:-1] for path, _ in ranked[:k]}
-        leaves = [(path, info) for path, info in ranked[:k] if path not in inner]
-        return Proposal([list(path) for path, _ in leaves], source=self.name,
-                        sources=[info[1] for _, info in leaves], labels=[info[2] for _, info in leaves])
+        leaves = [path for path, _ in ranked[:k] if path not in inner]
+        return Proposal([list(path) for path in leaves], source=self.name,
+                        sources=[rate[path][1] for path in leaves], labels=[rate[path][2] for path in leaves])
 
     def observe(self, outcome: Outcome) -> None:
         truth = outcome.verdict.tokens  # what the model emitted, depth by depth (bonus included)
@@ -116,6 +116,29 @@ class Hybrid(Strategy):
         for drafter in self.drafters:
             out.update({f"{drafter.name}.{k}": v for k, v in drafter.stats().items()})
         return out
+
+
+def reach_probabilities(rate: dict[tuple[int, ...], float]) -> dict[tuple[int, ...], float]:
+    """P(the model emits node's path) from each node's acceptance rate given its parent.
+
+    Siblings exclude each other: the model emits one token. Rates learned per drafter are
+    scaled accordingly, likeliest first (a second guess only counts where the first failed),
+    so three drafters disagreeing do not add up to more than one expected token.
+    """
+    children: dict[tuple[int, ...], list[tuple[float, tuple[int, ...]]]] = defaultdict(list)
+    for path, r in rate.items():
+        children[path[:-1]].append((r, path))
+    reach: dict[tuple[int, ...], float] = {}
+    frontier = [((), 1.0)]
+    while frontier:
+        parent, p_parent = frontier.pop()
+        left = 1.0  # probability mass the earlier siblings did not take
+        for r, path in sorted(children.get(parent, ()), reverse=True):
+            share = r * left
+            left -= share
+            reach[path] = p_parent * share
+            frontier.append((path, reach[path]))
+    return reach
 
 
 def make_hybrid(drafters: list[str] | tuple[str, ...] = ("prompt_lookup", "trie", "recycling"),
