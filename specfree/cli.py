@@ -22,12 +22,14 @@ from rich.table import Table
 from rich.text import Text
 
 from specfree.errors import ConfigError, SpecfreeError, check_int
+from specfree.sweeps import CoreShares, available_cpus
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from specfree.plugins import Registry
 
+DIVERGED = 1  # verify_against_baseline found a token where plain decoding differs
 USAGE_ERROR = 2
 INTERRUPTED = 130
 BASELINE = "autoregressive"
@@ -83,7 +85,7 @@ def help_text() -> str:
     lines += ["", "config groups (pick an option with group=option, set a field with group.field=value):"]
     lines += [f"  {group:<9} {', '.join(options) or '(none registered)'}" for group, options in group_options().items()]
     lines += ["", "top-level settings: prompt, prompt_file, chat, max_new_tokens, stop, ignore_eos, seed,",
-              "  device, dtype, threads, cache_dir, output", "", EXAMPLES]
+              "  device, dtype, threads, cache_dir, output, verify_against_baseline", "", EXAMPLES]
     return "\n".join(lines)
 
 
@@ -108,6 +110,8 @@ def hydra_command(command: str, args: list[str]) -> int:
         parsed = parser.parse_args(args)
     except SystemExit as usage:  # argparse has printed the usage and the problem
         return usage.code if isinstance(usage.code, int) else USAGE_ERROR
+    if parsed.multirun and (parsed.cfg or parsed.info or parsed.shell_completion):
+        raise ConfigError("--cfg and --info show one job's config: drop -m (and give one value per setting)")
     reg = registry(build_plugin_manager())
     overrides = [quote_free_text(o) for o in parsed.overrides]
     if command == "bench" and not any(o.lstrip("+").startswith("bench=") for o in overrides):
@@ -124,10 +128,12 @@ def hydra_command(command: str, args: list[str]) -> int:
     flags = [a for a in args if a not in parsed.overrides]
     runner = ((lambda cfg: decode(cfg, reg, piped=piped)) if command == "decode"
               else _delegate("specfree.bench.cli", "run", "bench"))
+    shares = CoreShares(len(jobs))  # jobs run at once by a local launcher (joblib) split the cores
 
     def task(cfg) -> None:
         try:
-            code = runner(cfg)
+            with shares.claim(cfg):
+                code = runner(cfg)
         except SpecfreeError as exc:
             print_error(exc)
             raise SystemExit(USAGE_ERROR) from None
@@ -139,7 +145,8 @@ def hydra_command(command: str, args: list[str]) -> int:
     saved = sys.argv
     sys.argv = [f"specfree {command}", *flags, f"hydra.job.name={command}", *overrides]
     try:
-        app()
+        with shares:
+            app()
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else USAGE_ERROR
     finally:
@@ -210,7 +217,9 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     engine = build_engine(cfg, reg)
     chat = bool(cfg.chat and getattr(engine.tokenizer, "chat_template", None))
     ids = engine.encode(prompt, chat=chat)
-    stream = engine.stream(ids, cfg.max_new_tokens, stop=list(cfg.stop), seed=cfg.seed, ignore_eos=cfg.ignore_eos)
+    run_kwargs = {"max_new_tokens": cfg.max_new_tokens, "stop": list(cfg.stop), "seed": cfg.seed,
+                  "ignore_eos": cfg.ignore_eos}
+    stream = engine.stream(ids, **run_kwargs)
     detok = Detokenizer(engine.tokenizer)
     tokens: list[int] = []
     drafted: list[bool] = []
@@ -235,30 +244,75 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     line = Text(summary_line(result))
     line.highlight_regex(r"\d+ drafted", "green")  # the legend for the coloured tokens above
     err.print(line)
+    if generation is None:
+        _write_result(cfg, result)
+        return INTERRUPTED
+    check = baseline_check(cfg, engine, generation, ids, run_kwargs)
+    if check is not None:
+        err.print(Text(check.describe(engine.tokenizer), style="green" if check.identical else "red"))
+        result["baseline_check"] = {key: getattr(check, key) for key in BASELINE_CHECK_FIELDS}
     _write_result(cfg, result)
-    return INTERRUPTED if generation is None else 0
+    return DIVERGED if check is not None and not check.identical else 0
+
+
+BASELINE_CHECK_FIELDS = ("identical", "first_divergence", "speculative_token", "baseline_token")
+
+
+def baseline_check(cfg, engine, generation, ids: list[int], run_kwargs: dict):
+    """With ``verify_against_baseline=true``: plain decoding of the same prompt and settings,
+    compared token by token (in bf16/fp16 batched rows may flip a near-tie); else None."""
+    if not cfg.verify_against_baseline:
+        return None
+    from specfree.check import check_against_baseline
+
+    return check_against_baseline(engine, generation, ids, **run_kwargs)
 
 
 def read_prompt(cfg, piped: str | None = None) -> str:
     """``prompt``, else ``prompt_file``, else the text piped on stdin (``piped`` if already read)."""
     if cfg.prompt is not None and cfg.prompt_file is not None:
         raise ConfigError("give prompt=... or prompt_file=..., not both")
+    # An empty prompt is a mistake (a chat template would otherwise wrap nothing and answer it).
     if cfg.prompt is not None:
+        if not str(cfg.prompt).strip():
+            raise ConfigError('the prompt is empty: give prompt="..." with some text')
         return str(cfg.prompt)
     if cfg.prompt_file is not None:
-        path = _original_path(cfg.prompt_file)
-        if not path.is_file():
-            raise ConfigError(f"prompt_file not found: {path}")
-        return path.read_text(encoding="utf-8")
+        return read_prompt_file(_original_path(cfg.prompt_file))
     text = read_stdin() if piped is None else piped
     if not text.strip():
         raise ConfigError('no prompt: give prompt="...", prompt_file=PATH, or pipe text on stdin')
     return text
 
 
+def read_prompt_file(path: Path) -> str:
+    if path.is_dir():
+        raise ConfigError(f"prompt_file {path} is a folder: give a text file")
+    if not path.is_file():
+        raise ConfigError(f"prompt_file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"prompt_file {path} is not UTF-8 text (undecodable byte at offset {exc.start}); "
+                          "give a text file") from None
+    except OSError as exc:
+        raise ConfigError(f"prompt_file {path} cannot be read: {exc.strerror}") from None
+    if not text.strip():
+        raise ConfigError(f"prompt_file {path} is empty: put the prompt's text in it")
+    return text
+
+
 def read_stdin() -> str:
     """Piped input, or "" when stdin is a terminal (nobody is typing a prompt into a pipe)."""
-    return "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    if sys.stdin is None or sys.stdin.isatty():
+        return ""
+    not_text = ConfigError("the input piped on stdin is not UTF-8 text: pipe a text file")
+    try:
+        text = sys.stdin.read()
+        text.encode("utf-8")  # under a C locale, undecodable bytes arrive as lone surrogates
+    except UnicodeError:
+        raise not_text from None
+    return text
 
 
 def summary_line(result: dict) -> str:
@@ -270,6 +324,7 @@ def summary_line(result: dict) -> str:
 
 
 def _result(cfg, prompt, ids, generation, partial, strategy, tokenizer) -> dict:
+    import torch
     from omegaconf import OmegaConf
 
     import specfree
@@ -287,6 +342,7 @@ def _result(cfg, prompt, ids, generation, partial, strategy, tokenizer) -> dict:
             "model": cfg.model.path or cfg.model.name, "strategy": {"name": cfg.strategy.name, **strategy},
             "prompt": prompt, "prompt_tokens": len(ids), "tokens": tokens, "text": text, "drafted_mask": drafted,
             "summary": summary, "steps": steps, "interrupted": generation is None,
+            "threads": torch.get_num_threads(), "cpus": available_cpus(),
             "versions": {"specfree": specfree.__version__}}
 
 
@@ -305,8 +361,11 @@ def _write_result(cfg, result: dict) -> Path | None:
         path = Path(HydraConfig.get().runtime.output_dir) / "result.json"
     else:
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write the result to {path}: {exc.strerror} (set output=FILE.json)") from None
     return path
 
 

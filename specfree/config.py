@@ -158,8 +158,8 @@ def _as_config(cfg) -> DictConfig | None:
             raise ConfigError(f"config file not found: {path}")
         try:
             cfg = OmegaConf.load(path)
-        except Exception as exc:
-            raise ConfigError(f"{path} is not a YAML config: {exc}") from None
+        except Exception as exc:  # YAML's parser reports over several lines
+            raise ConfigError(f"{path} is not a YAML config: {' '.join(str(exc).split())}") from None
     if not isinstance(cfg, (DictConfig, Mapping)):
         raise ConfigError(f"a config must be a DictConfig, a dict or a YAML path, got {type(cfg).__name__}")
     plain = OmegaConf.to_container(OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg)
@@ -292,7 +292,9 @@ def config_error(exc: BaseException) -> ConfigError:
         return exc
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and "/" in exc.missing_cfg_file:
         group, _, option = exc.missing_cfg_file.rpartition("/")
-        return ConfigError(f"unknown {group} {option!r}; available: {', '.join(exc.options or [])}")
+        hint = (" (launchers are Hydra plugins: joblib comes with pip install 'specfree[sweeps]', "
+                "submitit_slurm with 'specfree[cluster]')" if group == "hydra/launcher" else "")
+        return ConfigError(f"unknown {group} {option!r}; available: {', '.join(exc.options or [])}{hint}")
     if isinstance(exc, OverrideParseException):
         return ConfigError(f"{_first_line(exc)}; quote values with spaces or commas: 'key=\"a, b\"'")
     cause = exc

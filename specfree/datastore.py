@@ -126,10 +126,15 @@ def main(args: Sequence[str]) -> int:
     if not options.get("input") or not options.get("out"):
         raise ConfigError(f"datastore build needs input= and out=; {USAGE}")
     inputs = [p for p in options["input"].strip("[]").split(",") if p]
+    missing = [p for p in inputs if not Path(p).expanduser().is_file()]
+    if missing:  # before the tokenizer loads (seconds) and the progress bar starts
+        raise ConfigError(f"datastore input not found: {missing[0]}")
     fields = [f for f in options.get("fields", "").strip("[]").split(",") if f] or None
     tokenizer = load_tokenizer(options.get("model", "smollm2"), cache_dir=options.get("cache_dir"))
     console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
+    # Only on a terminal: piped or logged, the bar's last frame would sit above any error line.
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                  disable=not console.is_terminal) as bar:
         task = bar.add_task("reading", total=1.0)
         stats = build_datastore(inputs, tokenizer, options["out"], fields,
                                 progress=lambda stage, f: bar.update(task, description=stage, completed=f))

@@ -17,12 +17,22 @@ from specfree.adapters.hf import HFAdapter
 from specfree.adapters.loading import DEFAULT_CACHE
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
-from specfree.errors import ConfigError, SpecfreeError, check_int
+from specfree.errors import ConfigError, check_int
 from specfree.masks.tree import build_layout
 from specfree.strategies.base import Outcome, Strategy
 from specfree.tree import merge
 from specfree.types import Generation, StepRecord
 from specfree.verifiers import GreedyVerifier
+
+
+def _check_text(text: str) -> str:
+    """Text the tokenizer can take: bytes that were not UTF-8 (read with ``surrogateescape``, as
+    Python does for command-line arguments under a C locale) would fail deep inside it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("the prompt is not valid UTF-8 text (it holds undecodable bytes); give UTF-8 text") from None
+    return text
 
 
 @dataclass
@@ -113,12 +123,12 @@ class Engine:
             if self.tokenizer is None:
                 raise ConfigError("a text prompt needs a tokenizer; pass token ids or build the engine with one")
             if isinstance(prompt, str):
-                ids = self.tokenizer(prompt).input_ids
+                ids = self.tokenizer(_check_text(prompt)).input_ids
             else:
                 if not getattr(self.tokenizer, "chat_template", None):
                     raise ConfigError("this model's tokenizer has no chat template; pass plain text (chat=false)")
                 text = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
-                ids = self.tokenizer(text, add_special_tokens=False).input_ids
+                ids = self.tokenizer(_check_text(text), add_special_tokens=False).input_ids
         else:
             ids = list(prompt)
         return self._check_ids(ids)
@@ -159,9 +169,11 @@ class Engine:
         if stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer")
         verifier = self.verifier
+        if seed is not None:
+            seed = check_int("seed", seed, low=0)  # the same range the sampling verifier's own seed takes
         if seed is not None and hasattr(verifier, "seed"):
             verifier = copy.copy(verifier)
-            verifier.seed = check_int("seed", seed)
+            verifier.seed = seed
         adapter, strategy = self.adapter, self.strategy
         limit = min(len(ids) + max_new_tokens, adapter.max_length)
         buffer = np.zeros(limit, dtype=np.int64)  # committed ids; the last one is the root

@@ -28,14 +28,15 @@ def check_int(name: str, value, low: int | None = None, high: int | None = None)
 
 
 def check_float(name: str, value, low: float | None = None, high: float | None = None,
-                low_open: bool = False) -> float:
+                low_open: bool = False, high_open: bool = False) -> float:
     """Validate a float knob and return it as float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     value = float(value)
     too_low = low is not None and (value <= low if low_open else value < low)
-    if too_low or (high is not None and value > high):
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
         lo = f"> {low}" if low_open else f">= {low}"
-        bounds = lo if high is None else f"{lo} and <= {high}"
+        bounds = lo if high is None else f"{lo} and {'<' if high_open else '<='} {high}"
         raise ConfigError(f"{name} must be {bounds}, got {value}")
     return value

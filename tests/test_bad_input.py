@@ -9,7 +9,7 @@ import transformers
 from specfree import ConfigError, Engine, ModelLoadError, UnsupportedModelError
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.loading import load_model
-from tests.tiny_models import tiny_model
+from tests.tiny_models import tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +30,19 @@ def test_bad_prompts(engine, prompt, message):
         engine.generate(prompt, 5)
 
 
+def test_a_text_prompt_with_undecodable_bytes():
+    # Python turns bytes that are not UTF-8 (in argv, or stdin under a C locale) into lone surrogates.
+    engine = Engine.from_model(tiny_model("llama"), tiny_tokenizer(), "prompt_lookup")
+    for chat in (False, True):
+        with pytest.raises(ConfigError, match=r"^the prompt is not valid UTF-8 text \(it holds undecodable bytes\)"):
+            engine.generate("the cat \udcff", 5, chat=chat)
+
+
+def test_a_negative_seed(engine):
+    with pytest.raises(ConfigError, match="^seed must be >= 0, got -1$"):
+        engine.generate([5, 6], 5, seed=-1)
+
+
 @pytest.mark.parametrize("max_new", [0, -3])
 def test_bad_max_new_tokens(engine, max_new):
     with pytest.raises(ConfigError, match=f"max_new_tokens must be >= 1, got {max_new}"):
@@ -47,6 +60,12 @@ def test_bad_max_new_tokens(engine, max_new):
     ("autoregressive", {"do_sample": True, "temperature": 0}, r"temperature must be > 0.0, got 0.0"),
     ("autoregressive", {"do_sample": True, "top_p": 1.5}, r"top_p must be > 0.0 and <= 1.0, got 1.5"),
     ("autoregressive", {"do_sample": True, "seed": -1}, r"seed must be >= 0, got -1"),
+    # The trie strategy names its own knobs, not the pool it builds from them.
+    ("trie", {"decay": 0}, r"^trie.decay must be > 0.0 and < 1.0, got 0.0$"),
+    ("trie", {"decay": 1}, r"^trie.decay must be > 0.0 and < 1.0, got 1.0$"),
+    ("trie", {"max_nodes": 0}, r"^trie.max_nodes must be >= 1, got 0$"),
+    ("trie", {"branch_length": 0}, r"^trie.branch_length must be >= 1, got 0$"),
+    ("trie", {"max_query_length": 0}, r"^trie.max_query_length must be >= 1, got 0$"),
 ])
 def test_bad_strategy_and_knobs(strategy, knobs, message):
     with pytest.raises(ConfigError, match=message):
@@ -69,8 +88,11 @@ def test_model_files_that_do_not_exist(tmp_path):
     with pytest.raises(ModelLoadError, match="GGUF file not found: .*missing.gguf"):
         load_model(str(tmp_path / "missing.gguf"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelLoadError, match="could not load a causal LM from .*empty"):
+    with pytest.raises(ModelLoadError, match="could not load a causal LM from .*empty: it has no config.json"):
         load_model(str(tmp_path / "empty"))
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ModelLoadError, match="notes.txt is a file but not a .gguf file: give a model folder or a "):
+        load_model(str(tmp_path / "notes.txt"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")

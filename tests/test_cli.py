@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 from rich.console import Console
 
@@ -16,6 +17,7 @@ from specfree.hookspecs import hookimpl
 from specfree.plugins import build_plugin_manager, registry
 from specfree.strategies.base import Strategy
 from specfree.types import Proposal
+from specfree.verifiers.greedy import GreedyVerifier, walk
 from tests.helpers import run_cli
 
 SUMMARY = re.compile(r"^(\d+) tokens · [\d.]+ tok/s · (\d+) forwards · [\d.]+ tokens/step · (\d+) drafted · (\w+)")
@@ -59,6 +61,26 @@ def test_mistakes_are_one_line_with_exit_code_2(capsys, args, message):
     assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["prompt_file=/nonexistent"], "error: prompt_file not found: /nonexistent"),
+    (["prompt=   "], 'error: the prompt is empty: give prompt="..." with some text'),
+    (["prompt=hi", "strategy.draft_len=abc"], "error: strategy.draft_len: expected int, got 'abc'"),
+    (["prompt=hi", "max_new_tokens=-1"], "error: max_new_tokens must be >= 1, got -1"),
+    (["prompt=hi", "threads=0"], "error: threads must be >= 1, got 0"),
+    (["prompt=hi", "dtype=int8"],
+     "error: dtype must be one of ['bf16', 'bfloat16', 'float16', 'float32', 'fp16', 'fp32'], got 'int8'"),
+    (["prompt=hi", "verifier=sampling", "seed=-1"], "error: seed must be >= 0, got -1"),
+    (["prompt=hi", "strategy=trie", "strategy.decay=0"], "error: trie.decay must be > 0.0 and < 1.0, got 0.0"),
+    pytest.param(["prompt=hi", "device=cuda"],
+                 "error: device='cuda' was asked for but no CUDA GPU is available here; use device=cpu",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")),
+])
+def test_bad_decode_inputs_are_one_line_with_exit_code_2(tiny_llama_dir, capsys, args, message):
+    assert cli.main(["decode", *local(tiny_llama_dir), *args]) == 2
+    err = capsys.readouterr().err
+    assert err == message + "\n"
+
+
 def test_decode_streams_the_answer_writes_result_json_and_a_summary(tiny_llama_dir, tmp_path, capsys):
     run = tmp_path / "run"
     code = cli.main(["decode", *local(tiny_llama_dir), f"prompt={PROMPT}", "max_new_tokens=12",
@@ -95,10 +117,29 @@ class Oracle(Strategy):
         return Proposal([draft] if draft else [], source=self.name)
 
 
+class FlipOnSecondDraftedStep(GreedyVerifier):
+    """Greedy, except that on the second step with drafted rows the root takes the runner-up token:
+    what low-precision rounding of a batched forward can do to a near-tie."""
+
+    name = "flip"
+
+    def __init__(self):
+        super().__init__()
+        self.drafted_steps = 0
+
+    def verify(self, logits, tree, context):
+        self.drafted_steps += tree.num_drafted > 0
+        if self.drafted_steps != 2 or tree.num_drafted == 0:
+            return super().verify(logits, tree, context)
+        runner_up = int(logits[0].topk(2).indices[1])
+        return walk(tree, context, lambda node, prefix: runner_up if node == 0 else int(logits[node].argmax()))
+
+
 class OraclePlugin:
     @hookimpl
     def specfree_register(self, registry):
         registry.add("strategy", "oracle", Oracle)
+        registry.add("verifier", "flip", FlipOnSecondDraftedStep)
 
 
 def decode_in_process(tiny_llama_dir, tmp_path, overrides, terminal=False):
@@ -129,6 +170,35 @@ def test_ctrl_c_keeps_what_was_generated_and_prints_the_summary(tiny_llama_dir, 
     assert out.strip() == result["text"].strip()
 
 
+def test_verify_against_baseline_reports_identity_in_the_summary_and_result(tiny_llama_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    code = cli.main(["decode", *local(tiny_llama_dir), f"prompt={PROMPT}", "max_new_tokens=12",
+                     "verify_against_baseline=true", f"hydra.run.dir={run}"])
+    assert code == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    result = json.loads((run / "result.json").read_text())
+    assert SUMMARY.match(err[-2])  # the check's line comes after the summary
+    assert err[-1] == f"identical to plain decoding ({len(result['tokens'])} tokens)"
+    assert result["baseline_check"] == {"identical": True, "first_divergence": None, "speculative_token": None,
+                                        "baseline_token": None}
+
+
+def test_verify_against_baseline_names_the_first_divergence_and_exits_1(tiny_llama_dir, tmp_path):
+    _, _, _, plain = decode_in_process(tiny_llama_dir, tmp_path, ["strategy=autoregressive", "max_new_tokens=12"])
+    oracle = ["strategy=oracle", f"strategy.continuation={plain['tokens']}"]
+    code, _, err, result = decode_in_process(tiny_llama_dir, tmp_path, [
+        *oracle, "verifier=flip", "max_new_tokens=12", "verify_against_baseline=true"])
+    # Two drafted steps of 4 accepted tokens + 1: the second one's root is token 5.
+    assert code == 1 and result["tokens"][:5] == plain["tokens"][:5] and result["tokens"][5] != plain["tokens"][5]
+    assert result["baseline_check"] == {"identical": False, "first_divergence": 5,
+                                        "speculative_token": result["tokens"][5], "baseline_token": plain["tokens"][5]}
+    assert result["text"] and SUMMARY.match(err)  # the output and its summary were printed before the verdict
+    assert re.search(r"^differs from plain decoding at new token 5: speculative gave '.+', plain gave '.+' "
+                     r"\(batched rows round differently in low precision; use dtype=float32", err.splitlines()[-1])
+    _, _, _, unchecked = decode_in_process(tiny_llama_dir, tmp_path, [*oracle, "verifier=flip", "max_new_tokens=12"])
+    assert "baseline_check" not in unchecked  # off by default
+
+
 def test_read_prompt_from_text_file_or_stdin(tmp_path, monkeypatch):
     cfg = lambda **kw: OmegaConf.create({"prompt": None, "prompt_file": None, **kw})  # noqa: E731
     (tmp_path / "p.txt").write_text("from a file")
@@ -144,6 +214,33 @@ def test_read_prompt_from_text_file_or_stdin(tmp_path, monkeypatch):
         cli.read_prompt(cfg(prompt="a", prompt_file="b"))
     with pytest.raises(cli.ConfigError, match="prompt_file not found"):
         cli.read_prompt(cfg(prompt_file=str(tmp_path / "missing.txt")))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty: put the prompt's text in it"),
+    (b" \n\n", "is empty: put the prompt's text in it"),
+    (b"ok \x8e\xff\x00 binary", r"is not UTF-8 text \(undecodable byte at offset 3\); give a text file"),
+])
+def test_prompt_files_without_text_are_refused_by_name(tmp_path, content, message):
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(content)
+    with pytest.raises(cli.ConfigError, match=f"^prompt_file {path} {message}$"):
+        cli.read_prompt(OmegaConf.create({"prompt": None, "prompt_file": str(path)}))
+    with pytest.raises(cli.ConfigError, match=f"^prompt_file {tmp_path} is a folder: give a text file$"):
+        cli.read_prompt(OmegaConf.create({"prompt": None, "prompt_file": str(tmp_path)}))
+
+
+def test_stdin_that_is_not_text_is_refused(monkeypatch):
+    # Under a C locale Python reads undecodable bytes as lone surrogates; the tokenizer would choke on them.
+    stdin = io.TextIOWrapper(io.BytesIO(b"hello \xff\xfe"), encoding="utf-8", errors="surrogateescape")
+    monkeypatch.setattr("sys.stdin", stdin)
+    with pytest.raises(cli.ConfigError, match="^the input piped on stdin is not UTF-8 text: pipe a text file$"):
+        cli.read_stdin()
+
+
+def test_an_output_path_that_cannot_be_written_is_one_line(tmp_path):
+    with pytest.raises(cli.ConfigError, match=f"^cannot write the result to {tmp_path}: Is a directory"):
+        cli._write_result(OmegaConf.create({"output": str(tmp_path)}), {"kind": "decode"})
 
 
 def test_a_2x2_multirun_then_compare(tiny_llama_dir, tmp_path):

@@ -120,6 +120,14 @@ def test_load_config_mistakes(reg, cfg, message):
         load_config(cfg, reg=reg)
 
 
+def test_a_config_file_that_is_not_yaml_is_one_line(reg, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("strategy: [unclosed\n")
+    with pytest.raises(ConfigError, match=f"^{path} is not a YAML config: while parsing a flow sequence") as info:
+        load_config(path, reg=reg)
+    assert "\n" not in str(info.value)
+
+
 # ---- nodes made from the registry ----------------------------------------------------------
 class Knobby:
     def __init__(self, size: int, ratio: float = 0.5, label: str | None = None, mode: Literal["a", "b"] = "a",

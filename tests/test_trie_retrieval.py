@@ -102,3 +102,8 @@ def test_retrieval_errors(datastore, tmp_path):
     bad.write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(ConfigError, match="bad.jsonl:2: not valid JSON"):
         build_datastore([bad], datastore[1], tmp_path / "x.sfds")
+    from specfree.datastore import main as datastore_command
+
+    # Checked before the tokenizer loads: a missing input fails at once.
+    with pytest.raises(ConfigError, match=f"^datastore input not found: {tmp_path / 'nope.jsonl'}$"):
+        datastore_command(["build", f"input={bad},{tmp_path / 'nope.jsonl'}", f"out={tmp_path / 'y.sfds'}"])

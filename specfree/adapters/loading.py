@@ -65,17 +65,26 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
                       "mask; loading with 'sdpa'", stacklevel=2)
         attn_implementation = "sdpa"
     folder = resolve_source(name_or_path, cache_dir)
+    if Path(str(folder)).is_dir() and not (Path(str(folder)) / "config.json").is_file():
+        # Said up front: transformers would first fail on the tokenizer, with a message about sentencepiece.
+        raise ModelLoadError(f"could not load a causal LM from {folder}: it has no config.json (a model folder "
+                             "holds config.json, the weights and the tokenizer files; or give a .gguf file)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
         model = _from_pretrained(folder, torch_dtype, attn_implementation, revision)
     except (OSError, ValueError) as exc:
         if Path(str(folder)).is_dir():
-            raise ModelLoadError(f"could not load a causal LM from {folder}: {exc}") from exc
+            raise ModelLoadError(f"could not load a causal LM from {folder}: {one_line(exc)}") from exc
         raise ModelLoadError(
             f"could not load '{name_or_path}': it is not a local folder or .gguf file, and the "
             f"Hugging Face hub did not provide it (no network, gated, or a wrong id). Download it "
             f"first and pass its folder, or use the embedded model: model=smollm2") from exc
     return model.to(torch_device).eval(), tokenizer
+
+
+def one_line(exc: BaseException) -> str:
+    """transformers' messages span several lines; the CLI prints errors as one."""
+    return " ".join(str(exc).split())
 
 
 def _from_pretrained(folder, dtype, attn_implementation, revision):
@@ -133,7 +142,7 @@ def load_tokenizer(name_or_path: str, cache_dir: str | Path | None = None):
     try:
         return AutoTokenizer.from_pretrained(resolve_source(name_or_path, cache_dir))
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"could not load a tokenizer for '{name_or_path}': {exc}") from exc
+        raise ModelLoadError(f"could not load a tokenizer for '{name_or_path}': {one_line(exc)}") from exc
 
 
 def resolve_source(name_or_path: str, cache_dir: str | Path | None = None) -> str | Path:
@@ -147,4 +156,6 @@ def resolve_source(name_or_path: str, cache_dir: str | Path | None = None) -> st
             raise ModelLoadError(f"GGUF file not found: {path}")
         return gguf_to_folder(path, cache_dir)
     local = Path(name_or_path).expanduser()
+    if local.is_file():  # not a hub id either: say what a local model must be
+        raise ModelLoadError(f"{local} is a file but not a .gguf file: give a model folder or a .gguf file")
     return str(local) if local.is_dir() else name_or_path

@@ -2,7 +2,7 @@
 
 A path may be a ``bench.json``/``result.json`` file or any folder: folders (a bench ``-m`` sweep
 too) are searched for both. Bench runs keep their own same-run speedups; with several runs each
-system is labelled by its run's Hydra overrides. Decode results (``result.json`` from ``specfree
+system is labelled by the overrides that tell its run apart. Decode results (``result.json`` from ``specfree
 decode``) are shown with the decode command's own table (``specfree.cli.decode_table``).
 """
 
@@ -39,17 +39,20 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
     return list(dict.fromkeys(bench)), list(dict.fromkeys(decode))
 
 
-def run_label(folder: Path) -> str:
-    """A job's Hydra overrides (``strategy=trie,strategy.budget=8``) when recorded, else its folder name."""
+def run_overrides(folder: Path) -> list[str]:
+    """A job's Hydra overrides (``strategy=trie``, ``strategy.budget=8``) when recorded."""
     overrides = folder / ".hydra" / "overrides.yaml"
-    if overrides.is_file():
-        from omegaconf import OmegaConf
+    if not overrides.is_file():
+        return []
+    from omegaconf import OmegaConf
 
-        values = [str(v) for v in OmegaConf.load(overrides) or []]
-        values = [v for v in values if not v.startswith(("hydra.", "bench.out", "bench.resume"))]
-        if values:
-            return ",".join(values)
-    return folder.name
+    values = [str(v) for v in OmegaConf.load(overrides) or []]
+    return [v for v in values if not v.startswith(("hydra.", "bench.out", "bench.resume"))]
+
+
+def run_label(folder: Path, shared: set[str] = frozenset()) -> str:
+    """The overrides that tell a job from the others (all but ``shared``), else its folder name."""
+    return ",".join(v for v in run_overrides(folder) if v not in shared) or folder.name
 
 
 def compare(paths: Sequence[str], out: str | None = None, markdown: bool = False,
@@ -81,9 +84,10 @@ def compare(paths: Sequence[str], out: str | None = None, markdown: bool = False
 def bench_rows(files: Sequence[Path]):
     """Summary rows of every bench run; system labels get the run's label when there are several."""
     rows, systems = [], []
+    shared = set.intersection(*(set(run_overrides(f.parent)) for f in files))  # a sweep's fixed settings
     for f in files:
         doc = store_mod.read(f)
-        prefix = f"{run_label(f.parent)}: " if len(files) > 1 else ""
+        prefix = f"{run_label(f.parent, shared)}: " if len(files) > 1 else ""
         order = [s["label"] for s in doc.get("systems", [])]
         rows += [replace(r, system=prefix + r.system)
                  for r in summarize(doc["records"], doc["meta"].get("baseline", BASELINE), order)]

@@ -74,6 +74,7 @@ class SpecfreeConfig:
     threads: int | None = None
     cache_dir: str | None = None
     output: str | None = None
+    verify_against_baseline: bool = False
 
 
 # ---- config nodes made from the registry ---------------------------------------------------

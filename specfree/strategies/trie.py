@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specfree.errors import check_int
+from specfree.errors import check_float, check_int
 from specfree.pools.trie import TriePool
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal
@@ -61,6 +61,11 @@ def make_trie(decoding_length: int = 16, branch_length: int = 8, max_query_lengt
     if pool_file:
         pool = TriePool.load(pool_file)
     else:
+        # Checked here, under the names the user typed; the pool's own checks would say trie_pool.
+        check_int("trie.branch_length", branch_length, low=1)
+        check_int("trie.max_query_length", max_query_length, low=1)
+        check_int("trie.max_nodes", max_nodes, low=1)
+        check_float("trie.decay", decay, low=0.0, high=1.0, low_open=True, high_open=True)
         # The trie must be deep enough to hold the matched query plus the draft after it.
         pool = TriePool(max_nodes=max_nodes, branch_length=max_query_length + branch_length,
                         max_query_length=max_query_length, decay=decay)

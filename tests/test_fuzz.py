@@ -1,0 +1,169 @@
+"""Fuzzing the engine: any built-in strategy with random valid knobs, on any tiny family, with
+prompts full of what breaks drafters (long runs of one token, special tokens, EOS inside the
+prompt), must never raise and must give exactly plain greedy decoding, stopping where it does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specfree import Engine
+from specfree.pools import SuffixArrayPool
+from tests.tiny_models import (
+    BOS,
+    EOS,
+    FAMILIES,
+    PAD,
+    VOCAB,
+    reference_greedy,
+    tiny_model,
+)
+
+SPECIAL = (PAD, BOS, EOS, 3)  # 3 is the tiny tokenizer's <unk>
+FUZZ = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine lose a lot to them."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def datastore(tmp_path_factory) -> str:
+    """A small retrieval datastore whose documents hold runs, special tokens and EOS too."""
+    rng = np.random.default_rng(0)
+    docs = [np.arange(3, VOCAB), np.array([5, 6, 7] * 12), np.array([EOS, EOS, BOS, PAD, EOS, 9, 9, 9, EOS]),
+            rng.integers(0, VOCAB, 200), np.array([11] * 30 + [EOS] + [12, 13] * 10)]
+    path = tmp_path_factory.mktemp("fuzz") / "store.sfds"
+    SuffixArrayPool.build(docs).save(path)
+    return str(path)
+
+
+# ---- prompts ------------------------------------------------------------------------------
+TOKEN = st.integers(0, VOCAB - 1)
+PIECES = st.one_of(
+    st.tuples(TOKEN, st.integers(1, 12)).map(lambda run: [run[0]] * run[1]),  # one token repeated
+    st.sampled_from(SPECIAL).map(lambda t: [t]),  # EOS, BOS, PAD, <unk> anywhere in the prompt
+    st.lists(TOKEN, min_size=1, max_size=6),  # noise
+    st.tuples(st.lists(TOKEN, min_size=1, max_size=5), st.integers(2, 4)).map(lambda p: p[0] * p[1]),  # a repeat
+)
+
+
+@st.composite
+def prompts(draw) -> list[int]:
+    return [t for piece in draw(st.lists(PIECES, min_size=1, max_size=5)) for t in piece][:48]
+
+
+# ---- strategies and their knobs -----------------------------------------------------------
+@st.composite
+def prompt_lookup_knobs(draw) -> dict:
+    max_ngram = draw(st.integers(1, 4))
+    return {"max_ngram": max_ngram, "min_ngram": draw(st.integers(1, max_ngram)),
+            "draft_len": draw(st.integers(1, 12)), "num_candidates": draw(st.integers(1, 4)),
+            "match": draw(st.sampled_from(["recent", "longest", "frequent"]))}
+
+
+@st.composite
+def lookahead_knobs(draw) -> dict:
+    knobs = {"window": draw(st.integers(1, 5)), "ngram": draw(st.integers(2, 5)),
+             "guesses": draw(st.one_of(st.integers(1, 6), st.none())), "pool": draw(st.sampled_from(["lru", "trie"])),
+             "init": draw(st.sampled_from(["random", "recent"])), "init_seed": draw(st.integers(0, 9)),
+             "pool_from_prompt": draw(st.booleans()), "add_output": draw(st.booleans()),
+             "idle_every": draw(st.integers(0, 3))}
+    if knobs["idle_every"] == 0 and not (knobs["pool_from_prompt"] or knobs["add_output"]):
+        knobs["idle_every"] = 1  # otherwise refused: the window would never run
+    knobs["pool_capacity"] = draw(st.integers(1, 500)) if knobs["pool"] == "trie" else draw(
+        st.one_of(st.integers(1, 500), st.none()))
+    return knobs
+
+
+@st.composite
+def trie_knobs(draw) -> dict:
+    return {"decoding_length": draw(st.integers(1, 24)), "branch_length": draw(st.integers(1, 10)),
+            "max_query_length": draw(st.integers(1, 6)), "max_nodes": draw(st.integers(1, 400)),
+            "decay": draw(st.floats(0.01, 0.99)), "persist": draw(st.booleans())}  # decay: open (0, 1)
+
+
+@st.composite
+def recycling_knobs(draw) -> dict:
+    successors = draw(st.integers(1, 6))
+    return {"successors": successors, "widths": draw(st.lists(st.integers(1, successors), min_size=1, max_size=5))}
+
+
+@st.composite
+def hybrid_knobs(draw) -> dict:
+    drafters = draw(st.lists(st.sampled_from(["prompt_lookup", "trie", "recycling", "retrieval"]), min_size=1,
+                             max_size=4, unique=True))
+    return {"drafters": drafters, "max_rows": draw(st.integers(1, 40))}
+
+
+@st.composite
+def retrieval_knobs(draw) -> dict:
+    max_query_length = draw(st.integers(1, 8))
+    return {"max_nodes": draw(st.integers(1, 16)), "max_depth": draw(st.integers(1, 8)),
+            "max_query_length": max_query_length, "min_query_length": draw(st.integers(1, max_query_length))}
+
+
+KNOBS = {
+    "autoregressive": st.just({}),
+    "prompt_lookup": prompt_lookup_knobs(),
+    "lookahead": lookahead_knobs(),
+    "trie": trie_knobs(),
+    "recycling": recycling_knobs(),
+    "hybrid": hybrid_knobs(),
+    "retrieval": retrieval_knobs(),
+}
+NEEDS_DATASTORE = ("retrieval", "hybrid")
+
+
+def strategy_specs() -> st.SearchStrategy[tuple[str, dict]]:
+    return st.sampled_from(sorted(KNOBS)).flatmap(lambda name: KNOBS[name].map(lambda knobs: (name, knobs)))
+
+
+def test_the_fuzzer_covers_every_built_in_strategy():
+    from specfree.plugins import build_plugin_manager, registry
+
+    assert set(KNOBS) == set(registry(build_plugin_manager()).names("strategy"))
+
+
+# ---- ground truth -------------------------------------------------------------------------
+def greedy_ignoring_eos(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy decoding that runs on through EOS, as ``ignore_eos=True`` does."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=PAD)
+    return out[0, len(prompt):].tolist()
+
+
+REQUESTS = st.lists(st.tuples(prompts(), st.integers(1, 30), st.booleans()), min_size=1, max_size=2)
+
+
+@FUZZ
+@given(family=st.sampled_from(FAMILIES), spec=strategy_specs(), requests=REQUESTS)
+def test_any_strategy_on_any_prompt_is_plain_greedy(datastore, family, spec, requests):
+    model = tiny_model(family)
+    name, knobs = spec
+    if name in NEEDS_DATASTORE:
+        knobs = {**knobs, "datastore": datastore}
+    engine = Engine.from_model(model, None, name, **knobs)
+    for prompt, max_new, ignore_eos in requests:  # a second request meets the pools the first one filled
+        result = engine.generate(prompt, max_new, ignore_eos=ignore_eos)
+        tokens = result.tokens
+        if ignore_eos:
+            assert tokens == greedy_ignoring_eos(model, prompt, max_new)
+        else:
+            assert tokens == reference_greedy(model, prompt, max_new)
+            assert EOS not in tokens[:-1]  # stops at the first EOS it emits, EOS in the prompt or not
+        assert 1 <= len(tokens) <= max_new
+        ended_on_eos = not ignore_eos and tokens[-1] == EOS
+        assert result.stop_reason == ("eos" if ended_on_eos else "max_new_tokens")
+        assert len(tokens) == max_new or ended_on_eos
+        assert sum(s.emitted for s in result.steps) == len(tokens) == len(result.drafted_mask)
