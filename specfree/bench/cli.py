@@ -192,7 +192,8 @@ def progress_line(record: dict) -> str:
         return f"{record['category']} {record['prompt_id']} {record['system']}: failed: {record['error']}"
     tokens = sum(len(t["tokens"]) for t in record["turns"])
     wall = sum(t["wall_s"] for t in record["turns"])
-    same = {True: "identical", False: "DIFFERENT", None: "?"}[record["identical"]]
+    same = {True: "identical", False: "DIFFERENT", None: "compared once the baseline has run"}[
+        record["identical"]]
     return (f"{record['category']} {record['prompt_id']} {record['system']}: {tokens} tokens in {wall:.1f} s "
             f"({tokens / wall if wall else 0:.1f} tok/s), {same}")
 

@@ -49,20 +49,22 @@ def store(tmp_path, **kw):
     return RecordStore(tmp_path, {"model": "m", "max_new_tokens": 4}, **kw)
 
 
-def test_interleaves_systems_per_prompt_and_continues_conversations(tmp_path):
+def test_interleaves_systems_per_prompt_rotating_who_goes_first_and_continues_conversations(tmp_path):
     calls = []
     systems = [Fake("autoregressive", calls=calls), Fake("other", calls=calls)]
     s = store(tmp_path)
     run_records(ITEMS, systems, conversation(), s, max_new_tokens=4)
     order = [label for label, _ in calls]
     ar, other = "autoregressive", "other"
-    assert order == [ar, other, ar, ar, other, other, ar, other]  # a system runs all turns of prompt 2
+    assert order == [ar, other, other, other, ar, ar, ar, other]  # a system runs all turns of prompt 2
     # turn 2 of prompt 2 sees 3 messages: user, that system's own answer, user
     assert [ids for label, ids in calls if label == "other"] == [(23, 1), (24, 1), (24, 3), (22, 1)]
     records = json.loads((tmp_path / "bench.json").read_text())["records"]
     assert [(r["prompt_id"], r["system"], len(r["turns"])) for r in records] == [
         ("1", "autoregressive", 1), ("1", "other", 1), ("2", "autoregressive", 2), ("2", "other", 2),
         ("3", "autoregressive", 1), ("3", "other", 1)]
+    # "other" ran before the baseline on prompt 2: its identity is settled when the baseline finishes
+    assert all(r["identical"] is True for r in records)
 
 
 def test_identity_flag_catches_a_different_output(tmp_path):
@@ -87,13 +89,12 @@ def test_interrupt_keeps_finished_records_and_resume_skips_them(tmp_path):
         run_records(ITEMS, [Fake("autoregressive"), Fake("other", interrupt_on=ord("y") - ord("a"))],
                     conversation(), s, 4)
     on_disk = json.loads((tmp_path / "bench.json").read_text())["records"]
-    assert [(r["prompt_id"], r["system"]) for r in on_disk] == [("1", "autoregressive"), ("1", "other"),
-                                                                 ("2", "autoregressive")]
+    assert [(r["prompt_id"], r["system"]) for r in on_disk] == [("1", "autoregressive"), ("1", "other")]
     calls = []
     resumed = store(tmp_path, resume=True)
     run_records(ITEMS, [Fake("autoregressive", calls=calls), Fake("other", calls=calls)], conversation(), resumed, 4)
-    assert [(label, ids[0]) for label, ids in calls] == [("other", 24), ("other", 24), ("autoregressive", 22),
-                                                          ("other", 22)]
+    assert [(label, ids[0]) for label, ids in calls] == [("other", 24), ("other", 24), ("autoregressive", 24),
+                                                          ("autoregressive", 24), ("autoregressive", 22), ("other", 22)]
     assert len(resumed.records) == 6
 
 
