@@ -9,6 +9,18 @@ import pytest
 from tests.helpers import EXAMPLE_PLUGIN, write_dist_info
 
 
+# ---- tiny-model property tests (test_fuzz.py, test_lookahead.py) --------------------------
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine lose a lot to them."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # ---- CLI, configs and plugins (test_cli.py, test_configs.py, test_plugins.py) ---------------
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:

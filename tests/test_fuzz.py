@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,13 +25,7 @@ SPECIAL = (PAD, BOS, EOS, 3)  # 3 is the tiny tokenizer's <unk>
 FUZZ = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy 2-core machine lose a lot to them."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -133,16 +126,6 @@ def test_the_fuzzer_covers_every_built_in_strategy():
     assert set(KNOBS) == set(registry(build_plugin_manager()).names("strategy"))
 
 
-# ---- ground truth -------------------------------------------------------------------------
-def greedy_ignoring_eos(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' greedy decoding that runs on through EOS, as ``ignore_eos=True`` does."""
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=None, pad_token_id=PAD)
-    return out[0, len(prompt):].tolist()
-
-
 REQUESTS = st.lists(st.tuples(prompts(), st.integers(1, 30), st.booleans()), min_size=1, max_size=2)
 
 
@@ -157,10 +140,8 @@ def test_any_strategy_on_any_prompt_is_plain_greedy(datastore, family, spec, req
     for prompt, max_new, ignore_eos in requests:  # a second request meets the pools the first one filled
         result = engine.generate(prompt, max_new, ignore_eos=ignore_eos)
         tokens = result.tokens
-        if ignore_eos:
-            assert tokens == greedy_ignoring_eos(model, prompt, max_new)
-        else:
-            assert tokens == reference_greedy(model, prompt, max_new)
+        assert tokens == reference_greedy(model, prompt, max_new, ignore_eos=ignore_eos)
+        if not ignore_eos:
             assert EOS not in tokens[:-1]  # stops at the first EOS it emits, EOS in the prompt or not
         assert 1 <= len(tokens) <= max_new
         ended_on_eos = not ignore_eos and tokens[-1] == EOS

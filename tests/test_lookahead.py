@@ -21,13 +21,7 @@ from specfree.types import Verdict
 from tests._lookahead_models import FAMILIES, VOCAB, plain_greedy, tiny
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy 2-core machine lose a lot to them."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

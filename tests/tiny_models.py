@@ -72,12 +72,13 @@ def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     return model
 
 
-def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' own greedy decoding: the ground truth every strategy must reproduce."""
+def reference_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
+    """transformers' own greedy decoding: the ground truth every strategy must reproduce
+    (``ignore_eos``: running on through EOS, as ``generate(..., ignore_eos=True)`` does)."""
     ids = torch.tensor([prompt])
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=EOS, pad_token_id=PAD)
+                             do_sample=False, eos_token_id=None if ignore_eos else EOS, pad_token_id=PAD)
     return out[0, len(prompt):].tolist()
 
 

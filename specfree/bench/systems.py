@@ -47,6 +47,11 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def _as_list(value: Any) -> Any:
+    """Tuples as lists: a default of ("a", "b") and a config's [a, b] are the same knob value."""
+    return list(value) if isinstance(value, (tuple, list)) else value
+
+
 def describe(name: str, knobs: dict[str, Any]) -> str:
     """A system's label: its name and the knobs it was given, e.g. ``prompt_lookup(draft_len=8)``."""
     if not knobs:
@@ -85,7 +90,7 @@ class SpecfreeSystem:
                 actual[p.name] = p.default
         # The label names only the knobs that differ from the documented defaults.
         shown = {k: (v.get("name", v) if isinstance(v, Mapping) else v) for k, v in knobs.items()
-                 if k not in documented or documented[k] != v}
+                 if k not in documented or _as_list(documented[k]) != _as_list(v)}
         return cls(strategy, engine, knobs, {**actual, **knobs}, describe(strategy, shown), seed)
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:

@@ -121,3 +121,16 @@ def test_plain_text_conversation_concatenates_turns():
     conv = Conversation(lambda p, chat=None: seen.append(p) or [1], lambda ids: " A.", chat=False)
     conv.run(Fake("s"), ["Q1?", "Q2?"], 4)
     assert seen == ["Q1?", "Q1? A.\n\nQ2?"]
+
+
+def test_system_labels_name_only_the_knobs_that_differ_from_the_defaults():
+    from specfree.bench.systems import SpecfreeSystem
+    from tests.tiny_models import tiny_model
+
+    def label(strategy, knobs):
+        return SpecfreeSystem.build(tiny_model("llama"), None, strategy, knobs).label
+
+    # a config gives lists where the factory's default is a tuple: still the default
+    assert label("hybrid", {"drafters": ["prompt_lookup", "trie", "recycling"]}) == "hybrid"
+    assert label("hybrid", {"drafters": ["prompt_lookup"]}) == "hybrid(drafters=['prompt_lookup'])"
+    assert label("prompt_lookup", {"draft_len": 4}) == "prompt_lookup(draft_len=4)"
