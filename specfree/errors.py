@@ -1,5 +1,7 @@
 """Errors a user can act on. The CLI prints these as one line, never a traceback."""
 
+import numbers
+
 
 class SpecfreeError(Exception):
     """A problem with the user's input, config or environment, stated with its fix."""
@@ -17,14 +19,20 @@ class ModelLoadError(SpecfreeError):
     """The model or tokenizer could not be found or loaded."""
 
 
-def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
-    """Validate an integer knob and return it; the message names the knob and its range."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+def check_int(name: str, value, low: int | None = None, high: int | None = None, allow_none: bool = False):
+    """Validate an integer knob and return it; the message names the knob and its range.
+
+    ``allow_none``: None is a valid value too (a knob where None means "no limit").
+    """
+    if value is None and allow_none:
+        return None
+    none = ", or None for no limit" if allow_none else ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an integer{none}, got {value!r} ({type(value).__name__})")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise ConfigError(f"{name} must be {bounds}, got {value}")
-    return value
+        raise ConfigError(f"{name} must be {bounds}{none}, got {value}")
+    return int(value)
 
 
 def check_float(name: str, value, low: float | None = None, high: float | None = None,

@@ -177,7 +177,7 @@ def test_the_pool_group_feeds_strategies_that_take_a_pool():
     cfg = compose(["strategy=pooled", "pool=lru", "pool.ngram=5"], reg)
     strategy = build_strategy(cfg, reg)
     assert isinstance(strategy.pool, LRUNGramPool) and strategy.pool.ngram == 5
-    with pytest.raises(ConfigError, match=r"^pool=lru: ngram_pool: ngram must be an int >= 2, got 1$"):
+    with pytest.raises(ConfigError, match=r"^pool=lru: ngram_pool.ngram must be >= 2, got 1$"):
         build_strategy(compose(["strategy=pooled", "pool=lru", "pool.ngram=1"], reg), reg)  # a factory's ValueError
     with pytest.raises(ConfigError, match="strategy 'pooled' needs a pool: add pool=NAME"):
         build_strategy(compose(["strategy=pooled"], reg), reg)

@@ -335,11 +335,11 @@ def test_pool_stays_within_its_caps_over_4000_tokens():
 @pytest.mark.parametrize("knobs, message", [
     (dict(window=0), "lookahead.window must be >= 1, got 0"),
     (dict(ngram=1), "lookahead.ngram must be >= 2, got 1"),
-    (dict(guesses=0), "lookahead.guesses must be an integer >= 1, or None for no limit, got 0"),
+    (dict(guesses=0), "lookahead.guesses must be >= 1, or None for no limit, got 0"),
     (dict(window=2.5), "lookahead.window must be an integer"),
     (dict(init="zeros"), "lookahead.init must be one of ['random', 'recent'], got 'zeros'"),
     (dict(pool="bloom"), "lookahead.pool must be one of ['lru', 'trie'], got 'bloom'"),
-    (dict(pool_capacity=0), "lookahead.pool_capacity must be an integer >= 1"),
+    (dict(pool_capacity=0), "lookahead.pool_capacity must be >= 1, or None for no limit"),
     (dict(idle_every=-1), "lookahead.idle_every must be >= 0, got -1"),
     (dict(idle_every=0, pool_from_prompt=False, add_output=False), "the window would never run"),
 ])

@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 import os
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from specfree.errors import ConfigError
 from specfree.pools.base import PoolFileError
-
-
-def check_int(owner: str, name: str, value: object, low: int, high: int | None = None,
-              allow_none: bool = False) -> int | None:
-    """``value`` as an int in [low, high], or a ConfigError naming ``owner: name`` and the range."""
-    if value is None and allow_none:
-        return None
-    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if ok and value >= low and (high is None or value <= high):
-        return int(value)
-    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-    none = " or None for unbounded" if allow_none else ""
-    raise ConfigError(f"{owner}: {name} must be an int {bound}{none}, got {value!r}")
 
 
 def as_tokens(tokens: Sequence[int]) -> list[int]:

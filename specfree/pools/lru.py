@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from specfree.pools._common import as_tokens, check_int, fit_candidates
+from specfree.errors import check_int
+from specfree.pools._common import as_tokens, fit_candidates
 
 _NAME = "ngram_pool"
 
@@ -26,10 +27,10 @@ class LRUNGramPool:
 
     def __init__(self, key_len: int = 1, max_per_key: int | None = 8,
                  max_keys: int | None = 100_000, ngram: int = 4):
-        self.key_len = check_int(_NAME, "key_len", key_len, low=1)
-        self.max_per_key = check_int(_NAME, "max_per_key", max_per_key, low=1, allow_none=True)
-        self.max_keys = check_int(_NAME, "max_keys", max_keys, low=1, allow_none=True)
-        self.ngram = check_int(_NAME, "ngram", ngram, low=2)
+        self.key_len = check_int(f"{_NAME}.key_len", key_len, low=1)
+        self.max_per_key = check_int(f"{_NAME}.max_per_key", max_per_key, low=1, allow_none=True)
+        self.max_keys = check_int(f"{_NAME}.max_keys", max_keys, low=1, allow_none=True)
+        self.ngram = check_int(f"{_NAME}.ngram", ngram, low=2)
         self._table: OrderedDict[tuple[int, ...], OrderedDict[tuple[int, ...], None]] = OrderedDict()
         self._size = 0  # continuations stored, over all keys
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 from pydivsufsort import divsufsort
 
+from specfree.errors import check_int
 from specfree.pools._common import (
-    check_int,
     leaf_paths,
     pack_header,
     read_header,
@@ -222,10 +222,10 @@ class SuffixArrayPool:
 
     def __init__(self, text: np.ndarray, sa: np.ndarray, *, max_query_length: int = 16,
                  min_query_length: int = 2, max_occurrences: int = 4096):
-        self.max_query_length = check_int(_NAME, "max_query_length", max_query_length, low=1)
-        self.min_query_length = check_int(_NAME, "min_query_length", min_query_length,
+        self.max_query_length = check_int(f"{_NAME}.max_query_length", max_query_length, low=1)
+        self.min_query_length = check_int(f"{_NAME}.min_query_length", min_query_length,
                                           low=1, high=self.max_query_length)
-        self.max_occurrences = check_int(_NAME, "max_occurrences", max_occurrences, low=1)
+        self.max_occurrences = check_int(f"{_NAME}.max_occurrences", max_occurrences, low=1)
         text, sa = np.asarray(text), np.asarray(sa)
         if text.dtype != np.int32 or text.ndim != 1 or len(text) == 0 or text[-1] != _SEP:
             raise ValueError(f"{_NAME}: text must be a 1-D int32 array ending with {_SEP}")

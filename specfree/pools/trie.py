@@ -25,10 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specfree.errors import ConfigError
+from specfree.errors import check_float, check_int
 from specfree.pools._common import (
     as_tokens,
-    check_int,
     leaf_paths,
     pack_header,
     read_header,
@@ -61,12 +60,10 @@ class TriePool:
 
     def __init__(self, max_nodes: int = 200_000, branch_length: int = 12,
                  max_query_length: int = 8, decay: float = 0.5):
-        self.max_nodes = check_int(_NAME, "max_nodes", max_nodes, low=1)
-        self.branch_length = check_int(_NAME, "branch_length", branch_length, low=1)
-        self.max_query_length = check_int(_NAME, "max_query_length", max_query_length, low=1)
-        if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0.0 < decay < 1.0:
-            raise ConfigError(f"{_NAME}: decay must be a float in (0, 1), got {decay!r}")
-        self.decay = float(decay)
+        self.max_nodes = check_int(f"{_NAME}.max_nodes", max_nodes, low=1)
+        self.branch_length = check_int(f"{_NAME}.branch_length", branch_length, low=1)
+        self.max_query_length = check_int(f"{_NAME}.max_query_length", max_query_length, low=1)
+        self.decay = check_float(f"{_NAME}.decay", decay, low=0.0, high=1.0, low_open=True, high_open=True)
         root = np.array([-1])
         self._set(root, root, np.zeros(1), np.zeros(1), np.zeros(1))  # node 0 is the root
 

@@ -53,9 +53,7 @@ class Lookahead(Strategy):
         self.pool = pool
         self.window = check_int("lookahead.window", window, low=1)
         self.ngram = check_int("lookahead.ngram", ngram, low=2)
-        if guesses is not None:
-            guesses = _check("lookahead.guesses", guesses, ">= 1, or None for no limit", low=1)
-        self.guesses = guesses
+        self.guesses = check_int("lookahead.guesses", guesses, low=1, allow_none=True)
         if init not in INITS:
             raise ConfigError(f"lookahead.init must be one of {list(INITS)}, got {init!r}")
         self.init = init
@@ -194,12 +192,6 @@ class Lookahead(Strategy):
         return dict(self._last)
 
 
-def _check(name: str, value, bounds: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an integer {bounds}, got {value!r}")
-    return value
-
-
 def lookahead(window: int = 2, ngram: int = 3, guesses: int | None = 2, pool: str = "lru",
               pool_from_prompt: bool = True, add_output: bool = True, init: str = "recent",
               init_seed: int = 0, pool_capacity: int | None = 100_000, idle_every: int = 0) -> Lookahead:
@@ -209,10 +201,8 @@ def lookahead(window: int = 2, ngram: int = 3, guesses: int | None = 2, pool: st
     n-grams), trie nodes for ``trie``; None means unbounded.
     """
     ngram = check_int("lookahead.ngram", ngram, low=2)
-    if guesses is not None:
-        guesses = _check("lookahead.guesses", guesses, ">= 1, or None for no limit", low=1)
-    if pool_capacity is not None:
-        pool_capacity = _check("lookahead.pool_capacity", pool_capacity, ">= 1, or None for no limit", low=1)
+    guesses = check_int("lookahead.guesses", guesses, low=1, allow_none=True)
+    pool_capacity = check_int("lookahead.pool_capacity", pool_capacity, low=1, allow_none=True)
     if pool == "lru":
         from specfree.pools.lru import LRUNGramPool
 

@@ -90,14 +90,14 @@ def test_lookup_truncates_last_candidate_to_fit():
 
 
 @pytest.mark.parametrize("kw, words", [
-    ({"key_len": 0}, "key_len must be an int >= 1"),
-    ({"max_per_key": 0}, "max_per_key must be an int >= 1 or None for unbounded, got 0"),
-    ({"max_keys": -1}, "max_keys must be an int >= 1 or None"),
-    ({"ngram": 1}, "ngram must be an int >= 2"),
-    ({"ngram": 2.5}, "ngram must be an int"),
+    ({"key_len": 0}, "key_len must be >= 1"),
+    ({"max_per_key": 0}, "max_per_key must be >= 1, or None for no limit, got 0"),
+    ({"max_keys": -1}, "max_keys must be >= 1, or None"),
+    ({"ngram": 1}, "ngram must be >= 2"),
+    ({"ngram": 2.5}, "ngram must be an integer"),
 ])
 def test_knob_validation(kw, words):
-    with pytest.raises(ValueError, match="ngram_pool: " + words):
+    with pytest.raises(ValueError, match="ngram_pool." + words):
         LRUNGramPool(**kw)
 
 
