@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from specfree.conf.schema import BenchConfig, ModelConfig, SpecfreeConfig, knob_fields, node_schema
-from specfree.errors import ConfigError, ModelLoadError
+from specfree.errors import ConfigError, ModelLoadError, one_line
 from specfree.plugins import Registry
 
 __all__ = ["BenchConfig", "ModelConfig", "SpecfreeConfig", "build_engine", "compose", "config_error",
@@ -158,8 +158,8 @@ def _as_config(cfg) -> DictConfig | None:
             raise ConfigError(f"config file not found: {path}")
         try:
             cfg = OmegaConf.load(path)
-        except Exception as exc:  # YAML's parser reports over several lines
-            raise ConfigError(f"{path} is not a YAML config: {' '.join(str(exc).split())}") from None
+        except Exception as exc:
+            raise ConfigError(f"{path} is not a YAML config: {one_line(exc)}") from None
     if not isinstance(cfg, (DictConfig, Mapping)):
         raise ConfigError(f"a config must be a DictConfig, a dict or a YAML path, got {type(cfg).__name__}")
     plain = OmegaConf.to_container(OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg)
@@ -321,7 +321,7 @@ def config_error(exc: BaseException) -> ConfigError:
             if leaf in hints:
                 return ConfigError(f"{key}: expected {_type_name(hints[leaf])}, got {cause.value!r}")
         return ConfigError(f"{key}: {_first_line(cause)}" if key else _first_line(cause))
-    return ConfigError(" ".join(line.strip() for line in str(exc).splitlines() if line.strip()))
+    return ConfigError(one_line(exc))
 
 
 def _did_you_mean(word: str, names: Sequence[str]) -> str:

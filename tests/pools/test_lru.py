@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -97,7 +99,7 @@ def test_lookup_truncates_last_candidate_to_fit():
     ({"ngram": 2.5}, "ngram must be an integer"),
 ])
 def test_knob_validation(kw, words):
-    with pytest.raises(ValueError, match="ngram_pool." + words):
+    with pytest.raises(ValueError, match=re.escape(f"ngram_pool.{words}")):
         LRUNGramPool(**kw)
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -147,7 +149,7 @@ def test_prompt_larger_than_cap_is_evicted_and_dropped_at_end():
     ({"decay": 0}, "decay must be > 0.0 and < 1.0, got 0.0"),
 ])
 def test_knob_validation(kw, words):
-    with pytest.raises(ValueError, match="trie_pool." + words):
+    with pytest.raises(ValueError, match=re.escape(f"trie_pool.{words}")):
         TriePool(**kw)
 
 
