@@ -69,11 +69,12 @@ class CostModel:
 
     @classmethod
     def cached(cls, adapter, cache_dir: Path) -> "CostModel":
-        """Measure once per (model, device, dtype, threads); later engines read the file."""
+        """Measure once per (model, device, dtype, threads, attention); later engines read the file."""
         model = adapter.model
         params = sum(p.numel() for p in model.parameters())
         key = hashlib.sha1(json.dumps([model.config.model_type, params, str(adapter.device), str(adapter.dtype),
-                                       torch.get_num_threads(), torch.__version__]).encode()).hexdigest()[:16]
+                                       torch.get_num_threads(), torch.__version__,
+                                       model.config._attn_implementation]).encode()).hexdigest()[:16]
         path = Path(cache_dir) / "costs" / f"{key}.json"
         if path.is_file():
             try:

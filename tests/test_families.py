@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from specfree import Engine, UnsupportedModelError
+from specfree.adapters.attention import GROUPED_SDPA
 from specfree.adapters.hf import HFAdapter, ignores_custom_masks
 from specfree.adapters.loading import load_model
 from tests.tiny_models import COMMON, CONFIGS, FAMILIES, reference_greedy, tiny_model
@@ -73,13 +74,14 @@ def _claims_flash(family: str) -> transformers.PreTrainedModel:
     return model
 
 
-@pytest.mark.parametrize("family, fallback", [("llama", "sdpa"), ("gemma2", "eager")])
-def test_flash_attention_model_switches_to_a_masked_implementation(family, fallback):
+# The grouped-query llama then runs specfree's grouped SDPA (same math as transformers' SDPA).
+@pytest.mark.parametrize("family, fallback, final", [("llama", "sdpa", GROUPED_SDPA), ("gemma2", "eager", "eager")])
+def test_flash_attention_model_switches_to_a_masked_implementation(family, fallback, final):
     model = _claims_flash(family)
     with pytest.warns(UserWarning, match=f"'flash_attention_2' cannot take specfree's tree attention mask; "
                                          f"switched this model to '{fallback}'"):
         engine = Engine.from_model(model, None, "prompt_lookup")
-    assert model.config._attn_implementation == fallback
+    assert model.config._attn_implementation == final
     assert engine.generate(PROMPT, 8).tokens == reference_greedy(model, PROMPT, 8)
 
 

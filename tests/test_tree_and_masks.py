@@ -7,10 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specfree.adapters.attention import GROUPED_SDPA, is_grouped_query
 from specfree.adapters.hf import HFAdapter
 from specfree.masks.tree import ancestors, build_layout
 from specfree.tree import merge
-from tests.tiny_models import FAMILIES, VOCAB, tiny_model
+from tests.tiny_models import FAMILIES, VOCAB, stock_attention, tiny_model
 
 candidate_lists = st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=6), max_size=8)
 
@@ -95,3 +96,24 @@ def test_positions_default_to_row_sum_minus_one():
     derived = adapter.forward(layout.tokens, layout.allowed)
     torch.testing.assert_close(explicit, derived)
     assert layout.positions.tolist() == [3, 4, 5, 4]
+
+
+@settings(max_examples=15, deadline=None)
+@given(family=st.sampled_from(FAMILIES), seed=st.integers(0, 10_000))
+def test_grouped_attention_equals_transformers_sdpa_on_tree_rows(family, seed):
+    """The grouped-query SDPA the adapter switches to gives exactly transformers' logits."""
+    rng = np.random.default_rng(seed)
+    model = tiny_model(family)
+    prefix = torch.tensor(rng.integers(3, VOCAB, size=int(rng.integers(1, 12))))
+    layout = build_layout(random_tree(rng, int(rng.integers(1, 6))), None, root_position=len(prefix))
+    config = model.config
+    logits = {}
+    for grouped in (False, True):
+        with stock_attention(model):
+            runs_sdpa = config._attn_implementation == "sdpa"
+            adapter = HFAdapter(model, check_tree_mask=False, grouped_attention=grouped)
+            adapter.prefill(prefix)
+            logits[grouped] = adapter.forward(layout.tokens, layout.allowed, layout.positions)
+            switched = config._attn_implementation == GROUPED_SDPA
+        assert switched == (grouped and is_grouped_query(model) and runs_sdpa)
+    assert torch.equal(logits[False], logits[True])

@@ -6,10 +6,13 @@ top two tokens (which fp32 rounding could flip) become vanishingly rare.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 import transformers
+
+from specfree.adapters.attention import GROUPED_SDPA
 
 VOCAB = 128
 BOS, EOS, PAD = 1, 2, 0
@@ -72,11 +75,24 @@ def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     return model
 
 
+@contextlib.contextmanager
+def stock_attention(model):
+    """Run transformers' own SDPA inside the block, whatever an adapter switched the model to."""
+    current = model.config._attn_implementation
+    if current == GROUPED_SDPA:
+        model.set_attn_implementation("sdpa")
+    try:
+        yield model
+    finally:
+        if current == GROUPED_SDPA:
+            model.set_attn_implementation(current)
+
+
 def reference_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
     """transformers' own greedy decoding: the ground truth every strategy must reproduce
     (``ignore_eos``: running on through EOS, as ``generate(..., ignore_eos=True)`` does)."""
     ids = torch.tensor([prompt])
-    with torch.no_grad():
+    with torch.no_grad(), stock_attention(model):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=None if ignore_eos else EOS, pad_token_id=PAD)
     return out[0, len(prompt):].tolist()

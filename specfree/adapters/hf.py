@@ -3,7 +3,8 @@
 The committed KV lives in a plain ``DynamicCache`` (no sliding-window layers, so cache index ==
 position). After each step only the accepted rows' KV is kept, by moving them down in place
 and cutting the tail: no second forward. Sliding-window layers keep their whole KV too; the
-mask hides what falls outside their window.
+mask hides what falls outside their window. Grouped-query models on the CPU run
+``attention.grouped_sdpa_attention``, which spares masked steps a copy of the cache.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import warnings
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specfree.adapters.attention import use_grouped_sdpa
 from specfree.errors import UnsupportedModelError
 from specfree.masks.tree import additive_mask
 
@@ -37,11 +39,13 @@ def ignores_custom_masks(attn_implementation: str | None) -> bool:
 class HFAdapter:
     name = "hf"
 
-    def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True):
+    def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True):
         self.model = model.eval()
         config = model.config
         self.family = config.model_type
         self._use_maskable_attention()
+        if grouped_attention:
+            use_grouped_sdpa(model)  # same math, no per-step copy of the cache for masked rows
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
         self.sliding_window, self.layer_windows = self._attention_windows(config)
