@@ -6,9 +6,11 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specfree import Engine
 from specfree.cost import CostModel
 from specfree.strategies.hybrid import AcceptanceModel, Hybrid, reach_probabilities
 from specfree.strategies.prompt_lookup import PromptLookup
+from tests.tiny_models import tiny_model
 
 paths = st.lists(st.integers(0, 3), min_size=1, max_size=4).map(tuple)
 
@@ -54,3 +56,11 @@ def test_drafts_that_rarely_land_are_not_verified():
     context = np.array([5, 6, 7, 8, 9, 5, 6, 7], dtype=np.int64)
     assert drafts_of(hybrid_after(accepted=1, rejected=30), context) == []
     assert drafts_of(hybrid_after(accepted=30, rejected=1), context) == [[8, 9, 5, 6, 7]]
+
+
+def test_recycling_counts_the_tokens_its_table_knows():
+    engine = Engine.from_model(tiny_model("llama"), None, "recycling")
+    for prompt in ([5, 6, 7, 5, 6, 7, 5], [9, 9, 10, 11]):
+        engine.generate(prompt, 12)
+        table = engine.strategy.table
+        assert engine.strategy.stats()["known_tokens"] == (table[:, 0] >= 0).sum() > 0

@@ -41,6 +41,7 @@ class HFAdapter:
 
     def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True):
         self.model = model.eval()
+        self._embeddings = model.get_input_embeddings()
         config = model.config
         self.family = config.model_type
         self._use_maskable_attention()
@@ -55,7 +56,7 @@ class HFAdapter:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return self._embeddings.weight.device  # model.device scans the parameters: slow, several calls a step
 
     @property
     def dtype(self) -> torch.dtype:

@@ -28,10 +28,12 @@ class TokenRecycling(Strategy):
                               f"successors={successors}, got {list(widths)}")
         self.widths = widths
         self.table: np.ndarray | None = None  # [V, successors]: latest top successors, -1 where unknown
+        self.known = 0  # tokens with a row in the table
 
     def setup(self, vocab_size: int, max_length: int) -> None:
         if self.table is None or self.table.shape[0] != vocab_size:
             self.table = np.full((vocab_size, self.successors), -1, dtype=np.int64)
+            self.known = 0
 
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
         candidates, labels = [], []
@@ -53,8 +55,10 @@ class TokenRecycling(Strategy):
         if outcome.tree_logits is None:
             return
         top = torch.topk(outcome.tree_logits, self.successors, dim=-1).indices.cpu().numpy()  # [T, k]
+        tokens = np.asarray(outcome.tree.tokens)
+        self.known += int(np.unique(tokens[self.table[tokens, 0] < 0]).size)
         # Later rows overwrite earlier ones for the same token: the deepest context wins.
-        self.table[np.asarray(outcome.tree.tokens)] = top
+        self.table[tokens] = top
 
     def stats(self) -> dict[str, float]:
-        return {"known_tokens": float((self.table[:, 0] >= 0).sum())} if self.table is not None else {}
+        return {"known_tokens": float(self.known)}
