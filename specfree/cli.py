@@ -37,6 +37,7 @@ COMMANDS = {
     "decode": "generate from one prompt, streamed; tokens from accepted drafts are marked",
     "bench": "benchmark strategies over a prompt file (bench=spec_bench or bench=custom)",
     "compare": "one table over decode multirun folders and bench outputs: compare DIR...",
+    "ceiling": "how fast a perfect copier could have been on a bench run's outputs: ceiling DIR",
     "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
     "datastore": "build a retrieval datastore from text or JSONL files",
 }
@@ -47,6 +48,7 @@ examples:
   python -m specfree decode -m strategy=autoregressive,prompt_lookup model=smollm2 prompt="..."
   python -m specfree compare multirun/2026-01-01/12-00-00
   python -m specfree bench bench.prompts=spec_bench_questions.jsonl bench.limit=10
+  python -m specfree ceiling outputs/2026-01-01/12-00-00
   python -m specfree decode --help      (the full config, Hydra's flags)"""
 
 
@@ -63,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return compare(args)
         if command == "plugins":
             return plugins(args)
+        if command == "ceiling":
+            return _delegate("specfree.bench.ceiling", "main", "ceiling")(args)
         if command == "datastore":
             return _delegate("specfree.datastore", "main", "datastore")(args)
         return hydra_command(command, args)

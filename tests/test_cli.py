@@ -44,7 +44,7 @@ def test_help_lists_commands_and_config_groups(capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nope"], "error: unknown command 'nope'; commands: decode, bench, compare, plugins, datastore (see --help)"),
+    (["nope"], "error: unknown command 'nope'; commands: decode, bench, compare, ceiling, plugins, datastore (see --help)"),
     (["decode", "strategy.max_ngramm=3"], "error: strategy.max_ngramm: strategy 'prompt_lookup' has no knob "
                                           "'max_ngramm'; its knobs: max_ngram, min_ngram, draft_len, num_candidates, "
                                           "match (did you mean max_ngram?)"),

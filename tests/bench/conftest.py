@@ -57,3 +57,13 @@ def _write_jsonl(path, rows):
 def write_jsonl():
     """``write_jsonl(path, rows) -> path``: one JSON object per line."""
     return _write_jsonl
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    """Three prompts: a repetitive one, a two-turn chat, and one longer than the tiny model's context."""
+    return _write_jsonl(tmp_path / "prompts.jsonl", [
+        {"id": "rep", "category": "code", "prompt": "abc abc abc abc abc"},
+        {"id": "chat", "category": "chat", "turns": ["hello there", "and again"]},
+        {"id": "long", "category": "chat", "prompt": "far too long " * 20},  # > the model's 96 positions
+    ])

@@ -24,15 +24,6 @@ SYSTEMS = ["autoregressive", "prompt_lookup(draft_len=4)", "hf_generate",
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture
-def prompts(tmp_path, write_jsonl):
-    return write_jsonl(tmp_path / "prompts.jsonl", [
-        {"id": "rep", "category": "code", "prompt": "abc abc abc abc abc"},
-        {"id": "chat", "category": "chat", "turns": ["hello there", "and again"]},
-        {"id": "long", "category": "chat", "prompt": "far too long " * 20},  # > the model's 96 positions
-    ])
-
-
 def config(model_dir, prompts, out, **bench):
     return OmegaConf.create({
         "model": {"name": "local", "path": str(model_dir)},

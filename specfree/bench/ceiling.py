@@ -1,0 +1,174 @@
+"""``specfree ceiling BENCH``: how fast could a perfect copier have been on a bench run?
+
+Lookup drafters (prompt lookup, trie, retrieval) can only propose text that already exists.
+On a run's baseline outputs, a *perfect copier* drafts, at every step, the longest
+continuation that appears anywhere in the prompt or the output so far, and never wastes a
+row: a step of k rows emits k tokens. Priced with the model's measured forward-cost curve,
+that is a ceiling for copy-based drafting on this machine. Measured speedups sit below it;
+a target above it cannot be reached by better ranking, only by drafts that know more.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from specfree.bench import store as store_mod
+from specfree.bench.metrics import BASELINE, summarize
+from specfree.errors import ConfigError
+
+ROWS = (4, 8, 16)
+
+
+def copyable(context: Sequence[int], output: Sequence[int], limit: int) -> np.ndarray:
+    """[len(output)]: for each position i, the longest L <= ``limit`` such that output[i:i+L]
+    occurs in context + output[:i] (the text a drafter could copy from at that point)."""
+    # Token ids as characters: str.find is a fast, aligned substring search.
+    text = "".join(map(chr, [*context, *output]))
+    start = len(context)
+    lengths = np.zeros(len(output), dtype=np.int64)
+    for i in range(len(output)):
+        committed = start + i
+        length = 0
+        while length < limit and i + length < len(output) \
+                and text.find(text[committed : committed + length + 1], 0, committed) >= 0:
+            length += 1
+        lengths[i] = length
+    return lengths
+
+
+def perfect_copier(lengths: np.ndarray, rows: int) -> list[int]:
+    """Rows of each step of a copier that drafts exactly the copyable tokens (at most rows - 1)."""
+    steps, i = [], 0
+    while i < len(lengths):
+        k = 1 + min(int(lengths[i]), rows - 1, len(lengths) - i - 1)
+        steps.append(k)
+        i += k
+    return steps
+
+
+@dataclass
+class CeilingRow:
+    task: str
+    tokens: int
+    copyable: float  # share of output tokens a copy drafter could have drafted
+    tokens_per_step: dict[int, float]  # rows cap -> the perfect copier's tokens per step
+    speedup: dict[int, float]  # rows cap -> modeled speedup over one-row steps
+    measured: tuple[str, float] | None  # the run's fastest system and its speedup
+
+
+def ceiling_rows(records: Sequence[dict], contexts: Callable[[dict], list[list[int]]],
+                 cost: Callable[[int], float], rows: Sequence[int] = ROWS) -> list[CeilingRow]:
+    """One row per task and overall, from the baseline's records; ``contexts(record)`` gives
+    each turn's prompt ids."""
+    base = [r for r in records if r["system"] == BASELINE and not r.get("error") and r.get("repeat", 0) == 0]
+    if not base:
+        raise ConfigError("ceiling: the run has no successful autoregressive records to measure")
+    totals: dict[str, dict] = defaultdict(lambda: {"tokens": 0, "copyable": 0, "steps": defaultdict(int),
+                                                  "seconds": defaultdict(float)})
+    for record in base:
+        for context, turn in zip(contexts(record), record["turns"]):
+            lengths = copyable(context, turn["tokens"], max(rows) - 1)
+            for task in (record["category"], "overall"):
+                total = totals[task]
+                total["tokens"] += len(lengths)
+                total["copyable"] += int((lengths > 0).sum())
+                for cap in rows:
+                    steps = perfect_copier(lengths, cap)
+                    total["steps"][cap] += len(steps)
+                    total["seconds"][cap] += sum(cost(k) for k in steps)
+    fastest = _fastest(records)
+    out = []
+    for task, total in sorted(totals.items(), key=lambda item: item[0] == "overall"):
+        n = max(1, total["tokens"])
+        out.append(CeilingRow(
+            task, total["tokens"], total["copyable"] / n,
+            {cap: n / max(1, total["steps"][cap]) for cap in rows},
+            {cap: n * cost(1) / total["seconds"][cap] for cap in rows},
+            fastest.get(task)))
+    return out
+
+
+def _fastest(records: Sequence[dict]) -> dict[str, tuple[str, float]]:
+    best: dict[str, tuple[str, float]] = {}
+    for row in summarize(records):
+        if row.system != BASELINE and row.speedup is not None and row.speedup > best.get(row.category, ("", 0.0))[1]:
+            best[row.category] = (row.system, row.speedup)
+    return best
+
+
+def table(rows: Sequence[CeilingRow]) -> Table:
+    caps = list(rows[0].speedup) if rows else []
+    out = Table(title="Perfect copier on the baseline's outputs (modeled with the measured cost curve)")
+    for header in ["task", "tokens", "copyable", *[f"≤{c} rows: tok/step, speedup" for c in caps], "fastest measured"]:
+        out.add_column(header, justify="left" if header in ("task", "fastest measured") else "right")
+    for row in rows:
+        measured = f"{row.measured[1]:.2f}x {row.measured[0]}" if row.measured else "–"
+        out.add_row(row.task, str(row.tokens), f"{row.copyable:.0%}",
+                    *[f"{row.tokens_per_step[c]:.2f}, {row.speedup[c]:.2f}x" for c in caps], measured)
+    return out
+
+
+def main(args: Sequence[str], console: Console | None = None) -> int:
+    """Entry point of ``python -m specfree ceiling PATH`` (a bench.json or its folder)."""
+    if len(args) != 1:
+        raise ConfigError("usage: python -m specfree ceiling BENCH_JSON_OR_FOLDER")
+    path = Path(args[0]).expanduser()
+    path = path / store_mod.FILENAME if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"ceiling: {path} not found; pass a bench output folder or its {store_mod.FILENAME}")
+    data = store_mod.read(path)
+    meta = data.get("meta", {})
+    contexts, cost = _conversation_and_cost(meta)
+    rows = ceiling_rows(data["records"], contexts, cost)
+    (console or Console()).print(table(rows))
+    return 0
+
+
+def _conversation_and_cost(meta: dict):
+    """Each record's prompt ids, encoded by the bench's own ``Conversation`` (turn 2 sees the
+    baseline's first answer), and the cached cost curve of the model, device, dtype and
+    threads the run used."""
+    import torch
+
+    from specfree.adapters.loading import DEFAULT_CACHE
+    from specfree.bench.prompts import load_prompts
+    from specfree.bench.runner import Conversation
+    from specfree.bench.systems import Turn
+    from specfree.cost import CostModel
+    from specfree.engine import Engine
+
+    if meta.get("threads"):
+        torch.set_num_threads(int(meta["threads"]))
+    engine = Engine.from_pretrained(meta["model"], "autoregressive", device=meta.get("device", "cpu"),
+                                    dtype=meta.get("dtype", "float32"))
+    tokenizer = engine.tokenizer
+    conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                chat=meta.get("chat", True))
+    items = {item.id: item for item in load_prompts(meta["prompts"], format=meta.get("format", "spec_bench"),
+                                                     fields=meta.get("fields") or None)}
+
+    class Replay:  # answers with the recorded turns, noting the ids each was asked with
+        def __init__(self, turns: list[dict]):
+            self.turns, self.seen = iter(turns), []
+
+        def run(self, ids: list[int], max_new_tokens: int) -> Turn:
+            self.seen.append(list(ids))
+            recorded = next(self.turns)
+            return Turn(tokens=recorded["tokens"], wall_s=0.0, prompt_tokens=len(ids))
+
+    def contexts(record: dict) -> list[list[int]]:
+        item = items.get(record["prompt_id"])
+        if item is None:
+            raise ConfigError(f"ceiling: prompt {record['prompt_id']!r} is not in {meta['prompts']}")
+        replay = Replay(record["turns"])
+        conversation.run(replay, item.turns[: len(record["turns"])], max_new_tokens=0)
+        return replay.seen
+
+    return contexts, CostModel.cached(engine.adapter, DEFAULT_CACHE)

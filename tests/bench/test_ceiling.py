@@ -1,0 +1,64 @@
+"""The perfect-copier ceiling: copyable lengths against brute force, and the bench's own prompts replayed."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+
+from specfree.bench import ceiling, cli
+from specfree.cli import main
+from tests.bench.test_end_to_end import config, quiet
+
+tokens = st.lists(st.integers(0, 4), max_size=30)
+
+
+def brute_copyable(context: list[int], output: list[int], limit: int) -> list[int]:
+    out = []
+    for i in range(len(output)):
+        seen = context + output[:i]
+        best = 0
+        for length in range(1, min(limit, len(output) - i) + 1):
+            piece = output[i : i + length]
+            if any(seen[j : j + length] == piece for j in range(len(seen) - length + 1)):
+                best = length
+        out.append(best)
+    return out
+
+
+@given(context=tokens, output=tokens, limit=st.integers(1, 8))
+def test_copyable_lengths_match_brute_force(context, output, limit):
+    assert ceiling.copyable(context, output, limit).tolist() == brute_copyable(context, output, limit)
+
+
+@given(output=tokens, context=tokens, rows=st.integers(1, 8))
+def test_perfect_copier_emits_every_token_within_its_rows(output, context, rows):
+    lengths = ceiling.copyable(context, output, rows - 1)
+    steps = ceiling.perfect_copier(lengths, rows)
+    assert sum(steps) == len(output) and all(1 <= k <= rows for k in steps)
+    if rows > 1 and output and output == context[: len(output)]:  # all copyable from the prompt
+        assert len(steps) == -(-len(output) // rows)
+
+
+def test_ceiling_replays_the_bench_prompts_and_prints_a_table(tiny_model_dir, prompts, tmp_path):
+    out = tmp_path / "out"
+    assert cli.run(config(tiny_model_dir, prompts, out, limit=2, baselines=[], warmup=0), quiet()) == 0
+    data = json.loads((out / "bench.json").read_text())
+    contexts, cost = ceiling._conversation_and_cost(data["meta"])
+    for record in data["records"]:
+        # The replayed ids are the ones the bench ran: every turn's prompt length agrees.
+        assert [len(ids) for ids in contexts(record)] == [t["prompt_tokens"] for t in record["turns"]]
+    rows = ceiling.ceiling_rows(data["records"], contexts, cost)
+    assert [r.task for r in rows] == ["code", "chat", "overall"]  # tasks as the run met them
+    assert all(r.speedup[c] > 0 for r in rows for c in ceiling.ROWS)
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+    assert ceiling.main([str(out)], console) == 0
+    assert "overall" in console.export_text()
+
+
+def test_ceiling_without_a_bench_output_is_one_clear_error(tmp_path, capsys):
+    assert main(["ceiling", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "ceiling:" in err and "pass a bench output folder" in err
