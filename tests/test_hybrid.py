@@ -64,3 +64,12 @@ def test_recycling_counts_the_tokens_its_table_knows():
         engine.generate(prompt, 12)
         table = engine.strategy.table
         assert engine.strategy.stats()["known_tokens"] == (table[:, 0] >= 0).sum() > 0
+
+
+def test_prompt_lookup_labels_copies_from_the_answer_apart_from_copies_from_the_prompt():
+    lookup = PromptLookup(max_ngram=2, min_ngram=1, draft_len=3, num_candidates=2)
+    lookup.begin(np.array([5, 6, 7, 8]))
+    context = np.array([5, 6, 7, 8, 1, 6, 7, 2, 6, 7])  # "6 7" in the prompt (at 1) and in the answer (at 5)
+    proposal = lookup.propose(context, max_depth=8)
+    assert proposal.candidates == [[2, 6, 7], [8, 1, 6]]
+    assert proposal.labels == ["n2out", "n2"]

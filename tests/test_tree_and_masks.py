@@ -7,11 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfree.adapters.attention import GROUPED_SDPA, is_grouped_query
+from specfree.adapters.attention import GROUPED_SDPA, is_grouped_query, stock_attention
 from specfree.adapters.hf import HFAdapter
 from specfree.masks.tree import ancestors, build_layout
 from specfree.tree import merge
-from tests.tiny_models import FAMILIES, VOCAB, stock_attention, tiny_model
+from tests.tiny_models import FAMILIES, VOCAB, tiny_model
 
 candidate_lists = st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=6), max_size=8)
 

@@ -6,13 +6,12 @@ top two tokens (which fp32 rounding could flip) become vanishingly rare.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 import transformers
 
-from specfree.adapters.attention import GROUPED_SDPA
+from specfree.adapters.attention import stock_attention
 
 VOCAB = 128
 BOS, EOS, PAD = 1, 2, 0
@@ -73,19 +72,6 @@ def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     model.eval()
     model.generation_config.pad_token_id = PAD
     return model
-
-
-@contextlib.contextmanager
-def stock_attention(model):
-    """Run transformers' own SDPA inside the block, whatever an adapter switched the model to."""
-    current = model.config._attn_implementation
-    if current == GROUPED_SDPA:
-        model.set_attn_implementation("sdpa")
-    try:
-        yield model
-    finally:
-        if current == GROUPED_SDPA:
-            model.set_attn_implementation(current)
 
 
 def reference_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:

@@ -12,6 +12,8 @@ The function is registered under ``GROUPED_SDPA`` through transformers' own exte
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -52,3 +54,17 @@ def use_grouped_sdpa(model) -> bool:
     except (ValueError, ImportError):  # a family that refuses custom attention keeps its SDPA
         return False
     return model.config._attn_implementation == GROUPED_SDPA
+
+
+@contextlib.contextmanager
+def stock_attention(model):
+    """Run transformers' own SDPA inside the block (for baselines that must be stock), then
+    switch back to what the model ran before."""
+    current = model.config._attn_implementation
+    if current == GROUPED_SDPA:
+        model.set_attn_implementation("sdpa")
+    try:
+        yield model
+    finally:
+        if current == GROUPED_SDPA:
+            model.set_attn_implementation(current)

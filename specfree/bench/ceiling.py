@@ -21,6 +21,7 @@ from rich.table import Table
 
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
+from specfree.bench.report import wide_console
 from specfree.errors import ConfigError
 
 ROWS = (4, 8, 16)
@@ -105,13 +106,18 @@ def _fastest(records: Sequence[dict]) -> dict[str, tuple[str, float]]:
 
 def table(rows: Sequence[CeilingRow]) -> Table:
     caps = list(rows[0].speedup) if rows else []
-    out = Table(title="Perfect copier on the baseline's outputs (modeled with the measured cost curve)")
-    for header in ["task", "tokens", "copyable", *[f"≤{c} rows: tok/step, speedup" for c in caps], "fastest measured"]:
+    out = Table(title="Perfect copier on the baseline's outputs; speedups modeled with the measured cost curve",
+                caption="≤k: at most k rows per forward. copyable: share of tokens that already occurred "
+                        "in the text before them.")
+    headers = ["task", "tokens", "copyable", *[f"tok/step ≤{c}" for c in caps], *[f"speedup ≤{c}" for c in caps],
+               "fastest measured"]
+    for header in headers:
         out.add_column(header, justify="left" if header in ("task", "fastest measured") else "right")
     for row in rows:
         measured = f"{row.measured[1]:.2f}x {row.measured[0]}" if row.measured else "–"
         out.add_row(row.task, str(row.tokens), f"{row.copyable:.0%}",
-                    *[f"{row.tokens_per_step[c]:.2f}, {row.speedup[c]:.2f}x" for c in caps], measured)
+                    *[f"{row.tokens_per_step[c]:.2f}" for c in caps], *[f"{row.speedup[c]:.2f}x" for c in caps],
+                    measured)
     return out
 
 
@@ -127,7 +133,7 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     meta = data.get("meta", {})
     contexts, cost = _conversation_and_cost(meta)
     rows = ceiling_rows(data["records"], contexts, cost)
-    (console or Console()).print(table(rows))
+    (console or wide_console()).print(table(rows))
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from specfree.adapters.attention import stock_attention
 from specfree.bench.metrics import PHASES
 from specfree.engine import Engine
 from specfree.errors import ConfigError
@@ -153,13 +154,15 @@ class HFSystem:
 
         handle = self.model.register_forward_pre_hook(count)
         try:
-            start = _sync(device)
-            out = self.model.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=budget, do_sample=False,
-                num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,  # plain greedy, whatever the
-                eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0],      # model's generation_config says
-                **self.knobs)
-            wall = _sync(device) - start
+            # transformers as shipped, not the grouped-query SDPA a specfree engine gave the shared model
+            with stock_attention(self.model):
+                start = _sync(device)
+                out = self.model.generate(
+                    input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=budget, do_sample=False,
+                    num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,  # plain greedy, whatever the
+                    eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0],      # model's generation_config says
+                    **self.knobs)
+                wall = _sync(device) - start
         finally:
             handle.remove()
         tokens = out[0, len(ids):].tolist()

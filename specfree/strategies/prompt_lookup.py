@@ -30,6 +30,10 @@ class PromptLookup(Strategy):
         if match not in MATCH_ORDERS:
             raise ConfigError(f"prompt_lookup.match must be one of {list(MATCH_ORDERS)}, got {match!r}")
         self.match = match
+        self._prompt_len = 0
+
+    def begin(self, prompt: np.ndarray) -> None:
+        self._prompt_len = len(prompt)
 
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
         depth = min(self.draft_len, max_depth)
@@ -38,8 +42,10 @@ class PromptLookup(Strategy):
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             starts = self._match_starts(context, n)
             if starts.size:
-                candidates = self._rank(context, starts, n, depth)
-                return Proposal(candidates, source=self.name, labels=[f"n{n}"] * len(candidates))
+                candidates, origins = self._rank(context, starts, n, depth)
+                # Copying from the answer itself (a list, a repeated phrase) lands more often than from the prompt.
+                labels = [f"n{n}{'out' if s >= self._prompt_len else ''}" for s in origins]
+                return Proposal(candidates, source=self.name, labels=labels)
         return Proposal(source=self.name)
 
     @staticmethod
@@ -49,9 +55,14 @@ class PromptLookup(Strategy):
         hits = np.flatnonzero((windows == context[-n:]).all(axis=1))
         return hits[::-1]
 
-    def _rank(self, context: np.ndarray, starts: np.ndarray, n: int, depth: int) -> list[list[int]]:
-        conts = [context[s + n : s + n + depth].tolist() for s in starts]
-        conts = [c for c in conts if c]
+    def _rank(self, context: np.ndarray, starts: np.ndarray, n: int, depth: int):
+        """(up to num_candidates distinct continuations, the match start each was copied from)."""
+        pairs = [(context[s + n : s + n + depth].tolist(), int(s)) for s in starts]
+        pairs = [(c, s) for c, s in pairs if c]
+        conts = [c for c, _ in pairs]
+        origin = {}
+        for c, s in reversed(pairs):  # newest occurrence wins
+            origin[tuple(c)] = s
         if self.match == "longest":
             # Rank by how far the agreement with the context extends backwards (newest on ties).
             lengths = [self._agreement(context, s + n) for s in starts[: len(conts)]]
@@ -67,7 +78,7 @@ class PromptLookup(Strategy):
                 unique.append(c)
             if len(unique) == self.num_candidates:
                 break
-        return unique
+        return unique, [origin[tuple(c)] for c in unique]
 
     @staticmethod
     def _agreement(context: np.ndarray, end: int, cap: int = 64) -> int:
