@@ -21,7 +21,7 @@ from rich.table import Table
 
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
-from specfree.bench.report import wide_console
+from specfree.bench.report import markdown_table, wide_console
 from specfree.errors import ConfigError
 
 ROWS = (4, 8, 16)
@@ -104,25 +104,38 @@ def _fastest(records: Sequence[dict]) -> dict[str, tuple[str, float]]:
     return best
 
 
-def table(rows: Sequence[CeilingRow]) -> Table:
+TITLE = "Perfect copier on the baseline's outputs; speedups modeled with the measured cost curve"
+CAPTION = "≤k: at most k rows per forward. copyable: share of tokens that already occurred in the text before them."
+
+
+def cells(rows: Sequence[CeilingRow]) -> tuple[list[str], list[list[str]]]:
     caps = list(rows[0].speedup) if rows else []
-    out = Table(title="Perfect copier on the baseline's outputs; speedups modeled with the measured cost curve",
-                caption="≤k: at most k rows per forward. copyable: share of tokens that already occurred "
-                        "in the text before them.")
     headers = ["task", "tokens", "copyable", *[f"tok/step ≤{c}" for c in caps], *[f"speedup ≤{c}" for c in caps],
                "fastest measured"]
+    body = [[row.task, str(row.tokens), f"{row.copyable:.0%}", *[f"{row.tokens_per_step[c]:.2f}" for c in caps],
+             *[f"{row.speedup[c]:.2f}x" for c in caps],
+             f"{row.measured[1]:.2f}x {row.measured[0]}" if row.measured else "–"] for row in rows]
+    return headers, body
+
+
+def table(rows: Sequence[CeilingRow]) -> Table:
+    headers, body = cells(rows)
+    out = Table(title=TITLE, caption=CAPTION)
     for header in headers:
         out.add_column(header, justify="left" if header in ("task", "fastest measured") else "right")
-    for row in rows:
-        measured = f"{row.measured[1]:.2f}x {row.measured[0]}" if row.measured else "–"
-        out.add_row(row.task, str(row.tokens), f"{row.copyable:.0%}",
-                    *[f"{row.tokens_per_step[c]:.2f}" for c in caps], *[f"{row.speedup[c]:.2f}x" for c in caps],
-                    measured)
+    for line in body:
+        out.add_row(*line)
     return out
 
 
+def markdown(rows: Sequence[CeilingRow], curve: str) -> str:
+    headers, body = cells(rows)
+    return f"# {TITLE}\n\n{markdown_table(headers, body, left=1)}\n\n- {CAPTION}\n- forward cost by rows: {curve}\n"
+
+
 def main(args: Sequence[str], console: Console | None = None) -> int:
-    """Entry point of ``python -m specfree ceiling PATH`` (a bench.json or its folder)."""
+    """Entry point of ``python -m specfree ceiling PATH`` (a bench.json or its folder); the table
+    is printed and written to ``ceiling.md`` beside the bench.json."""
     if len(args) != 1:
         raise ConfigError("usage: python -m specfree ceiling BENCH_JSON_OR_FOLDER")
     path = Path(args[0]).expanduser()
@@ -134,6 +147,10 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     contexts, cost = _conversation_and_cost(meta)
     rows = ceiling_rows(data["records"], contexts, cost)
     (console or wide_console()).print(table(rows))
+    curve = ", ".join(f"{k}: {cost(k) * 1000:.0f} ms" for k in (1, 2, 4, 8, 16, 32))
+    out = path.parent / "ceiling.md"
+    out.write_text(markdown(rows, curve), encoding="utf-8")
+    (console or wide_console()).print(f"written: {out}")
     return 0
 
 

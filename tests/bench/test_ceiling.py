@@ -56,6 +56,8 @@ def test_ceiling_replays_the_bench_prompts_and_prints_a_table(tiny_model_dir, pr
     console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
     assert ceiling.main([str(out)], console) == 0
     assert "overall" in console.export_text()
+    written = (out / "ceiling.md").read_text()
+    assert "| overall | " in written and "forward cost by rows: 1: " in written
 
 
 def test_ceiling_without_a_bench_output_is_one_clear_error(tmp_path, capsys):
