@@ -76,14 +76,14 @@ def ceiling_rows(records: Sequence[dict], contexts: Callable[[dict], list[list[i
     for record in base:
         for context, turn in zip(contexts(record), record["turns"]):
             lengths = copyable(context, turn["tokens"], max(rows) - 1)
+            steps = {cap: perfect_copier(lengths, cap) for cap in rows}
             for task in (record["category"], "overall"):
                 total = totals[task]
                 total["tokens"] += len(lengths)
                 total["copyable"] += int((lengths > 0).sum())
                 for cap in rows:
-                    steps = perfect_copier(lengths, cap)
-                    total["steps"][cap] += len(steps)
-                    total["seconds"][cap] += sum(cost(k) for k in steps)
+                    total["steps"][cap] += len(steps[cap])
+                    total["seconds"][cap] += sum(cost(k) for k in steps[cap])
     fastest = _fastest(records)
     out = []
     for task, total in sorted(totals.items(), key=lambda item: item[0] == "overall"):
@@ -146,11 +146,12 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     meta = data.get("meta", {})
     contexts, cost = _conversation_and_cost(meta)
     rows = ceiling_rows(data["records"], contexts, cost)
-    (console or wide_console()).print(table(rows))
+    console = console or wide_console()
+    console.print(table(rows))
     curve = ", ".join(f"{k}: {cost(k) * 1000:.0f} ms" for k in (1, 2, 4, 8, 16, 32))
     out = path.parent / "ceiling.md"
     out.write_text(markdown(rows, curve), encoding="utf-8")
-    (console or wide_console()).print(f"written: {out}")
+    console.print(f"written: {out}")
     return 0
 
 

@@ -57,28 +57,18 @@ class PromptLookup(Strategy):
 
     def _rank(self, context: np.ndarray, starts: np.ndarray, n: int, depth: int):
         """(up to num_candidates distinct continuations, the match start each was copied from)."""
-        pairs = [(context[s + n : s + n + depth].tolist(), int(s)) for s in starts]
-        pairs = [(c, s) for c, s in pairs if c]
-        conts = [c for c, _ in pairs]
-        origin = {}
-        for c, s in reversed(pairs):  # newest occurrence wins
-            origin[tuple(c)] = s
+        pairs = [(context[s + n : s + n + depth].tolist(), int(s)) for s in starts]  # newest first
+        newest: dict[tuple[int, ...], int] = {}  # continuation -> where its newest copy starts
+        for continuation, start in pairs:
+            newest.setdefault(tuple(continuation), start)
         if self.match == "longest":
-            # Rank by how far the agreement with the context extends backwards (newest on ties).
-            lengths = [self._agreement(context, s + n) for s in starts[: len(conts)]]
-            order = sorted(range(len(conts)), key=lambda i: -lengths[i])
-            conts = [conts[i] for i in order]
+            # Rank by how far the agreement with the context extends backwards (stable: newest on ties).
+            pairs.sort(key=lambda pair: -self._agreement(context, pair[1] + n))
         elif self.match == "frequent":
-            counts = Counter(tuple(c[:k]) for c in conts for k in (1, 2, 3))
-            conts = sorted(conts, key=lambda c: [-counts[tuple(c[:k])] for k in (1, 2, 3)])
-        unique, seen = [], set()
-        for c in conts:
-            if tuple(c) not in seen:
-                seen.add(tuple(c))
-                unique.append(c)
-            if len(unique) == self.num_candidates:
-                break
-        return unique, [origin[tuple(c)] for c in unique]
+            counts = Counter(tuple(c[:k]) for c, _ in pairs for k in (1, 2, 3))
+            pairs.sort(key=lambda pair: [-counts[tuple(pair[0][:k])] for k in (1, 2, 3)])
+        unique = list(dict.fromkeys(tuple(c) for c, _ in pairs))[: self.num_candidates]
+        return [list(c) for c in unique], [newest[c] for c in unique]
 
     @staticmethod
     def _agreement(context: np.ndarray, end: int, cap: int = 64) -> int:
