@@ -245,7 +245,9 @@ def build_engine(cfg: DictConfig, reg: Registry):
     model, tokenizer = load_model(model_cfg.path or model_cfg.name, device=cfg.device, dtype=cfg.dtype,
                                   cache_dir=cfg.cache_dir, attn_implementation=model_cfg.attn_implementation,
                                   revision=model_cfg.revision)
-    adapter = reg.make("adapter", model_cfg.adapter, model=model)
+    # Passed only when set, so adapters from plugins need not know the knob.
+    extra = {} if model_cfg.packed_linears is None else {"packed_linears": model_cfg.packed_linears}
+    adapter = reg.make("adapter", model_cfg.adapter, model=model, **extra)
     return Engine(adapter, strategy, verifier, tokenizer)
 
 

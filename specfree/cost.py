@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specfree.adapters.packed import PackedLinear
+
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
@@ -44,37 +46,41 @@ class CostModel:
 
     @classmethod
     @torch.inference_mode()
-    def measure(cls, adapter, context: int = 256, sizes=SIZES, repeats: int = 3) -> "CostModel":
-        """Time forwards of ``sizes`` rows after a ``context``-token prefix (best of ``repeats``)."""
-        context = max(1, min(context, adapter.max_length - max(sizes) - repeats * len(sizes) - 2))
+    def measure(cls, adapter, context: int = 256, sizes=SIZES, repeats: int = 5) -> "CostModel":
+        """Time forwards of ``sizes`` rows after a ``context``-token prefix (best of ``repeats``).
+
+        The sizes take turns, round after round, so a slow spell of a shared machine slows every
+        size alike instead of bending the curve.
+        """
+        context = max(1, min(context, adapter.max_length - max(sizes) - (repeats + 1) * len(sizes) - 2))
         generator = torch.Generator().manual_seed(0)
         vocab = adapter.vocab_size
         adapter.reset()
         adapter.prefill(torch.randint(0, vocab, (context,), generator=generator))
-        seconds = []
-        for k in sizes:
-            tokens = torch.randint(0, vocab, (k,), generator=generator)
-            allowed = torch.ones(k, k, dtype=torch.bool).tril()
-            best = float("inf")
-            for _ in range(repeats + 1):  # the first run warms the kernels up
+        inputs = [(torch.randint(0, vocab, (k,), generator=generator), torch.ones(k, k, dtype=torch.bool).tril())
+                  for k in sizes]
+        best = [float("inf")] * len(sizes)
+        for round_ in range(repeats + 1):  # round 0 warms the kernels up
+            for i, (tokens, allowed) in enumerate(inputs):
                 start = time.perf_counter()
-                adapter.forward(tokens, None if k == 1 else allowed)
+                adapter.forward(tokens, None if len(tokens) == 1 else allowed)
                 if adapter.device.type == "cuda":
                     torch.cuda.synchronize(adapter.device)
-                best = min(best, time.perf_counter() - start)
-                adapter.commit([0], rows=k)  # keep one row: the context barely grows
-            seconds.append(best)
+                if round_:
+                    best[i] = min(best[i], time.perf_counter() - start)
+                adapter.commit([0], rows=len(tokens))  # keep one row: the context barely grows
         adapter.reset()
-        return cls(list(sizes), seconds)
+        return cls(list(sizes), best)
 
     @classmethod
     def cached(cls, adapter, cache_dir: Path) -> "CostModel":
-        """Measure once per (model, device, dtype, threads, attention); later engines read the file."""
+        """Measure once per (model, device, dtype, threads, kernels); later engines read the file."""
         model = adapter.model
         params = sum(p.numel() for p in model.parameters())
+        packed = sum(isinstance(m, PackedLinear) for m in model.modules())
         key = hashlib.sha1(json.dumps([model.config.model_type, params, str(adapter.device), str(adapter.dtype),
                                        torch.get_num_threads(), torch.__version__,
-                                       model.config._attn_implementation]).encode()).hexdigest()[:16]
+                                       model.config._attn_implementation, packed]).encode()).hexdigest()[:16]
         path = Path(cache_dir) / "costs" / f"{key}.json"
         if path.is_file():
             try:

@@ -77,8 +77,8 @@ class Engine:
 
     @classmethod
     def from_model(cls, model, tokenizer=None, strategy: str | Strategy = "prompt_lookup", *,
-                   cache_dir: str | None = None, **knobs: Any) -> "Engine":
-        """Wrap an already loaded transformers model."""
+                   cache_dir: str | None = None, packed_linears: bool | None = None, **knobs: Any) -> "Engine":
+        """Wrap an already loaded transformers model (``packed_linears``: see ``HFAdapter``)."""
         from specfree.plugins import build_plugin_manager, registry
 
         sampling_keys = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
@@ -90,7 +90,7 @@ class Engine:
         elif knobs:
             raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
         verifier = reg.make("verifier", "sampling" if sampling.pop("do_sample", False) else "greedy", **sampling)
-        return cls(HFAdapter(model), strategy, verifier, tokenizer, cache_dir=cache_dir)
+        return cls(HFAdapter(model, packed_linears=packed_linears), strategy, verifier, tokenizer, cache_dir=cache_dir)
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":

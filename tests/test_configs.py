@@ -22,6 +22,7 @@ from specfree.config import (
     load_config,
     node_schema,
 )
+from specfree.bench.cli import BenchSettings
 from specfree.errors import ModelLoadError
 from specfree.plugins import Component, Registry, build_plugin_manager, registry
 from tests.helpers import REPO
@@ -194,6 +195,20 @@ def test_engine_from_config_with_a_local_model(tiny_llama_dir):
                                 "strategy": {"name": "autoregressive"}})
     prompt = "the cat and the dog and the cat and the dog and the"
     assert engine.generate(prompt, 12).tokens == plain.generate(prompt, 12).tokens
+
+
+def test_model_packed_linears_reaches_the_adapter(tiny_llama_dir):
+    from specfree.adapters.packed import PackedLinear
+
+    def packed(overrides):
+        engine = Engine.from_config(overrides=["model=local", f"model.path={tiny_llama_dir}", *overrides])
+        return any(isinstance(m, PackedLinear) for m in engine.adapter.model.modules())
+
+    assert packed([]) and packed(["model.packed_linears=true"])  # fp32 on the CPU: packed when memory allows
+    assert not packed(["model.packed_linears=false"])
+    settings = BenchSettings.from_config({"model": {"name": "smollm2", "packed_linears": False},
+                                          "bench": {"prompts": "p.jsonl", "out": "out"}})
+    assert settings.packed_linears is False and "packed_linears" not in settings.model_options
 
 
 def test_a_hub_model_without_network_fails_at_once(monkeypatch):

@@ -11,7 +11,7 @@ import functools
 import torch
 import transformers
 
-from specfree.adapters.attention import stock_attention
+from specfree.adapters import as_shipped
 
 VOCAB = 128
 BOS, EOS, PAD = 1, 2, 0
@@ -78,7 +78,7 @@ def reference_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: 
     """transformers' own greedy decoding: the ground truth every strategy must reproduce
     (``ignore_eos``: running on through EOS, as ``generate(..., ignore_eos=True)`` does)."""
     ids = torch.tensor([prompt])
-    with torch.no_grad(), stock_attention(model):
+    with torch.no_grad(), as_shipped(model):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=None if ignore_eos else EOS, pad_token_id=PAD)
     return out[0, len(prompt):].tolist()

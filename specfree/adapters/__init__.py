@@ -1,6 +1,19 @@
 """Model adapters: run a step's rows through a transformers model and keep the accepted KV."""
 
+import contextlib
+
+from specfree.adapters.attention import stock_attention
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.loading import load_model
+from specfree.adapters.packed import stock_linears
 
-__all__ = ["HFAdapter", "load_model"]
+
+@contextlib.contextmanager
+def as_shipped(model):
+    """transformers' own attention and linear layers inside the block (for baselines that must
+    be stock), though an adapter switched the model to specfree's CPU kernels; theirs after."""
+    with stock_attention(model), stock_linears(model):
+        yield model
+
+
+__all__ = ["HFAdapter", "as_shipped", "load_model"]

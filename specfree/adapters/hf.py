@@ -4,7 +4,9 @@ The committed KV lives in a plain ``DynamicCache`` (no sliding-window layers, so
 position). After each step only the accepted rows' KV is kept, by moving them down in place
 and cutting the tail: no second forward. Sliding-window layers keep their whole KV too; the
 mask hides what falls outside their window. Grouped-query models on the CPU run
-``attention.grouped_sdpa_attention``, which spares masked steps a copy of the cache.
+``attention.grouped_sdpa_attention``, which spares masked steps a copy of the cache, and fp32
+linear layers on the CPU are packed once for MKL (``packed``), which spares few-row forwards
+repacking every weight.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specfree.adapters.attention import use_grouped_sdpa
+from specfree.adapters.packed import pack_linears, unpack_linears
 from specfree.errors import UnsupportedModelError
 from specfree.masks.tree import additive_mask
 
@@ -39,7 +42,10 @@ def ignores_custom_masks(attn_implementation: str | None) -> bool:
 class HFAdapter:
     name = "hf"
 
-    def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True):
+    def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True,
+                 packed_linears: bool | None = None):
+        """``packed_linears``: None packs fp32 CPU linear layers for MKL when memory allows
+        (``adapters.packed``), True packs whatever the free memory, False keeps them stock."""
         self.model = model.eval()
         self._embeddings = model.get_input_embeddings()
         config = model.config
@@ -47,6 +53,10 @@ class HFAdapter:
         self._use_maskable_attention()
         if grouped_attention:
             use_grouped_sdpa(model)  # same math, no per-step copy of the cache for masked rows
+        if packed_linears is False:
+            unpack_linears(model)
+        else:
+            pack_linears(model, force=bool(packed_linears))  # few-row forwards without repacking weights
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
         self.sliding_window, self.layer_windows = self._attention_windows(config)

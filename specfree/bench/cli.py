@@ -58,6 +58,7 @@ class BenchSettings:
     seed: int | None = None
     cache_dir: str | None = None
     model_options: dict[str, Any] = field(default_factory=dict)  # attn_implementation, revision
+    packed_linears: bool | None = None  # the engines' adapter option (model.packed_linears)
 
     @classmethod
     def from_config(cls, cfg: Any) -> BenchSettings:
@@ -81,6 +82,7 @@ class BenchSettings:
         return cls(
             prompts=_absolute(bench["prompts"]), out=_absolute(out), model=_model_name(root.get("model")),
             model_options=_model_options(root.get("model")),
+            packed_linears=_model_options(root.get("model"), ("packed_linears",)).get("packed_linears"),
             strategies=strategies, baselines=baselines, format=bench.get("format") or "spec_bench",
             fields=dict(bench.get("fields") or {}), limit=bench.get("limit"), per_category=bench.get("per_category"),
             max_new_tokens=check_int("bench.max_new_tokens", bench.get("max_new_tokens", 128), low=1),
@@ -101,6 +103,7 @@ class BenchSettings:
                 "limit": self.limit, "per_category": self.per_category, "max_new_tokens": self.max_new_tokens,
                 "repeats": self.repeats, "warmup": self.warmup, "chat": self.chat, "device": self.device,
                 "dtype": self.dtype, "threads": self.threads, "seed": self.seed, "baseline": BASELINE,
+                "packed_linears": self.packed_linears,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
                 "versions": {"specfree": specfree.__version__, "torch": torch.__version__,
                              "transformers": transformers.__version__, "python": platform.python_version()}}
@@ -123,7 +126,8 @@ def run(cfg: Any, console: Console | None = None) -> int:
                                   cache_dir=settings.cache_dir, **settings.model_options)
     if settings.chat and not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"{settings.model}'s tokenizer has no chat template: set bench.chat=false")
-    systems = build_systems(model, tokenizer, settings.strategies, settings.baselines, settings.seed)
+    systems = build_systems(model, tokenizer, settings.strategies, settings.baselines, settings.seed,
+                            settings.packed_linears)
     store.set_systems([system_meta(s) for s in systems])
     engine = systems[0].engine
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
@@ -263,10 +267,10 @@ def _model_name(model: Any) -> str:
     raise ConfigError("no model given: set model=smollm2, or model.path=FOLDER_OR_GGUF")
 
 
-def _model_options(model: Any) -> dict[str, Any]:
+def _model_options(model: Any, keys: tuple[str, ...] = ("attn_implementation", "revision")) -> dict[str, Any]:
     if not isinstance(model, Mapping):
         return {}
-    return {k: model[k] for k in ("attn_implementation", "revision") if model.get(k) is not None}
+    return {k: model[k] for k in keys if model.get(k) is not None}
 
 
 def _check_greedy(verifier: Any) -> None:

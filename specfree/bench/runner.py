@@ -44,13 +44,13 @@ class SystemSpec:
 
 
 def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines: Sequence[SystemSpec],
-                  seed: int | None = None) -> list[System]:
+                  seed: int | None = None, packed_linears: bool | None = None) -> list[System]:
     """The autoregressive baseline first, then the requested strategies, then outside baselines.
     All of them share ``model``."""
     reg = registry(build_plugin_manager())
-    systems: list[System] = [SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg)]
+    systems: list[System] = [SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, packed_linears)]
     for spec in strategies:
-        system = SpecfreeSystem.build(model, tokenizer, spec.name, spec.knobs, seed, reg)
+        system = SpecfreeSystem.build(model, tokenizer, spec.name, spec.knobs, seed, reg, packed_linears)
         if system.label != BASELINE:  # the baseline runs once, first
             systems.append(system)
     engine = systems[0].engine

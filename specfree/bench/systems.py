@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specfree.adapters.attention import stock_attention
+from specfree.adapters import as_shipped
 from specfree.bench.metrics import PHASES
 from specfree.engine import Engine
 from specfree.errors import ConfigError
@@ -74,7 +74,8 @@ class SpecfreeSystem:
 
     @classmethod
     def build(cls, model, tokenizer, strategy: str, knobs: dict[str, Any] | None = None,
-              seed: int | None = None, reg: Registry | None = None) -> SpecfreeSystem:
+              seed: int | None = None, reg: Registry | None = None,
+              packed_linears: bool | None = None) -> SpecfreeSystem:
         """``knobs`` may hold ``pool`` as a pool config node ``{name, knobs...}`` (or a pool name)."""
         reg = reg or registry(build_plugin_manager())
         knobs = dict(knobs or {})
@@ -83,7 +84,7 @@ class SpecfreeSystem:
         if isinstance(knobs.get("pool"), (str, Mapping)):
             node = {"name": knobs["pool"]} if isinstance(knobs["pool"], str) else dict(knobs["pool"])
             built["pool"] = reg.make("pool", str(node.pop("name")), **node)
-        engine = Engine.from_model(model, tokenizer, strategy, **built)
+        engine = Engine.from_model(model, tokenizer, strategy, packed_linears=packed_linears, **built)
         documented, actual = {}, {}
         for p in inspect.signature(component.factory).parameters.values():
             if p.default is not p.empty:
@@ -154,8 +155,8 @@ class HFSystem:
 
         handle = self.model.register_forward_pre_hook(count)
         try:
-            # transformers as shipped, not the grouped-query SDPA a specfree engine gave the shared model
-            with stock_attention(self.model):
+            # transformers as shipped, not the kernels a specfree engine gave the shared model
+            with as_shipped(self.model):
                 start = _sync(device)
                 out = self.model.generate(
                     input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=budget, do_sample=False,

@@ -35,6 +35,8 @@ class ModelConfig:
     revision: str | None = None
     attn_implementation: str = "sdpa"
     adapter: str = "hf"  # a registered model adapter
+    # fp32 CPU linear layers packed once for MKL: null packs when memory allows, true/false force
+    packed_linears: Optional[bool] = None
 
 
 @dataclass

@@ -11,6 +11,7 @@ import signal
 import time
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 from rich.console import Console
 
@@ -141,21 +142,24 @@ def test_bad_bench_configs_are_config_errors(tmp_path):
     assert settings.strategies[0].knobs == {"pool": {"name": "lru", "capacity": 10}}
 
 
-def test_transformers_baselines_run_stock_attention_on_the_shared_model():
+def test_transformers_baselines_run_as_shipped_on_the_shared_model():
     from specfree.adapters.attention import GROUPED_SDPA
     from specfree.adapters.hf import HFAdapter
+    from specfree.adapters.packed import PackedLinear
     from tests.tiny_models import EOS, tiny_model
 
     model = tiny_model("llama")
-    HFAdapter(model)  # a specfree engine over the shared model switches it to grouped-query SDPA
+    HFAdapter(model)  # a specfree engine over the shared model switches it to its CPU kernels
     assert model.config._attn_implementation == GROUPED_SDPA
+    assert isinstance(model.lm_head, PackedLinear)
     seen = []
     handle = model.model.layers[0].self_attn.register_forward_pre_hook(
-        lambda *_: seen.append(model.config._attn_implementation))
+        lambda *_: seen.append((model.config._attn_implementation, type(model.lm_head))))
     try:
         system = HFSystem.build(model, "hf_prompt_lookup", [EOS], max_length=512)
         system.run([5, 6, 7, 5, 6, 7, 5, 6], 6)
     finally:
         handle.remove()
-    assert seen and set(seen) == {"sdpa"}
+    assert seen and set(seen) == {("sdpa", torch.nn.Linear)}
     assert model.config._attn_implementation == GROUPED_SDPA  # the engines get theirs back
+    assert isinstance(model.lm_head, PackedLinear)

@@ -1,0 +1,159 @@
+"""Linear layers whose weights are packed once for MKL, for the CPU's few-row forwards.
+
+A tree step pushes 2..32 rows through every linear layer. For so few rows MKL's ``sgemm``
+repacks the whole weight on every call, and on a 2-core CPU that costs as much as the product
+itself: 8 rows of SmolLM2-135M took ~85 ms against ~45 ms for one. Packing each weight once
+(``cblas_sgemm_pack``, reached through torch's ``mkl::_mkl_linear``, which inductor's CPU
+freezing uses too) brings 8 rows to ~60 ms. One-row forwards, memory bound and already cheap,
+keep transformers' own path, so plain decoding is unchanged bit for bit.
+
+Numerics: like any change in row count, packed products round differently from one-row ones
+in the last bits (they equal ``F.linear`` exactly from 16 rows on, where MKL packs too); the
+verifier compares tokens, and the lossless tests check the tokens.
+
+The packed copy costs memory (about 1.7x the linear weights), so ``pack_linears`` only packs
+when that fits well within the free memory, unless told to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MIN_ROWS = 2  # one row keeps the stock kernel: memory bound, and bit-identical to plain decoding
+PACKED_OVER_WEIGHTS = 2.0  # packed bytes per weight byte, rounded up (1.7 measured)
+
+
+def mkl_packing_available() -> bool:
+    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+
+
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` sharing the original's parameters, plus its weight packed for MKL.
+
+    The state dict is the original's. A weight changed in place (or replaced) is repacked at its
+    next multi-row call, so the packed copy is never stale.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        # meta: no second allocation; the original's parameters are shared, not copied
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
+                         dtype=linear.weight.dtype)
+        self.weight, self.bias = linear.weight, linear.bias
+        self._pack()
+
+    def _pack(self) -> None:
+        weight = self.weight.detach()
+        self._packed_from = (self.weight, weight._version)
+        self._packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 8)  # packing ignores the row count
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // max(1, x.shape[-1])
+        if (rows < MIN_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != x.dtype
+                or (torch.is_grad_enabled() and self.weight.requires_grad)):  # the MKL op has no backward
+            return F.linear(x, self.weight, self.bias)
+        source, version = self._packed_from
+        if source is not self.weight or version != self.weight._version:
+            self._pack()
+        return torch.ops.mkl._mkl_linear(x, self._packed, self.weight, self.bias, rows)
+
+    def to_linear(self) -> nn.Linear:
+        """A plain ``nn.Linear`` over the same parameters."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta",
+                           dtype=self.weight.dtype)
+        linear.weight, linear.bias = self.weight, self.bias
+        return linear
+
+
+def _packable(module: nn.Module) -> bool:
+    # Exactly nn.Linear (subclasses may compute something else), fp32 on the CPU, no hooks
+    # (accelerate's offloading works through hooks).
+    return (type(module) is nn.Linear and module.weight.device.type == "cpu"
+            and module.weight.dtype == torch.float32 and not module._forward_hooks
+            and not module._forward_pre_hooks)
+
+
+def _swap(model: nn.Module, convert) -> int:
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            new = convert(child)
+            if new is not None:
+                setattr(parent, name, new)
+                swapped += 1
+    return swapped
+
+
+def _free_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a platform that reports it
+        return None
+
+
+@torch.inference_mode()
+def packing_agrees(linear: nn.Linear, rows=(2, 5, 13, 32)) -> bool:
+    """One packed copy serves every row count (what ``PackedLinear`` relies on): true of the MKL
+    builds checked so far, and checked here on this machine's MKL before anything is packed."""
+    weight = linear.weight.detach()
+    shared = torch.ops.mkl._mkl_reorder_linear_weight(weight, 8)
+    x = torch.randn(max(rows), linear.in_features, generator=torch.Generator().manual_seed(0))
+    for m in rows:
+        own = torch.ops.mkl._mkl_reorder_linear_weight(weight, m)
+        out = torch.ops.mkl._mkl_linear(x[:m], shared, weight, linear.bias, m)
+        if not torch.equal(out, torch.ops.mkl._mkl_linear(x[:m], own, weight, linear.bias, m)):
+            return False
+        if not torch.allclose(out, F.linear(x[:m], weight, linear.bias), rtol=1e-4, atol=1e-4):
+            return False
+    return True
+
+
+def pack_linears(model: nn.Module, force: bool = False) -> int:
+    """Swap the model's fp32 CPU ``nn.Linear`` layers for ``PackedLinear``; returns how many.
+
+    Without ``force`` nothing is packed when the packed copies would take more than a quarter of
+    the free memory.
+    """
+    if not mkl_packing_available():
+        return 0
+    linears = [m for m in model.modules() if _packable(m)]
+    weights = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    free = _free_bytes()
+    if not weights or (not force and free is not None and weights * PACKED_OVER_WEIGHTS > free / 4):
+        return 0
+    if not packing_agrees(linears[0]):
+        return 0
+    return _swap(model, lambda m: PackedLinear(m) if _packable(m) else None)
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Undo ``pack_linears``; returns how many layers went back to ``nn.Linear``."""
+    return _swap(model, lambda m: m.to_linear() if isinstance(m, PackedLinear) else None)
+
+
+@contextlib.contextmanager
+def stock_linears(model: nn.Module):
+    """Plain ``nn.Linear`` layers inside the block (for baselines that must be stock), then the
+    packed ones again."""
+    packed = {id(m): m for m in model.modules() if isinstance(m, PackedLinear)}
+    if not packed:
+        yield model
+        return
+    plain: dict[int, PackedLinear] = {}
+
+    def restore(module):
+        if isinstance(module, PackedLinear):
+            linear = module.to_linear()
+            plain[id(linear)] = module
+            return linear
+        return None
+
+    _swap(model, restore)
+    try:
+        yield model
+    finally:
+        _swap(model, lambda m: plain.get(id(m)))
