@@ -1,15 +1,14 @@
 """Linear layers whose weights are packed once for MKL, for the CPU's few-row forwards.
 
-A tree step pushes 2..32 rows through every linear layer. For so few rows MKL's ``sgemm``
-repacks the whole weight on every call, and on a 2-core CPU that costs as much as the product
-itself: 8 rows of SmolLM2-135M took ~85 ms against ~45 ms for one. Packing each weight once
-(``cblas_sgemm_pack``, reached through torch's ``mkl::_mkl_linear``, which inductor's CPU
-freezing uses too) brings 8 rows to ~60 ms. One-row forwards, memory bound and already cheap,
-keep transformers' own path, so plain decoding is unchanged bit for bit.
+A tree step pushes a few rows through every linear layer. For 2..15 rows MKL's ``sgemm``
+takes a path that is slow on this project's 2-core CPU: 8 rows of SmolLM2-135M took ~80 ms
+against ~40–47 ms for one. With each weight packed once (``cblas_sgemm_pack``, reached through
+torch's ``mkl::_mkl_linear``, which inductor's CPU freezing uses too) 8 rows take ~60 ms.
+One-row forwards, memory bound and already cheap, keep transformers' own path, so plain decoding
+is unchanged bit for bit; from 16 rows on MKL's own path is as fast and gives the same bits.
 
 Numerics: like any change in row count, packed products round differently from one-row ones
-in the last bits (they equal ``F.linear`` exactly from 16 rows on, where MKL packs too); the
-verifier compares tokens, and the lossless tests check the tokens.
+in the last bits; the verifier compares tokens, and the lossless tests check the tokens.
 
 The packed copy costs memory (about 1.7x the linear weights), so ``pack_linears`` only packs
 when that fits well within the free memory, unless told to.
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 MIN_ROWS = 2  # one row keeps the stock kernel: memory bound, and bit-identical to plain decoding
+MAX_ROWS = 15  # from 16 rows on MKL's own path packs too, gives the same bits and was as fast or faster
 PACKED_OVER_WEIGHTS = 2.0  # packed bytes per weight byte, rounded up (1.7 measured)
 
 
@@ -51,9 +51,13 @@ class PackedLinear(nn.Linear):
         self._packed_from = (self.weight, weight._version)
         self._packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 8)  # packing ignores the row count
 
+    def __getstate__(self):
+        # MKL's packed buffer neither pickles nor deep-copies: copies repack at their first use.
+        return {**super().__getstate__(), "_packed": None, "_packed_from": (None, -1)}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(1, x.shape[-1])
-        if (rows < MIN_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != x.dtype
+        if (not MIN_ROWS <= rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != x.dtype
                 or (torch.is_grad_enabled() and self.weight.requires_grad)):  # the MKL op has no backward
             return F.linear(x, self.weight, self.bias)
         source, version = self._packed_from
@@ -89,6 +93,15 @@ def _swap(model: nn.Module, convert) -> int:
 
 
 def _free_bytes() -> int | None:
+    """Memory available to a new allocation: Linux's MemAvailable (page cache counts as free),
+    else the free pages, else unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not a platform that reports it
