@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specfree.adapters.packed import PackedLinear
+from specfree.adapters.packed import MAX_ROWS, MIN_ROWS, PackedLinear
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -78,9 +78,10 @@ class CostModel:
         model = adapter.model
         params = sum(p.numel() for p in model.parameters())
         packed = sum(isinstance(m, PackedLinear) for m in model.modules())
-        key = hashlib.sha1(json.dumps([model.config.model_type, params, str(adapter.device), str(adapter.dtype),
-                                       torch.get_num_threads(), torch.__version__,
-                                       model.config._attn_implementation, packed]).encode()).hexdigest()[:16]
+        packed_rows = [MIN_ROWS, MAX_ROWS] if packed else None  # which forwards use the packed weights
+        setup = [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
+                 torch.__version__, model.config._attn_implementation, packed, packed_rows]
+        key = hashlib.sha1(json.dumps(setup).encode()).hexdigest()[:16]
         path = Path(cache_dir) / "costs" / f"{key}.json"
         if path.is_file():
             try:

@@ -57,7 +57,8 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(1, x.shape[-1])
-        if (not MIN_ROWS <= rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != x.dtype
+        if (not MIN_ROWS <= rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32
+                or self.weight.dtype != x.dtype
                 or (torch.is_grad_enabled() and self.weight.requires_grad)):  # the MKL op has no backward
             return F.linear(x, self.weight, self.bias)
         source, version = self._packed_from
