@@ -114,32 +114,38 @@ def packing_agrees(linear: nn.Linear, rows=(2, 5, 13, 32)) -> bool:
     """One packed copy serves every row count (what ``PackedLinear`` relies on): true of the MKL
     builds checked so far, and checked here on this machine's MKL before anything is packed."""
     weight = linear.weight.detach()
-    shared = torch.ops.mkl._mkl_reorder_linear_weight(weight, 8)
     x = torch.randn(max(rows), linear.in_features, generator=torch.Generator().manual_seed(0))
-    for m in rows:
-        own = torch.ops.mkl._mkl_reorder_linear_weight(weight, m)
-        out = torch.ops.mkl._mkl_linear(x[:m], shared, weight, linear.bias, m)
-        if not torch.equal(out, torch.ops.mkl._mkl_linear(x[:m], own, weight, linear.bias, m)):
-            return False
-        if not torch.allclose(out, F.linear(x[:m], weight, linear.bias), rtol=1e-4, atol=1e-4):
-            return False
+    try:
+        shared = torch.ops.mkl._mkl_reorder_linear_weight(weight, 8)
+        for m in rows:
+            own = torch.ops.mkl._mkl_reorder_linear_weight(weight, m)
+            out = torch.ops.mkl._mkl_linear(x[:m], shared, weight, linear.bias, m)
+            if not torch.equal(out, torch.ops.mkl._mkl_linear(x[:m], own, weight, linear.bias, m)):
+                return False
+            if not torch.allclose(out, F.linear(x[:m], weight, linear.bias), rtol=1e-4, atol=1e-4):
+                return False
+    except RuntimeError:  # an MKL build without the packed API
+        return False
     return True
 
 
-def pack_linears(model: nn.Module, force: bool = False) -> int:
-    """Swap the model's fp32 CPU ``nn.Linear`` layers for ``PackedLinear``; returns how many.
-
-    Without ``force`` nothing is packed when the packed copies would take more than a quarter of
-    the free memory.
-    """
+def worth_packing(model: nn.Module, force: bool = False) -> bool:
+    """Whether ``model`` has layers to pack, on an MKL that packs as expected, and (unless
+    ``force``) the packed copies would take at most a quarter of the free memory."""
     if not mkl_packing_available():
-        return 0
+        return False
     linears = [m for m in model.modules() if _packable(m)]
     weights = sum(m.weight.numel() * m.weight.element_size() for m in linears)
     free = _free_bytes()
     if not weights or (not force and free is not None and weights * PACKED_OVER_WEIGHTS > free / 4):
-        return 0
-    if not packing_agrees(linears[0]):
+        return False
+    return packing_agrees(linears[0])
+
+
+def pack_linears(model: nn.Module, force: bool = False) -> int:
+    """Swap the model's fp32 CPU ``nn.Linear`` layers for ``PackedLinear`` (see ``worth_packing``);
+    returns how many."""
+    if not worth_packing(model, force):
         return 0
     return _swap(model, lambda m: PackedLinear(m) if _packable(m) else None)
 
@@ -147,6 +153,32 @@ def pack_linears(model: nn.Module, force: bool = False) -> int:
 def unpack_linears(model: nn.Module) -> int:
     """Undo ``pack_linears``; returns how many layers went back to ``nn.Linear``."""
     return _swap(model, lambda m: m.to_linear() if isinstance(m, PackedLinear) else None)
+
+
+@contextlib.contextmanager
+def packed_linears(model: nn.Module, kept: dict[int, PackedLinear]):
+    """Packed linear layers inside the block and the model's own layers after it, for callers
+    that borrow a model they do not own. ``kept``, a dict the caller holds on to, carries the
+    packed layers from one block to the next: only the first block pays for packing."""
+    if not kept and not worth_packing(model):
+        yield model
+        return
+    originals: dict[int, nn.Linear] = {}
+
+    def install(module):
+        if not _packable(module):
+            return None
+        packed = kept.get(id(module))
+        if packed is None or packed.weight is not module.weight:  # a new layer, or new parameters
+            packed = kept[id(module)] = PackedLinear(module)
+        originals[id(packed)] = module
+        return packed
+
+    _swap(model, install)
+    try:
+        yield model
+    finally:
+        _swap(model, lambda m: originals.get(id(m)))
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from transformers.generation import (
     StopStringCriteria,
 )
 
+from specfree.adapters.packed import PackedLinear, packed_linears
 from specfree.engine import Engine
 from specfree.errors import ConfigError, check_int
 from specfree.strategies.base import Strategy
@@ -77,6 +78,7 @@ class SpeculativeGenerate:
         self.strategy = strategy
         self.tokenizer = tokenizer
         self.seed = check_int("seed", seed, low=0)
+        self._packed: dict[int, PackedLinear] = {}  # the model's packed layers, installed only during calls
 
     def __repr__(self) -> str:
         return f"speculative_generate({self.strategy.name!r})"
@@ -104,13 +106,16 @@ class SpeculativeGenerate:
         # generate's processors (penalties, the user's, then temperature/top-k/top-p when
         # sampling) become the verifier's: each drafted position is judged on the same scores.
         processors = [_OnScoresDevice(logits_processor)] if logits_processor else []
-        engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors, **sampling)
-        engine.watch(input_ids, criteria, generation_config.max_length)
-        max_new = max(1, generation_config.max_length - len(prompt))
-        try:
-            result = engine.generate(prompt, max_new_tokens=max_new)
-        finally:
-            engine.adapter.reset()  # do not hold the KV cache between calls
+        # The caller's model leaves with its own linear layers: packed ones serve only this call.
+        with packed_linears(model, self._packed):
+            engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors,
+                                                **sampling)
+            engine.watch(input_ids, criteria, generation_config.max_length)
+            max_new = max(1, generation_config.max_length - len(prompt))
+            try:
+                result = engine.generate(prompt, max_new_tokens=max_new)
+            finally:
+                engine.adapter.reset()  # do not hold the KV cache between calls
         if result.stop_reason == "context_length":
             warnings.warn(f"specfree stopped after {len(result.tokens)} new tokens: the prompt plus output "
                           f"reached the {engine.adapter.max_length} tokens it can attend to for model "
