@@ -156,25 +156,17 @@ def unpack_linears(model: nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def packed_linears(model: nn.Module, kept: dict[int, PackedLinear]):
-    """Packed linear layers inside the block and the model's own layers after it, for callers
-    that borrow a model they do not own. ``kept``, a dict the caller holds on to, carries the
-    packed layers from one block to the next: only the first block pays for packing."""
-    if not kept and not worth_packing(model):
-        yield model
-        return
-    originals: dict[int, nn.Linear] = {}
+def _swapped(model: nn.Module, convert):
+    """The modules ``convert`` replaces inside the block, the originals back after it."""
+    originals: dict[int, nn.Module] = {}
 
-    def install(module):
-        if not _packable(module):
-            return None
-        packed = kept.get(id(module))
-        if packed is None or packed.weight is not module.weight:  # a new layer, or new parameters
-            packed = kept[id(module)] = PackedLinear(module)
-        originals[id(packed)] = module
-        return packed
+    def swap(module):
+        new = convert(module)
+        if new is not None:
+            originals[id(new)] = module
+        return new
 
-    _swap(model, install)
+    _swap(model, swap)
     try:
         yield model
     finally:
@@ -182,24 +174,29 @@ def packed_linears(model: nn.Module, kept: dict[int, PackedLinear]):
 
 
 @contextlib.contextmanager
+def packed_linears(model: nn.Module, kept: dict[int, PackedLinear]):
+    """Packed linear layers inside the block and the model's own layers after it, for callers
+    that borrow a model they do not own. ``kept``, a dict the caller holds on to, carries the
+    packed layers from one block to the next: only the first block pays for packing."""
+    if not kept and not worth_packing(model):
+        yield model
+        return
+
+    def packed(module):
+        if not _packable(module):
+            return None
+        layer = kept.get(id(module))
+        if layer is None or layer.weight is not module.weight:  # a new layer, or new parameters
+            layer = kept[id(module)] = PackedLinear(module)
+        return layer
+
+    with _swapped(model, packed):
+        yield model
+
+
+@contextlib.contextmanager
 def stock_linears(model: nn.Module):
     """Plain ``nn.Linear`` layers inside the block (for baselines that must be stock), then the
     packed ones again."""
-    packed = {id(m): m for m in model.modules() if isinstance(m, PackedLinear)}
-    if not packed:
+    with _swapped(model, lambda m: m.to_linear() if isinstance(m, PackedLinear) else None):
         yield model
-        return
-    plain: dict[int, PackedLinear] = {}
-
-    def restore(module):
-        if isinstance(module, PackedLinear):
-            linear = module.to_linear()
-            plain[id(linear)] = module
-            return linear
-        return None
-
-    _swap(model, restore)
-    try:
-        yield model
-    finally:
-        _swap(model, lambda m: plain.get(id(m)))
