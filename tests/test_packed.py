@@ -69,6 +69,15 @@ def test_a_packed_layer_deep_copies_and_pickles():
         assert copy_.weight is not packed.weight
 
 
+def test_a_layer_made_under_inference_mode_packs():
+    with torch.inference_mode():  # its parameters are inference tensors: no version counter
+        stock = linear()
+        packed = PackedLinear(stock)
+        inside = packed(torch.ones(4, 48))
+    torch.testing.assert_close(inside, stock(torch.ones(4, 48)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed(torch.ones(4, 48)), inside, rtol=0, atol=0)
+
+
 def test_gradients_still_flow_through_a_packed_layer():
     packed = PackedLinear(linear())
     packed(torch.randn(4, 48)).sum().backward()

@@ -32,6 +32,15 @@ def mkl_packing_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
 
 
+def _version(tensor: torch.Tensor) -> int | None:
+    """The count of in-place writes to ``tensor``; None for an inference tensor, which keeps no
+    count (made under ``torch.inference_mode``): then only its identity tells a new weight."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` sharing the original's parameters, plus its weight packed for MKL.
 
@@ -48,7 +57,7 @@ class PackedLinear(nn.Linear):
 
     def _pack(self) -> None:
         weight = self.weight.detach()
-        self._packed_from = (self.weight, weight._version)
+        self._packed_from = (self.weight, _version(self.weight))
         self._packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 8)  # packing ignores the row count
 
     def __getstate__(self):
@@ -62,7 +71,7 @@ class PackedLinear(nn.Linear):
                 or (torch.is_grad_enabled() and self.weight.requires_grad)):  # the MKL op has no backward
             return F.linear(x, self.weight, self.bias)
         source, version = self._packed_from
-        if source is not self.weight or version != self.weight._version:
+        if source is not self.weight or version != _version(self.weight):
             self._pack()
         return torch.ops.mkl._mkl_linear(x, self._packed, self.weight, self.bias, rows)
 
