@@ -82,7 +82,7 @@ class BenchSettings:
         return cls(
             prompts=_absolute(bench["prompts"]), out=_absolute(out), model=_model_name(root.get("model")),
             model_options=_model_options(root.get("model")),
-            packed_linears=_model_options(root.get("model"), ("packed_linears",)).get("packed_linears"),
+            packed_linears=_packed_linears(root.get("model")),
             strategies=strategies, baselines=baselines, format=bench.get("format") or "spec_bench",
             fields=dict(bench.get("fields") or {}), limit=bench.get("limit"), per_category=bench.get("per_category"),
             max_new_tokens=check_int("bench.max_new_tokens", bench.get("max_new_tokens", 128), low=1),
@@ -267,10 +267,14 @@ def _model_name(model: Any) -> str:
     raise ConfigError("no model given: set model=smollm2, or model.path=FOLDER_OR_GGUF")
 
 
-def _model_options(model: Any, keys: tuple[str, ...] = ("attn_implementation", "revision")) -> dict[str, Any]:
+def _model_options(model: Any) -> dict[str, Any]:
     if not isinstance(model, Mapping):
         return {}
-    return {k: model[k] for k in keys if model.get(k) is not None}
+    return {k: model[k] for k in ("attn_implementation", "revision") if model.get(k) is not None}
+
+
+def _packed_linears(model: Any) -> bool | None:
+    return model.get("packed_linears") if isinstance(model, Mapping) else None
 
 
 def _check_greedy(verifier: Any) -> None:

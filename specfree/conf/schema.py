@@ -35,7 +35,7 @@ class ModelConfig:
     revision: str | None = None
     attn_implementation: str = "sdpa"
     adapter: str = "hf"  # a registered model adapter
-    # fp32 CPU linear layers packed once for MKL: null packs when memory allows, true/false force
+    # fp32 CPU linear layers packed once for MKL: null when memory allows, true always, false never
     packed_linears: Optional[bool] = None
 
 
