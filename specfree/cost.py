@@ -79,8 +79,9 @@ class CostModel:
         params = sum(p.numel() for p in model.parameters())
         packed = sum(isinstance(m, PackedLinear) for m in model.modules())
         packed_rows = [MIN_ROWS, MAX_ROWS] if packed else None  # which forwards use the packed weights
+        kv = getattr(getattr(adapter.cache, "layer_class_to_replicate", None), "__name__", None)
         setup = [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
-                 torch.__version__, model.config._attn_implementation, packed, packed_rows]
+                 torch.__version__, model.config._attn_implementation, packed, packed_rows, kv]
         key = hashlib.sha1(json.dumps(setup).encode()).hexdigest()[:16]
         path = Path(cache_dir) / "costs" / f"{key}.json"
         if path.is_file():

@@ -1,12 +1,12 @@
 """Adapter over any transformers causal LM that takes a 4D additive mask and position ids.
 
-The committed KV lives in a plain ``DynamicCache`` (no sliding-window layers, so cache index ==
-position). After each step only the accepted rows' KV is kept, by moving them down in place
-and cutting the tail: no second forward. Sliding-window layers keep their whole KV too; the
-mask hides what falls outside their window. Grouped-query models on the CPU run
-``attention.grouped_sdpa_attention``, which spares masked steps a copy of the cache, and fp32
-linear layers on the CPU are packed once for MKL (``packed``), which spares few-row forwards
-repacking every weight.
+The committed KV lives in a cache of ``kv.GrowingLayer``s (transformers' ``DynamicLayer``,
+appending in place; no sliding-window layers, so cache index == position). After each step only
+the accepted rows' KV is kept, by moving them down in place and cutting the tail: no second
+forward. Sliding-window layers keep their whole KV too; the mask hides what falls outside their
+window. Grouped-query models on the CPU run ``attention.grouped_sdpa_attention``, which spares
+masked steps a copy of the cache, and fp32 linear layers on the CPU are packed once for MKL
+(``packed``), which spares few-row forwards repacking every weight.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from __future__ import annotations
 import warnings
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specfree.adapters.attention import use_grouped_sdpa
+from specfree.adapters.kv import growing_cache
 from specfree.adapters.packed import pack_linears, unpack_linears
 from specfree.errors import UnsupportedModelError
 from specfree.masks.tree import additive_mask
@@ -60,7 +61,7 @@ class HFAdapter:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
         self.sliding_window, self.layer_windows = self._attention_windows(config)
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
         if check_tree_mask:
             self.check_tree_mask()
 
@@ -131,7 +132,7 @@ class HFAdapter:
                 for kind, window in self.layer_windows.items()}
 
     def reset(self) -> None:
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
