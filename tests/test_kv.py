@@ -21,6 +21,7 @@ OPS = st.lists(st.one_of(st.tuples(st.just("append"), st.integers(1, 300)),
 def test_growing_layer_matches_dynamic_layer(ops, seed):
     generator = torch.Generator().manual_seed(seed)
     layers = [DynamicLayer(), GrowingLayer()]
+    longest = 0
     for op, n in ops:
         length = layers[0].get_seq_length()
         if op == "append":
@@ -44,5 +45,8 @@ def test_growing_layer_matches_dynamic_layer(ops, seed):
             for layer in layers:
                 layer.reset()
         assert layers[0].get_seq_length() == layers[1].get_seq_length()
+        longest = max(longest, layers[0].get_seq_length())
+        buffer = getattr(layers[1], "_key_buffer", None)
+        assert buffer is None or buffer.shape[-2] <= max(256, 2 * longest)  # crops and resets do not inflate it
         if layers[0].get_seq_length():
             assert torch.equal(layers[0].keys, layers[1].keys) and torch.equal(layers[0].values, layers[1].values)

@@ -26,7 +26,7 @@ class GrowingLayer(DynamicLayer):
         # keys/values [B, H, T, D]; new states [B, H, Q, D]
         old = self.keys.shape[-2] if self.keys.numel() else 0
         new = old + key_states.shape[-2]
-        if not self._holds_cache() or new > self._key_buffer.shape[-2]:
+        if self._key_buffer is None or not self._holds_cache() or new > self._key_buffer.shape[-2]:
             self._grow(key_states, value_states, old, new)
         self._key_buffer[..., old:new, :] = key_states
         self._value_buffer[..., old:new, :] = value_states
@@ -34,16 +34,18 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def _holds_cache(self) -> bool:
-        """Whether keys/values are still views of the buffers (cropping and in-place edits keep
-        them so; a method that assigns new tensors does not)."""
-        buffer = self._key_buffer
-        return (buffer is not None and self.keys.numel() > 0 and self.keys.data_ptr() == buffer.data_ptr()
-                and self.keys.stride() == buffer.stride()
+        """Whether the buffers still hold what keys/values show: they are views of them (cropping
+        and in-place edits keep them so; a method that assigns new tensors does not), or empty."""
+        if self.keys.numel() == 0:
+            return True
+        return (self.keys.data_ptr() == self._key_buffer.data_ptr() and self.keys.stride() == self._key_buffer.stride()
                 and self.values.data_ptr() == self._value_buffer.data_ptr())
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, old: int, new: int) -> None:
+        """New buffers holding the ``old`` rows: twice as large when ``new`` rows do not fit, the
+        same size when the old buffers were only abandoned."""
         held = self._key_buffer.shape[-2] if self._key_buffer is not None else 0
-        capacity = max(new, 2 * held, MIN_CAPACITY)
+        capacity = held if new <= held else max(new, 2 * held, MIN_CAPACITY)
         batch, heads, _, dim = key_states.shape
         key_buffer = key_states.new_empty(batch, heads, capacity, dim)
         value_buffer = value_states.new_empty(batch, heads, capacity, value_states.shape[-1])

@@ -144,9 +144,11 @@ def worth_packing(model: nn.Module, force: bool = False) -> bool:
     if not mkl_packing_available():
         return False
     linears = [m for m in model.modules() if _packable(m)]
+    if not linears:
+        return False
     weights = sum(m.weight.numel() * m.weight.element_size() for m in linears)
-    free = _free_bytes()
-    if not weights or (not force and free is not None and weights * PACKED_OVER_WEIGHTS > free / 4):
+    free = None if force else _free_bytes()
+    if free is not None and weights * PACKED_OVER_WEIGHTS > free / 4:
         return False
     return packing_agrees(linears[0])
 
