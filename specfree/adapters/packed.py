@@ -26,6 +26,9 @@ from torch import nn
 MIN_ROWS = 2  # one row keeps the stock kernel: memory bound, and bit-identical to plain decoding
 MAX_ROWS = 15  # from 16 rows on MKL's own path packs too, gives the same bits and was as fast or faster
 PACKED_OVER_WEIGHTS = 2.0  # packed bytes per weight byte, rounded up (1.7 measured)
+# The op's overload, bound once: resolving ``torch.ops.mkl._mkl_linear`` per call costs more than a
+# small product. None where torch was built without MKL (nothing is packed there).
+_MKL_LINEAR = getattr(getattr(torch.ops.mkl, "_mkl_linear", None), "default", None)
 
 
 def mkl_packing_available() -> bool:
@@ -65,15 +68,19 @@ class PackedLinear(nn.Linear):
         return {**super().__getstate__(), "_packed": None, "_packed_from": (None, -1)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Called 211 times per forward of SmolLM2, so the checks stay lean: the parameters are read
+        # from the dict (``self.weight`` goes through ``nn.Module.__getattr__``), ``is`` on dtypes.
+        params = self._parameters
+        weight, bias = params["weight"], params["bias"]
         rows = x.numel() // max(1, x.shape[-1])
-        if (not MIN_ROWS <= rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32
-                or self.weight.dtype != x.dtype
-                or (torch.is_grad_enabled() and self.weight.requires_grad)):  # the MKL op has no backward
-            return F.linear(x, self.weight, self.bias)
+        if (not MIN_ROWS <= rows <= MAX_ROWS or not x.is_cpu or x.dtype is not torch.float32
+                or weight.dtype is not torch.float32
+                or (weight.requires_grad and torch.is_grad_enabled())):  # the MKL op has no backward
+            return F.linear(x, weight, bias)
         source, version = self._packed_from
-        if source is not self.weight or version != _version(self.weight):
+        if source is not weight or version != _version(weight):
             self._pack()
-        return torch.ops.mkl._mkl_linear(x, self._packed, self.weight, self.bias, rows)
+        return _MKL_LINEAR(x, self._packed, weight, bias, rows)
 
     def to_linear(self) -> nn.Linear:
         """A plain ``nn.Linear`` over the same parameters."""
