@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from specfree.adapters.attention import use_grouped_sdpa
 from specfree.adapters.kv import growing_cache
+from specfree.adapters.norms import fuse_norms
 from specfree.adapters.packed import pack_linears, unpack_linears
 from specfree.errors import UnsupportedModelError
 from specfree.masks.tree import additive_mask
@@ -58,6 +59,7 @@ class HFAdapter:
             unpack_linears(model)
         else:
             pack_linears(model, force=bool(packed_linears))  # few-row forwards without repacking weights
+        fuse_norms(model)  # bit-identical, fewer dispatches per forward
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
         self.sliding_window, self.layer_windows = self._attention_windows(config)

@@ -28,6 +28,7 @@ from transformers.generation import (
     StopStringCriteria,
 )
 
+from specfree.adapters.norms import fused_norms
 from specfree.adapters.packed import PackedLinear, packed_linears
 from specfree.engine import Engine
 from specfree.errors import ConfigError, check_int
@@ -106,8 +107,8 @@ class SpeculativeGenerate:
         # generate's processors (penalties, the user's, then temperature/top-k/top-p when
         # sampling) become the verifier's: each drafted position is judged on the same scores.
         processors = [_OnScoresDevice(logits_processor)] if logits_processor else []
-        # The caller's model leaves with its own linear layers: packed ones serve only this call.
-        with packed_linears(model, self._packed):
+        # The caller's model leaves with its own linear and norm layers: ours serve only this call.
+        with packed_linears(model, self._packed), fused_norms(model):
             engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors,
                                                 **sampling)
             engine.watch(input_ids, criteria, generation_config.max_length)

@@ -145,6 +145,7 @@ def test_bad_bench_configs_are_config_errors(tmp_path):
 def test_transformers_baselines_run_as_shipped_on_the_shared_model():
     from specfree.adapters.attention import GROUPED_SDPA
     from specfree.adapters.hf import HFAdapter
+    from specfree.adapters.norms import FusedRMSNorm
     from specfree.adapters.packed import PackedLinear
     from tests.tiny_models import EOS, tiny_model
 
@@ -152,14 +153,15 @@ def test_transformers_baselines_run_as_shipped_on_the_shared_model():
     HFAdapter(model)  # a specfree engine over the shared model switches it to its CPU kernels
     assert model.config._attn_implementation == GROUPED_SDPA
     assert isinstance(model.lm_head, PackedLinear)
+    norm = model.model.norm.original  # transformers' own
     seen = []
     handle = model.model.layers[0].self_attn.register_forward_pre_hook(
-        lambda *_: seen.append((model.config._attn_implementation, type(model.lm_head))))
+        lambda *_: seen.append((model.config._attn_implementation, type(model.lm_head), type(model.model.norm))))
     try:
         system = HFSystem.build(model, "hf_prompt_lookup", [EOS], max_length=512)
         system.run([5, 6, 7, 5, 6, 7, 5, 6], 6)
     finally:
         handle.remove()
-    assert seen and set(seen) == {("sdpa", torch.nn.Linear)}
+    assert seen and set(seen) == {("sdpa", torch.nn.Linear, type(norm))}
     assert model.config._attn_implementation == GROUPED_SDPA  # the engines get theirs back
-    assert isinstance(model.lm_head, PackedLinear)
+    assert isinstance(model.lm_head, PackedLinear) and isinstance(model.model.norm, FusedRMSNorm)
