@@ -15,7 +15,7 @@ import contextlib
 import torch
 from torch import nn
 
-from specfree.adapters.packed import _swap, _swapped
+from specfree.adapters.swap import swap_modules, swapped_modules
 
 
 class FusedRMSNorm(nn.Module):
@@ -70,18 +70,18 @@ def _fusable(module: nn.Module) -> FusedRMSNorm | None:
 
 def fuse_norms(model: nn.Module) -> int:
     """Swap the model's RMSNorm layers for ``FusedRMSNorm`` where bit-identical; returns how many."""
-    return _swap(model, lambda m: None if isinstance(m, FusedRMSNorm) else _fusable(m))
+    return swap_modules(model, lambda m: None if isinstance(m, FusedRMSNorm) else _fusable(m))
 
 
 @contextlib.contextmanager
 def fused_norms(model: nn.Module):
     """Fused norms inside the block and the model's own after it, for callers that borrow a model."""
-    with _swapped(model, lambda m: None if isinstance(m, FusedRMSNorm) else _fusable(m)):
+    with swapped_modules(model, lambda m: None if isinstance(m, FusedRMSNorm) else _fusable(m)):
         yield model
 
 
 @contextlib.contextmanager
 def stock_norms(model: nn.Module):
     """The model's own norm layers inside the block (for baselines that must be stock)."""
-    with _swapped(model, lambda m: m.to_original() if isinstance(m, FusedRMSNorm) else None):
+    with swapped_modules(model, lambda m: m.to_original() if isinstance(m, FusedRMSNorm) else None):
         yield model

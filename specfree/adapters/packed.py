@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specfree.adapters.swap import swap_modules, swapped_modules
+
 MIN_ROWS = 2  # one row keeps the stock kernel: memory bound, and bit-identical to plain decoding
 MAX_ROWS = 15  # from 16 rows on MKL's own path packs too, gives the same bits and was as fast or faster
 PACKED_OVER_WEIGHTS = 2.0  # packed bytes per weight byte, rounded up (1.7 measured)
@@ -98,17 +100,6 @@ def _packable(module: nn.Module) -> bool:
             and not module._forward_pre_hooks)
 
 
-def _swap(model: nn.Module, convert) -> int:
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            new = convert(child)
-            if new is not None:
-                setattr(parent, name, new)
-                swapped += 1
-    return swapped
-
-
 def _free_bytes() -> int | None:
     """Memory available to a new allocation: Linux's MemAvailable (page cache counts as free),
     else the free pages, else unknown."""
@@ -165,30 +156,12 @@ def pack_linears(model: nn.Module, force: bool = False) -> int:
     returns how many."""
     if not worth_packing(model, force):
         return 0
-    return _swap(model, lambda m: PackedLinear(m) if _packable(m) else None)
+    return swap_modules(model, lambda m: PackedLinear(m) if _packable(m) else None)
 
 
 def unpack_linears(model: nn.Module) -> int:
     """Undo ``pack_linears``; returns how many layers went back to ``nn.Linear``."""
-    return _swap(model, lambda m: m.to_linear() if isinstance(m, PackedLinear) else None)
-
-
-@contextlib.contextmanager
-def _swapped(model: nn.Module, convert):
-    """The modules ``convert`` replaces inside the block, the originals back after it."""
-    originals: dict[int, nn.Module] = {}
-
-    def swap(module):
-        new = convert(module)
-        if new is not None:
-            originals[id(new)] = module
-        return new
-
-    _swap(model, swap)
-    try:
-        yield model
-    finally:
-        _swap(model, lambda m: originals.get(id(m)))
+    return swap_modules(model, lambda m: m.to_linear() if isinstance(m, PackedLinear) else None)
 
 
 @contextlib.contextmanager
@@ -208,7 +181,7 @@ def packed_linears(model: nn.Module, kept: dict[int, PackedLinear]):
             layer = kept[id(module)] = PackedLinear(module)
         return layer
 
-    with _swapped(model, packed):
+    with swapped_modules(model, packed):
         yield model
 
 
@@ -216,5 +189,5 @@ def packed_linears(model: nn.Module, kept: dict[int, PackedLinear]):
 def stock_linears(model: nn.Module):
     """Plain ``nn.Linear`` layers inside the block (for baselines that must be stock), then the
     packed ones again."""
-    with _swapped(model, lambda m: m.to_linear() if isinstance(m, PackedLinear) else None):
+    with swapped_modules(model, lambda m: m.to_linear() if isinstance(m, PackedLinear) else None):
         yield model
