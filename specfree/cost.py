@@ -77,11 +77,13 @@ class CostModel:
         """Measure once per (model, device, dtype, threads, kernels); later engines read the file."""
         model = adapter.model
         params = sum(p.numel() for p in model.parameters())
-        packed = sum(isinstance(m, PackedLinear) for m in model.modules())
-        packed_rows = [MIN_ROWS, MAX_ROWS] if packed else None  # which forwards use the packed weights
+        # The layer classes name the kernels (packed linears, fused norms, ...), whichever were swapped in.
+        classes = {type(m) for m in model.modules()}
+        layers = sorted(f"{c.__module__}.{c.__qualname__}" for c in classes)
+        packed_rows = [MIN_ROWS, MAX_ROWS] if PackedLinear in classes else None  # which forwards use them
         kv = getattr(getattr(adapter.cache, "layer_class_to_replicate", None), "__name__", None)
         setup = [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
-                 torch.__version__, model.config._attn_implementation, packed, packed_rows, kv]
+                 torch.__version__, model.config._attn_implementation, layers, packed_rows, kv]
         key = hashlib.sha1(json.dumps(setup).encode()).hexdigest()[:16]
         path = Path(cache_dir) / "costs" / f"{key}.json"
         if path.is_file():

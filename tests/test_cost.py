@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from specfree.adapters.hf import HFAdapter
+from specfree.adapters.norms import stock_norms
 from specfree.adapters.packed import mkl_packing_available, stock_linears
 from specfree.cost import CostModel
 from tests.tiny_models import tiny_model
@@ -38,3 +39,6 @@ def test_the_curve_is_measured_once_per_setup(tmp_path, monkeypatch):
         with stock_linears(model):  # other kernels, another curve
             CostModel.cached(adapter, tmp_path)
         assert len(measured) == 3 and len(list((tmp_path / "costs").iterdir())) == 2
+    with stock_norms(model):  # transformers' norm layers: another curve
+        CostModel.cached(adapter, tmp_path)
+    assert len(list((tmp_path / "costs").iterdir())) == (3 if mkl_packing_available() else 2)

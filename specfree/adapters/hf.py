@@ -5,8 +5,9 @@ appending in place; no sliding-window layers, so cache index == position). After
 the accepted rows' KV is kept, by moving them down in place and cutting the tail: no second
 forward. Sliding-window layers keep their whole KV too; the mask hides what falls outside their
 window. Grouped-query models on the CPU run ``attention.grouped_sdpa_attention``, which spares
-masked steps a copy of the cache, and fp32 linear layers on the CPU are packed once for MKL
-(``packed``), which spares few-row forwards repacking every weight.
+masked steps a copy of the cache, fp32 linear layers on the CPU are packed once for MKL
+(``packed``), which spares few-row forwards repacking every weight, and Llama-style RMSNorm
+layers run as one ``torch.rms_norm`` call (``norms``).
 """
 
 from __future__ import annotations

@@ -25,11 +25,11 @@ class FusedRMSNorm(nn.Module):
         super().__init__()
         self.weight = norm.weight
         self.eps = eps
-        self.shape = tuple(norm.weight.shape)
         self.__dict__["original"] = norm  # not a submodule: its weight is already registered here
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.rms_norm(x, self.shape, self._parameters["weight"], self.eps)
+        weight = self._parameters["weight"]
+        return torch.rms_norm(x, weight.shape, weight, self.eps)
 
     def to_original(self) -> nn.Module:
         """The layer this one replaced, holding this one's weight (which may have been replaced)."""
@@ -68,15 +68,19 @@ def _fusable(module: nn.Module) -> FusedRMSNorm | None:
     return fused
 
 
+def _fused(module: nn.Module) -> FusedRMSNorm | None:
+    return None if isinstance(module, FusedRMSNorm) else _fusable(module)
+
+
 def fuse_norms(model: nn.Module) -> int:
     """Swap the model's RMSNorm layers for ``FusedRMSNorm`` where bit-identical; returns how many."""
-    return swap_modules(model, lambda m: None if isinstance(m, FusedRMSNorm) else _fusable(m))
+    return swap_modules(model, _fused)
 
 
 @contextlib.contextmanager
 def fused_norms(model: nn.Module):
     """Fused norms inside the block and the model's own after it, for callers that borrow a model."""
-    with swapped_modules(model, lambda m: None if isinstance(m, FusedRMSNorm) else _fusable(m)):
+    with swapped_modules(model, _fused):
         yield model
 
 

@@ -159,9 +159,13 @@ def pack_linears(model: nn.Module, force: bool = False) -> int:
     return swap_modules(model, lambda m: PackedLinear(m) if _packable(m) else None)
 
 
+def _unpacked(module: nn.Module) -> nn.Linear | None:
+    return module.to_linear() if isinstance(module, PackedLinear) else None
+
+
 def unpack_linears(model: nn.Module) -> int:
     """Undo ``pack_linears``; returns how many layers went back to ``nn.Linear``."""
-    return swap_modules(model, lambda m: m.to_linear() if isinstance(m, PackedLinear) else None)
+    return swap_modules(model, _unpacked)
 
 
 @contextlib.contextmanager
@@ -189,5 +193,5 @@ def packed_linears(model: nn.Module, kept: dict[int, PackedLinear]):
 def stock_linears(model: nn.Module):
     """Plain ``nn.Linear`` layers inside the block (for baselines that must be stock), then the
     packed ones again."""
-    with swapped_modules(model, lambda m: m.to_linear() if isinstance(m, PackedLinear) else None):
+    with swapped_modules(model, _unpacked):
         yield model
