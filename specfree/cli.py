@@ -39,7 +39,7 @@ COMMANDS = {
     "compare": "one table over decode multirun folders and bench outputs: compare DIR...",
     "ceiling": "how fast a perfect copier could have been on a bench run's outputs: ceiling DIR",
     "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
-    "datastore": "build a retrieval datastore from text or JSONL files",
+    "datastore": "build a retrieval datastore from corpora or from the model's own answers",
 }
 EXAMPLES = """\
 examples:

@@ -1,10 +1,14 @@
 """Build a retrieval datastore: tokenize text/JSONL corpora, index them with a suffix array, save.
 
-Used by ``python -m specfree datastore build input=... out=...`` and by library users.
+Used by ``python -m specfree datastore build input=... out=...`` and by library users, and by
+``datastore answers``, which indexes the model's own greedy answers to a prompt set: a small
+model words different answers alike ("I hope this message finds you well"), so its past answers
+draft its next ones better than text written by others.
 """
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -104,37 +108,80 @@ def _tokenize(tokenizer, texts: list[str]) -> list[np.ndarray]:
     return [np.asarray(x, dtype=np.int32) for x in ids]
 
 
-USAGE = ("usage: python -m specfree datastore build input=FILE[,FILE...] out=PATH "
-         "[model=smollm2|PATH|HUB_ID] [fields=text,turns]")
+def answers_path(out: str | Path) -> Path:
+    """Where ``datastore answers`` keeps the answers behind the datastore ``out``."""
+    out = Path(out).expanduser()
+    return out.with_name(out.stem + ".answers.jsonl")
+
+
+def answer_prompts(engine, prompts: Sequence, answers: Path, max_new_tokens: int = 128, chat: bool = True,
+                   progress: Callable[[int, int], None] | None = None) -> int:
+    """Append the engine's greedy answer to each prompt's first turn to ``answers`` (JSONL rows
+    ``{"id", "text"}``), one row as each finishes; prompts answered there already are skipped,
+    so a stopped run resumes where it stopped. Returns the number of new answers."""
+    done = {str(row.get("id")) for _, row in read_jsonl(answers)} if answers.is_file() else set()
+    todo = [item for item in prompts if item.id not in done]
+    answers.parent.mkdir(parents=True, exist_ok=True)
+    with answers.open("a", encoding="utf-8") as out:
+        for k, item in enumerate(todo):
+            generation = engine.generate(item.turns[0], max_new_tokens, chat=chat)
+            out.write(json.dumps({"id": item.id, "text": generation.text}) + "\n")
+            out.flush()
+            if progress:
+                progress(k + 1, len(todo))
+    return len(todo)
+
+
+USAGES = {
+    "build": ("python -m specfree datastore build input=FILE[,FILE...] out=PATH [model=smollm2|PATH|HUB_ID] "
+              "[fields=text,turns]"),
+    "answers": ("python -m specfree datastore answers prompts=FILE out=PATH [model=smollm2|PATH|HUB_ID] "
+                "[max_new_tokens=128] [limit=N] [chat=true]"),
+}
+OPTIONS = {"build": ("input", "out", "model", "fields", "cache_dir"),
+           "answers": ("prompts", "out", "model", "max_new_tokens", "limit", "chat", "cache_dir")}
+
+
+def _options(args: Sequence[str]) -> tuple[str, dict[str, str]]:
+    if not args or args[0] not in OPTIONS:
+        raise ConfigError("usage: " + "\n   or: ".join(USAGES.values()))
+    command, options = args[0], {}
+    usage = f"usage: {USAGES[command]}"
+    for arg in args[1:]:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in OPTIONS[command]:
+            raise ConfigError(f"datastore {command}: unexpected argument {arg!r}; {usage}")
+        options[key] = value
+    needed = ("input" if command == "build" else "prompts", "out")
+    if not all(options.get(key) for key in needed):
+        raise ConfigError(f"datastore {command} needs {needed[0]}= and out=; {usage}")
+    return command, options
 
 
 def main(args: Sequence[str]) -> int:
-    """``python -m specfree datastore build input=... out=...``: build with a progress bar."""
+    """``python -m specfree datastore build|answers ...``: build with a progress bar."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specfree.adapters.loading import load_tokenizer
 
-    if not args or args[0] != "build":
-        raise ConfigError(USAGE)
-    options: dict[str, str] = {}
-    for arg in args[1:]:
-        key, eq, value = arg.partition("=")
-        if not eq or key not in ("input", "out", "model", "fields", "cache_dir"):
-            raise ConfigError(f"datastore build: unexpected argument {arg!r}; {USAGE}")
-        options[key] = value
-    if not options.get("input") or not options.get("out"):
-        raise ConfigError(f"datastore build needs input= and out=; {USAGE}")
-    inputs = [p for p in options["input"].strip("[]").split(",") if p]
-    missing = [p for p in inputs if not Path(p).expanduser().is_file()]
-    if missing:  # before the tokenizer loads (seconds) and the progress bar starts
-        raise ConfigError(f"datastore input not found: {missing[0]}")
-    fields = [f for f in options.get("fields", "").strip("[]").split(",") if f] or None
-    tokenizer = load_tokenizer(options.get("model", "smollm2"), cache_dir=options.get("cache_dir"))
+    command, options = _options(args)
     console = Console(stderr=True)
-    # Only on a terminal: piped or logged, the bar's last frame would sit above any error line.
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
-                  disable=not console.is_terminal) as bar:
+
+    def progress_bar(*columns):  # only on a terminal: logged, the last frame would sit above errors
+        return Progress(TextColumn("{task.description}"), BarColumn(), *columns, TimeElapsedColumn(),
+                        console=console, disable=not console.is_terminal)
+
+    if command == "build":
+        inputs = [p for p in options["input"].strip("[]").split(",") if p]
+        missing = [p for p in inputs if not Path(p).expanduser().is_file()]
+        if missing:  # before the tokenizer loads (seconds) and the progress bar starts
+            raise ConfigError(f"datastore input not found: {missing[0]}")
+        fields = [f for f in options.get("fields", "").strip("[]").split(",") if f] or None
+    else:
+        inputs, fields = [_answer(options, console, progress_bar)], ["text"]
+    tokenizer = load_tokenizer(options.get("model", "smollm2"), cache_dir=options.get("cache_dir"))
+    with progress_bar() as bar:
         task = bar.add_task("reading", total=1.0)
         stats = build_datastore(inputs, tokenizer, options["out"], fields,
                                 progress=lambda stage, f: bar.update(task, description=stage, completed=f))
@@ -142,3 +189,37 @@ def main(args: Sequence[str]) -> int:
                   f"{stats.file_bytes / 2**20:.1f} MiB; tokenize {stats.tokenize_s:.1f} s, "
                   f"index {stats.index_s:.1f} s, peak RSS {stats.peak_rss_mb:.0f} MB")
     return 0
+
+
+def _answer(options: dict[str, str], console, progress_bar) -> Path:
+    """``datastore answers``: the model answers the prompts it has not answered yet; the answers file."""
+    from rich.progress import MofNCompleteColumn
+
+    from specfree.bench.prompts import load_prompts
+    from specfree.engine import Engine
+
+    def whole(key: str, default: int | None) -> int | None:
+        value = options.get(key)
+        if value is None:
+            return default
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(f"datastore answers: {key} must be a whole number of at least 1, got {value!r}")
+        return int(value)
+
+    limit, max_new = whole("limit", None), whole("max_new_tokens", 128)
+    chat = options.get("chat", "true").lower()
+    if chat not in ("true", "false"):
+        raise ConfigError(f"datastore answers: chat must be true or false, got {options['chat']!r}")
+    # Rows may hold a chat's "turns" or one "prompt"; the first turn is answered.
+    prompts = load_prompts(Path(options["prompts"]).expanduser(), format="jsonl",
+                           fields={"turns": "turns", "prompt": "prompt"}, limit=limit)
+    answers = answers_path(options["out"])
+    # Prompt lookup: its greedy output is plain greedy decoding's, token for token, only sooner.
+    engine = Engine.from_pretrained(options.get("model", "smollm2"), "prompt_lookup",
+                                    cache_dir=options.get("cache_dir"))
+    with progress_bar(MofNCompleteColumn()) as bar:
+        task = bar.add_task("answering", total=None)
+        new = answer_prompts(engine, prompts, answers, max_new, chat == "true",
+                             progress=lambda k, n: bar.update(task, completed=k, total=n))
+    console.print(f"{answers}: {new} new answers, {len(prompts) - new} kept from an earlier run")
+    return answers

@@ -59,3 +59,21 @@ def test_prompt_lookup_needs_fewer_forwards_than_tokens_on_a_summary(smollm2):
     assert result.forwards < len(result.tokens)
     assert any(flag for chunk in chunks for flag in chunk.from_draft)
     assert "".join(c.text for c in chunks) == result.text  # streamed text adds up to the result
+
+
+def test_a_datastore_of_the_models_own_answers_drafts_its_next_answers(smollm2, tmp_path):
+    from specfree.datastore import main as datastore_main
+
+    model, tokenizer = smollm2
+    question = "Write a short thank-you note to a colleague."
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"turns": ["%s"]}\n{"prompt": "Name three colours."}\n' % question)
+    out = tmp_path / "self.sfds"
+    assert datastore_main(["answers", f"prompts={prompts}", f"out={out}", "max_new_tokens=24"]) == 0
+    assert len((tmp_path / "self.answers.jsonl").read_text().splitlines()) == 2
+    messages = [{"role": "user", "content": question}]
+    engine = Engine.from_model(model, tokenizer, "hybrid", drafters=["prompt_lookup", "retrieval"], datastore=str(out))
+    result = engine.generate(messages, max_new_tokens=24)
+    assert result.tokens == plain_greedy(model, tokenizer, messages, 24)
+    # The answer is in the datastore now, so retrieval drafts most of it again.
+    assert sum(step.sources.get("retrieval", 0) for step in result.steps) >= 8

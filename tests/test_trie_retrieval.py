@@ -9,7 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfree import ConfigError, Engine
-from specfree.datastore import build_datastore
+from specfree.bench.prompts import PromptItem
+from specfree.datastore import answer_prompts, answers_path, build_datastore
+from specfree.datastore import main as datastore_main
 from specfree.pools import PoolFileError
 from tests.test_lossless import prompts
 from tests.tiny_models import FAMILIES, reference_greedy, tiny_model, tiny_tokenizer
@@ -107,3 +109,32 @@ def test_retrieval_errors(datastore, tmp_path):
     # Checked before the tokenizer loads: a missing input fails at once.
     with pytest.raises(ConfigError, match=f"^datastore input not found: {tmp_path / 'nope.jsonl'}$"):
         datastore_command(["build", f"input={bad},{tmp_path / 'nope.jsonl'}", f"out={tmp_path / 'y.sfds'}"])
+
+
+def test_the_models_own_answers_are_kept_and_a_stopped_run_resumes(tmp_path):
+    model, tokenizer = tiny_model("llama"), tiny_tokenizer()
+    engine = Engine.from_model(model, tokenizer, "prompt_lookup")
+    prompts = [PromptItem(id=str(k), category="all", turns=[text, "a second turn is not answered"])
+               for k, text in enumerate(["the cat sat", "the sun is hot", "one two three"])]
+    answers = answers_path(tmp_path / "self.sfds")
+    assert answers.name == "self.answers.jsonl"
+    assert answer_prompts(engine, prompts[:2], answers, 12, chat=False) == 2
+    assert answer_prompts(engine, prompts, answers, 12, chat=False) == 1  # only the unanswered one
+    rows = [json.loads(line) for line in answers.read_text().splitlines()]
+    assert [row["id"] for row in rows] == ["0", "1", "2"]
+    for row, item in zip(rows, prompts):
+        plain = Engine.from_model(model, tokenizer, "autoregressive").generate(item.turns[0], 12, chat=False)
+        assert row["text"] == plain.text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["answers", "prompts=p.jsonl"], "datastore answers needs prompts= and out="),
+    (["answers", "prompts=p.jsonl", "out=s.sfds", "limit=0"], "limit must be a whole number of at least 1"),
+    (["answers", "prompts=p.jsonl", "out=s.sfds", "max_new_tokens=many"], "max_new_tokens must be a whole number"),
+    (["answers", "prompts=p.jsonl", "out=s.sfds", "chat=maybe"], "chat must be true or false"),
+    (["answers", "input=p.jsonl", "out=s.sfds"], "datastore answers: unexpected argument 'input=p.jsonl'"),
+    (["rebuild"], "usage: python -m specfree datastore build"),
+])
+def test_datastore_command_errors_name_the_fix(args, message):
+    with pytest.raises(ConfigError, match=message):
+        datastore_main(args)
