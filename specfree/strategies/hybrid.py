@@ -77,11 +77,15 @@ class Hybrid(Strategy):
         for drafter in self.drafters:
             proposal = drafter.propose(context, max_depth)
             labels = proposal.labels or [None] * len(proposal.candidates)
+            learned: dict[tuple[str | None, int], float] = {}  # this drafter's rates, looked up once a step
             for candidate, label in zip(proposal.candidates, labels):
                 self._proposed.append((drafter.name, label, candidate))
-                for depth in range(1, len(candidate) + 1):
-                    prefix = tuple(candidate[:depth])
-                    r = self.acceptance.rate(drafter.name, label, depth)
+                prefix: tuple[int, ...] = ()
+                for depth, token in enumerate(candidate, 1):
+                    prefix += (token,)
+                    r = learned.get((label, depth))
+                    if r is None:
+                        r = learned[label, depth] = self.acceptance.rate(drafter.name, label, depth)
                     if r > rate.get(prefix, (0.0,))[0]:
                         rate[prefix] = (r, drafter.name, label)
         if not rate:
