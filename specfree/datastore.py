@@ -115,17 +115,25 @@ def answers_path(out: str | Path) -> Path:
 
 
 def answer_prompts(engine, prompts: Sequence, answers: Path, max_new_tokens: int = 128, chat: bool = True,
-                   progress: Callable[[int, int], None] | None = None) -> int:
+                   setup: dict | None = None, progress: Callable[[int, int], None] | None = None) -> int:
     """Append the engine's greedy answer to each prompt's first turn to ``answers`` (JSONL rows
-    ``{"id", "text"}``), one row as each finishes; prompts answered there already are skipped,
-    so a stopped run resumes where it stopped. Returns the number of new answers."""
-    done = {str(row.get("id")) for _, row in read_jsonl(answers)} if answers.is_file() else set()
+    ``{"id", "text", "setup"}``), one row as each finishes; prompts answered there already are
+    skipped, so a stopped run resumes where it stopped. ``setup`` names what made the answers
+    (model, length, chat): a file holding another setup's answers is an error, not silently
+    extended. Returns the number of new answers."""
+    setup = {**(setup or {}), "max_new_tokens": max_new_tokens, "chat": chat}
+    done = set()
+    for number, row in read_jsonl(answers) if answers.is_file() else ():
+        if row.get("setup") != setup:
+            raise ConfigError(f"{answers}:{number} holds answers made with {row.get('setup')}, not {setup}; "
+                              f"delete the file or choose another out=")
+        done.add(str(row.get("id")))
     todo = [item for item in prompts if item.id not in done]
     answers.parent.mkdir(parents=True, exist_ok=True)
     with answers.open("a", encoding="utf-8") as out:
         for k, item in enumerate(todo):
             generation = engine.generate(item.turns[0], max_new_tokens, chat=chat)
-            out.write(json.dumps({"id": item.id, "text": generation.text}) + "\n")
+            out.write(json.dumps({"id": item.id, "text": generation.text, "setup": setup}) + "\n")
             out.flush()
             if progress:
                 progress(k + 1, len(todo))
@@ -210,16 +218,18 @@ def _answer(options: dict[str, str], console, progress_bar) -> Path:
     chat = options.get("chat", "true").lower()
     if chat not in ("true", "false"):
         raise ConfigError(f"datastore answers: chat must be true or false, got {options['chat']!r}")
+    path = Path(options["prompts"]).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"datastore answers: prompt file not found: {path}")
     # Rows may hold a chat's "turns" or one "prompt"; the first turn is answered.
-    prompts = load_prompts(Path(options["prompts"]).expanduser(), format="jsonl",
-                           fields={"turns": "turns", "prompt": "prompt"}, limit=limit)
+    prompts = load_prompts(path, format="jsonl", fields={"turns": "turns", "prompt": "prompt"}, limit=limit)
     answers = answers_path(options["out"])
+    model = options.get("model", "smollm2")
     # Prompt lookup: its greedy output is plain greedy decoding's, token for token, only sooner.
-    engine = Engine.from_pretrained(options.get("model", "smollm2"), "prompt_lookup",
-                                    cache_dir=options.get("cache_dir"))
+    engine = Engine.from_pretrained(model, "prompt_lookup", cache_dir=options.get("cache_dir"))
     with progress_bar(MofNCompleteColumn()) as bar:
         task = bar.add_task("answering", total=None)
-        new = answer_prompts(engine, prompts, answers, max_new, chat == "true",
+        new = answer_prompts(engine, prompts, answers, max_new, chat == "true", setup={"model": model},
                              progress=lambda k, n: bar.update(task, completed=k, total=n))
     console.print(f"{answers}: {new} new answers, {len(prompts) - new} kept from an earlier run")
     return answers

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from specfree import ConfigError, Engine
 from specfree.bench.prompts import PromptItem
 from specfree.datastore import answer_prompts, answers_path, build_datastore
-from specfree.datastore import main as datastore_main
+from specfree.datastore import main as datastore_command
 from specfree.pools import PoolFileError
 from tests.test_lossless import prompts
 from tests.tiny_models import FAMILIES, reference_greedy, tiny_model, tiny_tokenizer
@@ -104,8 +104,6 @@ def test_retrieval_errors(datastore, tmp_path):
     bad.write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(ConfigError, match="bad.jsonl:2: not valid JSON"):
         build_datastore([bad], datastore[1], tmp_path / "x.sfds")
-    from specfree.datastore import main as datastore_command
-
     # Checked before the tokenizer loads: a missing input fails at once.
     with pytest.raises(ConfigError, match=f"^datastore input not found: {tmp_path / 'nope.jsonl'}$"):
         datastore_command(["build", f"input={bad},{tmp_path / 'nope.jsonl'}", f"out={tmp_path / 'y.sfds'}"])
@@ -118,13 +116,17 @@ def test_the_models_own_answers_are_kept_and_a_stopped_run_resumes(tmp_path):
                for k, text in enumerate(["the cat sat", "the sun is hot", "one two three"])]
     answers = answers_path(tmp_path / "self.sfds")
     assert answers.name == "self.answers.jsonl"
-    assert answer_prompts(engine, prompts[:2], answers, 12, chat=False) == 2
-    assert answer_prompts(engine, prompts, answers, 12, chat=False) == 1  # only the unanswered one
+    setup = {"model": "tiny llama"}
+    assert answer_prompts(engine, prompts[:2], answers, 12, chat=False, setup=setup) == 2
+    assert answer_prompts(engine, prompts, answers, 12, chat=False, setup=setup) == 1  # only the new one
     rows = [json.loads(line) for line in answers.read_text().splitlines()]
     assert [row["id"] for row in rows] == ["0", "1", "2"]
     for row, item in zip(rows, prompts):
         plain = Engine.from_model(model, tokenizer, "autoregressive").generate(item.turns[0], 12, chat=False)
         assert row["text"] == plain.text
+    # Answers of another length (or model, or template) are not mixed in: the file is named, with the fix.
+    with pytest.raises(ConfigError, match="self.answers.jsonl:1 holds answers made with .*delete the file"):
+        answer_prompts(engine, prompts, answers, 20, chat=False, setup=setup)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -133,8 +135,9 @@ def test_the_models_own_answers_are_kept_and_a_stopped_run_resumes(tmp_path):
     (["answers", "prompts=p.jsonl", "out=s.sfds", "max_new_tokens=many"], "max_new_tokens must be a whole number"),
     (["answers", "prompts=p.jsonl", "out=s.sfds", "chat=maybe"], "chat must be true or false"),
     (["answers", "input=p.jsonl", "out=s.sfds"], "datastore answers: unexpected argument 'input=p.jsonl'"),
+    (["answers", "prompts=/no/such.jsonl", "out=s.sfds"], "datastore answers: prompt file not found: /no/such.jsonl"),
     (["rebuild"], "usage: python -m specfree datastore build"),
 ])
 def test_datastore_command_errors_name_the_fix(args, message):
     with pytest.raises(ConfigError, match=message):
-        datastore_main(args)
+        datastore_command(args)
