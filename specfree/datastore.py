@@ -186,9 +186,10 @@ def main(args: Sequence[str]) -> int:
         if missing:  # before the tokenizer loads (seconds) and the progress bar starts
             raise ConfigError(f"datastore input not found: {missing[0]}")
         fields = [f for f in options.get("fields", "").strip("[]").split(",") if f] or None
-    else:
-        inputs, fields = [_answer(options, console, progress_bar)], ["text"]
-    tokenizer = load_tokenizer(options.get("model", "smollm2"), cache_dir=options.get("cache_dir"))
+        tokenizer = load_tokenizer(options.get("model", "smollm2"), cache_dir=options.get("cache_dir"))
+    else:  # the answering engine's tokenizer indexes the answers
+        answers, tokenizer = _answer(options, console, progress_bar)
+        inputs, fields = [answers], ["text"]
     with progress_bar() as bar:
         task = bar.add_task("reading", total=1.0)
         stats = build_datastore(inputs, tokenizer, options["out"], fields,
@@ -199,8 +200,9 @@ def main(args: Sequence[str]) -> int:
     return 0
 
 
-def _answer(options: dict[str, str], console, progress_bar) -> Path:
-    """``datastore answers``: the model answers the prompts it has not answered yet; the answers file."""
+def _answer(options: dict[str, str], console, progress_bar):
+    """``datastore answers``: the model answers the prompts it has not answered yet; the answers
+    file and the model's tokenizer."""
     from rich.progress import MofNCompleteColumn
 
     from specfree.bench.prompts import load_prompts
@@ -232,4 +234,4 @@ def _answer(options: dict[str, str], console, progress_bar) -> Path:
         new = answer_prompts(engine, prompts, answers, max_new, chat == "true", setup={"model": model},
                              progress=lambda k, n: bar.update(task, completed=k, total=n))
     console.print(f"{answers}: {new} new answers, {len(prompts) - new} kept from an earlier run")
-    return answers
+    return answers, engine.tokenizer
