@@ -31,6 +31,7 @@ import inspect
 import numpy as np
 
 from specfree.errors import ConfigError, check_int
+from specfree.logits import greedy_ids
 from specfree.masks.jacobi import max_offset, window_block
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import AuxBlock, Proposal
@@ -151,7 +152,7 @@ class Lookahead(Strategy):
             levels, columns = self.grid.shape
             block = window_block(columns, levels)
             rows = len(block)
-            newest = np.asarray(outcome.aux_logits[-block.top :].argmax(-1).tolist(), dtype=np.int64)
+            newest = np.asarray(greedy_ids(outcome.aux_logits[-block.top :]), dtype=np.int64)
             self.grid[0, 0] = root
             self._advance(newest, lead)
         self._last = {"window": float(rows), "levels": float(self.grid.shape[0]),

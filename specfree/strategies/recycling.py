@@ -9,9 +9,9 @@ Nothing is trained and the table costs V x k ints.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from specfree.errors import ConfigError, check_int
+from specfree.logits import top_ids
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal
 
@@ -54,7 +54,7 @@ class TokenRecycling(Strategy):
     def observe(self, outcome: Outcome) -> None:
         if outcome.tree_logits is None:
             return
-        top = torch.topk(outcome.tree_logits, self.successors, dim=-1).indices.cpu().numpy()  # [T, k]
+        top = top_ids(outcome.tree_logits, self.successors).cpu().numpy()  # [T, k]
         tokens = np.asarray(outcome.tree.tokens)
         self.known += int(np.unique(tokens[self.table[tokens, 0] < 0]).size)
         # Later rows overwrite earlier ones for the same token: the deepest context wins.

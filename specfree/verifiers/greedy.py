@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList
 
+from specfree.logits import greedy_ids
 from specfree.tree import DraftTree
 from specfree.types import Verdict
 
@@ -20,7 +21,7 @@ class GreedyVerifier:
     def verify(self, logits: torch.Tensor, tree: DraftTree, context: torch.Tensor) -> Verdict:
         """logits: [T, V] for the tree rows; context: [L] committed ids ending with the root."""
         if not self.processors:
-            preds = logits.argmax(-1).tolist()  # one op for the whole tree
+            preds = greedy_ids(logits)  # one pass over the whole tree
             pick = lambda node, prefix: preds[node]  # noqa: E731
         else:
             context = context.to(logits.device)  # processors index the scores with these ids
