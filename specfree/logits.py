@@ -19,7 +19,7 @@ def greedy_ids(logits: torch.Tensor) -> list[int]:
     (both take the first maximal entry, and both treat NaN as the maximum)."""
     if logits.device.type != "cpu":
         return logits.argmax(-1).tolist()
-    return logits.float().numpy().argmax(-1).tolist()  # .float() is a no-op on fp32, exact on fp16/bf16
+    return logits.detach().float().numpy().argmax(-1).tolist()  # .float(): no-op on fp32, exact on fp16/bf16
 
 
 def top_ids(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -29,6 +29,11 @@ def test_greedy_ids_takes_half_precision(dtype):
     assert greedy_ids(logits)[0] == 7
 
 
+def test_greedy_ids_takes_logits_that_carry_grad():
+    logits = torch.randn(2, 300, requires_grad=True)  # a caller's own forward, outside inference mode
+    assert greedy_ids(logits) == logits.argmax(-1).tolist()
+
+
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 9), vocab=st.sampled_from([97, 4 * 8 * BLOCK, 4 * 8 * BLOCK + 1, 49152, 50257]),
        k=st.integers(1, 8), seed=st.integers(0, 2**16), levels=st.sampled_from([0, 5]))
