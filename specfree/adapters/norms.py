@@ -46,13 +46,13 @@ def _epsilon(norm: nn.Module) -> float | None:
 
 
 @torch.inference_mode()
-def _fusable(module: nn.Module) -> FusedRMSNorm | None:
-    """The fused twin of ``module`` if it is an fp32 CPU RMSNorm whose outputs it matches bit for
-    bit on random probes, else None."""
+def _fused(module: nn.Module) -> FusedRMSNorm | None:
+    """The fused twin of ``module`` if it is an fp32 CPU RMSNorm, not fused yet, whose outputs the
+    twin matches bit for bit on random probes, else None."""
     weight = getattr(module, "weight", None)
     eps = _epsilon(module)
-    if (not type(module).__name__.endswith("RMSNorm") or not isinstance(weight, nn.Parameter) or eps is None
-            or weight.dim() != 1 or weight.device.type != "cpu" or weight.dtype != torch.float32
+    if (isinstance(module, FusedRMSNorm) or not type(module).__name__.endswith("RMSNorm")
+            or not isinstance(weight, nn.Parameter) or eps is None or weight.dim() != 1 or weight.device.type != "cpu" or weight.dtype != torch.float32
             or len(module._parameters) != 1 or any(True for _ in module.children())
             or module._forward_hooks or module._forward_pre_hooks):
         return None
@@ -66,10 +66,6 @@ def _fusable(module: nn.Module) -> FusedRMSNorm | None:
         except (RuntimeError, TypeError):  # a norm with other arguments or shapes
             return None
     return fused
-
-
-def _fused(module: nn.Module) -> FusedRMSNorm | None:
-    return None if isinstance(module, FusedRMSNorm) else _fusable(module)
 
 
 def fuse_norms(model: nn.Module) -> int:
