@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 DIVERGED = 1  # verify_against_baseline found a token where plain decoding differs
 USAGE_ERROR = 2
 INTERRUPTED = 130
-BASELINE = "autoregressive"
 COMMANDS = {
     "decode": "generate from one prompt, streamed; tokens from accepted drafts are marked",
     "bench": "benchmark strategies over a prompt file (bench=spec_bench or bench=custom)",
@@ -387,72 +386,10 @@ def _original_path(value: str) -> Path:
 
 # ---- compare ------------------------------------------------------------------------------
 def compare(args: list[str], console: Console | None = None) -> int:
-    """One table over decode results (each job's ``result.json``); bench outputs go to the bench module."""
+    """One table over decode results (each job's ``result.json``) and one over bench outputs."""
     if not args or any(a.startswith("-") for a in args):
         raise ConfigError("usage: python -m specfree compare DIR_OR_FILE... (multirun or bench output folders)")
-    # Piped output keeps whole rows rather than wrapping them at 80 columns.
-    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    decode_files, other = [], []
-    for arg in args:
-        path = Path(arg).expanduser()
-        if not path.exists():
-            raise ConfigError(f"compare: {path} does not exist")
-        for f in [path] if path.is_file() else sorted(path.rglob("*.json"), key=_natural):
-            (decode_files if f.name == "result.json" else other).append(f)
-    bench_files = [f for f in other if f.name == "bench.json"]
-    if not decode_files and not bench_files:
-        raise ConfigError(f"compare: no result.json (decode) or bench.json (bench) under {' '.join(args)}")
-    if bench_files:
-        _delegate("specfree.bench.compare", "compare", "compare for bench outputs")(
-            [str(f) for f in bench_files], console=console)
-    if decode_files:
-        console.print(decode_table([_load(f) for f in decode_files]))
-    return 0
-
-
-def decode_table(runs: list[tuple[Path, dict]]) -> Table:
-    """Each run against the autoregressive run with the same config apart from the strategy."""
-    baselines: dict[str, dict] = {}
-    for _, res in runs:
-        if res["strategy"]["name"] == BASELINE:
-            baselines.setdefault(_comparable(res), res)
-    shared = set.intersection(*(set(res.get("overrides") or []) for _, res in runs))
-    table = Table("run", "model", "strategy", "tokens", "tok/s", "speedup", "tokens/step", "identical",
-                  title="decode runs: speedup is tokens/s over the autoregressive run with the same settings")
-    for path, res in runs:
-        s, base = res["summary"], baselines.get(_comparable(res))
-        speedup = identical = "–"
-        if base is not None:
-            if base["summary"]["tokens_per_s"] > 0:
-                speedup = f"{s['tokens_per_s'] / base['summary']['tokens_per_s']:.2f}x"
-            identical = "yes" if res["tokens"] == base["tokens"] else "NO"
-        # The overrides that tell this run from the others (the swept ones), else its job folder.
-        swept = [o for o in res.get("overrides") or [] if o not in shared and not o.startswith("strategy=")]
-        label = " ".join(swept) or path.parent.name
-        table.add_row(label, str(res["model"]), res["strategy"]["name"], str(s["new_tokens"]),
-                      f"{s['tokens_per_s']:.1f}", speedup, f"{s['mean_accepted']:.2f}", identical)
-    return table
-
-
-def _comparable(res: dict) -> str:
-    """The settings two runs must share for one to be the other's baseline."""
-    cfg = {k: v for k, v in res.get("config", {}).items() if k not in ("strategy", "pool", "output", "threads")}
-    return json.dumps([cfg, res.get("prompt")], sort_keys=True, default=str)
-
-
-def _load(path: Path) -> tuple[Path, dict]:
-    try:
-        res = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not a readable JSON file: {exc}") from None
-    if not isinstance(res, dict) or res.get("kind") != "decode":
-        raise ConfigError(f"{path} is not a decode result (written by python -m specfree decode)")
-    return path, res
-
-
-def _natural(path: Path):
-    """Multirun job folders in numeric order: 0, 1, 2, ..., 10."""
-    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.parts]
+    return _delegate("specfree.bench.compare", "compare", "compare")(args, console=console)
 
 
 # ---- plugins ------------------------------------------------------------------------------

@@ -298,3 +298,14 @@ def test_decode_with_smollm2_end_to_end(tmp_path):
     result = json.loads(next(tmp_path.glob("outputs/*/*/result.json")).read_text())
     assert result["text"].strip() and result["text"] in done.stdout
     assert result["prompt_tokens"] > 20  # the chat template wrapped the 8-token question
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("notes.json", '{"kind": "something else"}', "is neither a bench records file nor a decode result"),
+    ("result.json", "{not json", "is not a readable JSON file: "),
+])
+def test_compare_names_a_file_it_cannot_read(capsys, tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    assert cli.main(["compare", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / name} {message}") and err.count("\n") == 1

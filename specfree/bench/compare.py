@@ -3,7 +3,7 @@
 A path may be a ``bench.json``/``result.json`` file or any folder: folders (a bench ``-m`` sweep
 too) are searched for both. Bench runs keep their own same-run speedups; with several runs each
 system is labelled by the overrides that tell its run apart. Decode results (``result.json`` from ``specfree
-decode``) are shown with the decode command's own table (``specfree.cli.decode_table``).
+decode``) get their own table, each run against the autoregressive run with the same settings.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
@@ -74,9 +75,7 @@ def compare(paths: Sequence[str], out: str | None = None, markdown: bool = False
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / "compare.md").write_text(text, encoding="utf-8")
             write_plots(rows, systems, out)
-    if decode_files:  # decode results have one table: the decode command's own
-        from specfree.cli import decode_table
-
+    if decode_files:
         console.print(decode_table(decode_results(decode_files)))
     return 0
 
@@ -107,12 +106,42 @@ def decode_results(files: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
     for f in files:
         try:
             doc = json.loads(f.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{f} is not valid JSON: {exc}") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{f} is not a readable JSON file: {exc}") from None
         if not isinstance(doc, dict) or doc.get("kind") != "decode":
             raise ConfigError(f"{f} is neither a bench records file nor a decode result")
         runs.append((f, doc))
     return runs
+
+
+def decode_table(runs: list[tuple[Path, dict]]) -> Table:
+    """Each run against the autoregressive run with the same config apart from the strategy."""
+    baselines: dict[str, dict] = {}
+    for _, res in runs:
+        if res["strategy"]["name"] == BASELINE:
+            baselines.setdefault(_comparable(res), res)
+    shared = set.intersection(*(set(res.get("overrides") or []) for _, res in runs))
+    table = Table("run", "model", "strategy", "tokens", "tok/s", "speedup", "tokens/step", "identical",
+                  title="decode runs: speedup is tokens/s over the autoregressive run with the same settings")
+    for path, res in runs:
+        s, base = res["summary"], baselines.get(_comparable(res))
+        speedup = identical = "–"
+        if base is not None:
+            if base["summary"]["tokens_per_s"] > 0:
+                speedup = f"{s['tokens_per_s'] / base['summary']['tokens_per_s']:.2f}x"
+            identical = "yes" if res["tokens"] == base["tokens"] else "NO"
+        # The overrides that tell this run from the others (the swept ones), else its job folder.
+        swept = [o for o in res.get("overrides") or [] if o not in shared and not o.startswith("strategy=")]
+        label = " ".join(swept) or path.parent.name
+        table.add_row(label, str(res["model"]), res["strategy"]["name"], str(s["new_tokens"]),
+                      f"{s['tokens_per_s']:.1f}", speedup, f"{s['mean_accepted']:.2f}", identical)
+    return table
+
+
+def _comparable(res: dict) -> str:
+    """The settings two runs must share for one to be the other's baseline."""
+    cfg = {k: v for k, v in res.get("config", {}).items() if k not in ("strategy", "pool", "output", "threads")}
+    return json.dumps([cfg, res.get("prompt")], sort_keys=True, default=str)
 
 
 def _natural(path: Path):
