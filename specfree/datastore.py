@@ -121,13 +121,8 @@ def answer_prompts(engine, prompts: Sequence, answers: Path, max_new_tokens: int
     skipped, so a stopped run resumes where it stopped. ``setup`` names what made the answers
     (model, length, chat): a file holding another setup's answers is an error, not silently
     extended. Returns the number of new answers."""
-    setup = {**(setup or {}), "max_new_tokens": max_new_tokens, "chat": chat}
-    done = set()
-    for number, row in read_jsonl(answers) if answers.is_file() else ():
-        if row.get("setup") != setup:
-            raise ConfigError(f"{answers}:{number} holds answers made with {row.get('setup')}, not {setup}; "
-                              f"delete the file or choose another out=")
-        done.add(str(row.get("id")))
+    setup = answers_setup(setup, max_new_tokens, chat)
+    done = answered(answers, setup)
     todo = [item for item in prompts if item.id not in done]
     answers.parent.mkdir(parents=True, exist_ok=True)
     with answers.open("a", encoding="utf-8") as out:
@@ -138,6 +133,23 @@ def answer_prompts(engine, prompts: Sequence, answers: Path, max_new_tokens: int
             if progress:
                 progress(k + 1, len(todo))
     return len(todo)
+
+
+def answers_setup(setup: dict | None, max_new_tokens: int, chat: bool) -> dict:
+    """What each answer row records about how it was made."""
+    return {**(setup or {}), "max_new_tokens": max_new_tokens, "chat": chat}
+
+
+def answered(answers: Path, setup: dict) -> set[str]:
+    """Ids of the prompts ``answers`` already answers; an error naming the file if a row was made
+    with another ``setup``."""
+    done = set()
+    for number, row in read_jsonl(answers) if answers.is_file() else ():
+        if row.get("setup") != setup:
+            raise ConfigError(f"{answers}:{number} holds answers made with {row.get('setup')}, not {setup}; "
+                              f"delete the file or choose another out=")
+        done.add(str(row.get("id")))
+    return done
 
 
 USAGES = {
@@ -205,6 +217,7 @@ def _answer(options: dict[str, str], console, progress_bar):
     file and the model's tokenizer."""
     from rich.progress import MofNCompleteColumn
 
+    from specfree.adapters.loading import load_tokenizer
     from specfree.bench.prompts import load_prompts
     from specfree.engine import Engine
 
@@ -226,9 +239,15 @@ def _answer(options: dict[str, str], console, progress_bar):
     # Rows may hold a chat's "turns" or one "prompt"; the first turn is answered.
     prompts = load_prompts(path, format="jsonl", fields={"turns": "turns", "prompt": "prompt"}, limit=limit)
     answers = answers_path(options["out"])
-    model = options.get("model", "smollm2")
+    model, cache_dir = options.get("model", "smollm2"), options.get("cache_dir")
+    # Checked before the model loads: answers of another setup are refused at once, and with
+    # nothing left to answer only the tokenizer is needed.
+    done = answered(answers, answers_setup({"model": model}, max_new, chat == "true"))
+    if all(item.id in done for item in prompts):
+        console.print(f"{answers}: no new answers, {len(prompts)} kept from an earlier run")
+        return answers, load_tokenizer(model, cache_dir=cache_dir)
     # Prompt lookup: its greedy output is plain greedy decoding's, token for token, only sooner.
-    engine = Engine.from_pretrained(model, "prompt_lookup", cache_dir=options.get("cache_dir"))
+    engine = Engine.from_pretrained(model, "prompt_lookup", cache_dir=cache_dir)
     with progress_bar(MofNCompleteColumn()) as bar:
         task = bar.add_task("answering", total=None)
         new = answer_prompts(engine, prompts, answers, max_new, chat == "true", setup={"model": model},

@@ -129,6 +129,25 @@ def test_the_models_own_answers_are_kept_and_a_stopped_run_resumes(tmp_path):
         answer_prompts(engine, prompts, answers, 20, chat=False, setup=setup)
 
 
+def test_answers_checks_the_answers_file_before_the_model_loads(tmp_path):
+    # The folder holds only a tokenizer: loading a model from it would fail, so passing here shows
+    # that a foreign answers file is refused, and an answered prompt file indexed, without the model.
+    folder = tmp_path / "tokenizer-only"
+    tiny_tokenizer().save_pretrained(folder)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "0", "prompt": "the cat sat"}) + "\n")
+    out = tmp_path / "self.sfds"
+    args = ["answers", f"prompts={prompts}", f"out={out}", f"model={folder}", "max_new_tokens=4", "chat=false"]
+    row = {"id": "0", "text": "on the mat", "setup": {"model": str(folder), "max_new_tokens": 8, "chat": False}}
+    answers_path(out).write_text(json.dumps(row) + "\n")
+    with pytest.raises(ConfigError, match="self.answers.jsonl:1 holds answers made with .*max_new_tokens': 8"):
+        datastore_command(args)
+    row["setup"]["max_new_tokens"] = 4
+    answers_path(out).write_text(json.dumps(row) + "\n")
+    assert datastore_command(args) == 0
+    assert out.is_file()
+
+
 @pytest.mark.parametrize("args, message", [
     (["answers", "prompts=p.jsonl"], "datastore answers needs prompts= and out="),
     (["answers", "prompts=p.jsonl", "out=s.sfds", "limit=0"], "limit must be a whole number of at least 1"),
