@@ -122,16 +122,8 @@ def answer_prompts(engine, prompts: Sequence, answers: Path, max_new_tokens: int
     (model, length, chat): a file holding another setup's answers is an error, not silently
     extended. Returns the number of new answers."""
     setup = answers_setup(setup, max_new_tokens, chat)
-    done = answered(answers, setup)
-    todo = [item for item in prompts if item.id not in done]
-    answers.parent.mkdir(parents=True, exist_ok=True)
-    with answers.open("a", encoding="utf-8") as out:
-        for k, item in enumerate(todo):
-            generation = engine.generate(item.turns[0], max_new_tokens, chat=chat)
-            out.write(json.dumps({"id": item.id, "text": generation.text, "setup": setup}) + "\n")
-            out.flush()
-            if progress:
-                progress(k + 1, len(todo))
+    todo = unanswered(prompts, answers, setup)
+    _append_answers(engine, todo, answers, setup, progress)
     return len(todo)
 
 
@@ -140,8 +132,8 @@ def answers_setup(setup: dict | None, max_new_tokens: int, chat: bool) -> dict:
     return {**(setup or {}), "max_new_tokens": max_new_tokens, "chat": chat}
 
 
-def answered(answers: Path, setup: dict) -> set[str]:
-    """Ids of the prompts ``answers`` already answers; an error naming the file if a row was made
+def unanswered(prompts: Sequence, answers: Path, setup: dict) -> list:
+    """The prompts ``answers`` does not answer yet; an error naming the file if a row was made
     with another ``setup``."""
     done = set()
     for number, row in read_jsonl(answers) if answers.is_file() else ():
@@ -149,7 +141,19 @@ def answered(answers: Path, setup: dict) -> set[str]:
             raise ConfigError(f"{answers}:{number} holds answers made with {row.get('setup')}, not {setup}; "
                               f"delete the file or choose another out=")
         done.add(str(row.get("id")))
-    return done
+    return [item for item in prompts if item.id not in done]
+
+
+def _append_answers(engine, todo: Sequence, answers: Path, setup: dict,
+                    progress: Callable[[int, int], None] | None) -> None:
+    answers.parent.mkdir(parents=True, exist_ok=True)
+    with answers.open("a", encoding="utf-8") as out:
+        for k, item in enumerate(todo):
+            generation = engine.generate(item.turns[0], setup["max_new_tokens"], chat=setup["chat"])
+            out.write(json.dumps({"id": item.id, "text": generation.text, "setup": setup}) + "\n")
+            out.flush()
+            if progress:
+                progress(k + 1, len(todo))
 
 
 USAGES = {
@@ -242,15 +246,16 @@ def _answer(options: dict[str, str], console, progress_bar):
     model, cache_dir = options.get("model", "smollm2"), options.get("cache_dir")
     # Checked before the model loads: answers of another setup are refused at once, and with
     # nothing left to answer only the tokenizer is needed.
-    done = answered(answers, answers_setup({"model": model}, max_new, chat == "true"))
-    if all(item.id in done for item in prompts):
-        console.print(f"{answers}: no new answers, {len(prompts)} kept from an earlier run")
+    setup = answers_setup({"model": model}, max_new, chat == "true")
+    todo = unanswered(prompts, answers, setup)
+    kept = f"{len(prompts) - len(todo)} kept from an earlier run"
+    if not todo:
+        console.print(f"{answers}: no new answers, {kept}")
         return answers, load_tokenizer(model, cache_dir=cache_dir)
     # Prompt lookup: its greedy output is plain greedy decoding's, token for token, only sooner.
     engine = Engine.from_pretrained(model, "prompt_lookup", cache_dir=cache_dir)
     with progress_bar(MofNCompleteColumn()) as bar:
-        task = bar.add_task("answering", total=None)
-        new = answer_prompts(engine, prompts, answers, max_new, chat == "true", setup={"model": model},
-                             progress=lambda k, n: bar.update(task, completed=k, total=n))
-    console.print(f"{answers}: {new} new answers, {len(prompts) - new} kept from an earlier run")
+        task = bar.add_task("answering", total=len(todo))
+        _append_answers(engine, todo, answers, setup, progress=lambda k, n: bar.update(task, completed=k))
+    console.print(f"{answers}: {len(todo)} new answers, {kept}")
     return answers, engine.tokenizer

@@ -52,7 +52,8 @@ def _fused(module: nn.Module) -> FusedRMSNorm | None:
     weight = getattr(module, "weight", None)
     eps = _epsilon(module)
     if (isinstance(module, FusedRMSNorm) or not type(module).__name__.endswith("RMSNorm")
-            or not isinstance(weight, nn.Parameter) or eps is None or weight.dim() != 1 or weight.device.type != "cpu" or weight.dtype != torch.float32
+            or not isinstance(weight, nn.Parameter) or eps is None or weight.dim() != 1
+            or weight.device.type != "cpu" or weight.dtype != torch.float32
             or len(module._parameters) != 1 or any(True for _ in module.children())
             or module._forward_hooks or module._forward_pre_hooks):
         return None
