@@ -8,9 +8,9 @@ from specfree.hookspecs import hookimpl
 @hookimpl
 def specfree_register(registry) -> None:
     from specfree.adapters.hf import HFAdapter
-    from specfree.masks.tree import build_layout
+    from specfree.masks.tree import tree_mask
     from specfree.pools.lru import LRUNGramPool
-    from specfree.pools.suffix_array import SuffixArrayPool
+    from specfree.pools.prompt_index import suffix_array_pool
     from specfree.pools.trie import TriePool
     from specfree.strategies.autoregressive import Autoregressive
     from specfree.strategies.lookahead import LOOKAHEAD_DEFAULTS, lookahead
@@ -30,9 +30,9 @@ def specfree_register(registry) -> None:
     registry.add("strategy", "hybrid", make_hybrid)
     registry.add("pool", "lru", LRUNGramPool)
     registry.add("pool", "trie", TriePool)
-    # A suffix array is built from a corpus, not from knobs: its node loads a saved datastore.
-    registry.add("pool", "suffix_array", SuffixArrayPool.load)
+    # A suffix array is built from token ids, not from knobs: a saved datastore, or each prompt.
+    registry.add("pool", "suffix_array", suffix_array_pool)
     registry.add("verifier", "greedy", greedy)
     registry.add("verifier", "sampling", sampling)
     registry.add("adapter", "hf", HFAdapter)
-    registry.add("mask", "tree", build_layout)
+    registry.add("mask", "tree", tree_mask)

@@ -204,8 +204,9 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
 
     ``piped`` is the text already read from stdin (else stdin is read when there is no prompt).
     """
-    from specfree.config import build_engine, knobs
+    from specfree.config import engine_parts, knobs
     from specfree.detokenize import Detokenizer
+    from specfree.engine import Engine
 
     out = out or Console(highlight=False, soft_wrap=True)
     err = err or Console(stderr=True, highlight=False, soft_wrap=True)
@@ -217,7 +218,7 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a weight-loading bar would land between prompt and answer
-    engine = build_engine(cfg, reg)
+    engine = Engine(**engine_parts(cfg, reg))
     chat = bool(cfg.chat and getattr(engine.tokenizer, "chat_template", None))
     ids = engine.encode(prompt, chat=chat)
     run_kwargs = {"max_new_tokens": cfg.max_new_tokens, "stop": list(cfg.stop), "seed": cfg.seed,
@@ -247,6 +248,8 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     line = Text(summary_line(result))
     line.highlight_regex(r"\d+ drafted", "green")  # the legend for the coloured tokens above
     err.print(line)
+    if generation is not None and getattr(engine.strategy, "labels", None):  # a hybrid: who drafted what
+        err.print(drafted_by_line(generation.accepted_by, engine.strategy.labels))
     if generation is None:
         _write_result(cfg, result)
         return INTERRUPTED
@@ -326,6 +329,11 @@ def summary_line(result: dict) -> str:
             + (" · interrupted" if result["interrupted"] else ""))
 
 
+def drafted_by_line(accepted_by: dict[str, int], members: list[str]) -> str:
+    """``accepted drafts by member: prompt_lookup 31 · trie 12 · lookahead 0``."""
+    return "accepted drafts by member: " + " · ".join(f"{m} {accepted_by.get(m, 0)}" for m in members)
+
+
 def _result(cfg, prompt, ids, generation, partial, strategy, tokenizer) -> dict:
     import torch
     from omegaconf import OmegaConf
@@ -400,11 +408,13 @@ def plugins(args: list[str], console: Console | None = None) -> int:
     if args:
         raise ConfigError("usage: python -m specfree plugins")
     reg = registry(build_plugin_manager())
-    table = Table("kind", "name", "from", "knobs (config defaults)", title="registered components")
+    table = Table("kind", "name", "from", "hybrid member", "knobs (config defaults)", title="registered components")
     for kind in KINDS:
         for name in reg.names(kind):
             component = reg.get(kind, name)
-            table.add_row(kind, name, component.source, _knob_defaults(component) if kind in COMPONENT_GROUPS else "")
+            member = ("no (holds members)" if component.composite else "yes") if kind == "strategy" else ""
+            table.add_row(kind, name, component.source, member,
+                          _knob_defaults(component) if kind in COMPONENT_GROUPS else "")
     (console or Console(highlight=False)).print(table)
     return 0
 

@@ -1,4 +1,4 @@
-"""Composing the packaged Hydra configs, checking them, and building an Engine from a config.
+"""Composing the packaged Hydra configs, checking them, and building an Engine's parts from a config.
 
 The config tree (``specfree/conf``) has one group per swappable part; its schemas, including the
 nodes made from the plugin registry for strategies, verifiers and pools, are in
@@ -7,10 +7,7 @@ nodes made from the plugin registry for strategies, verifiers and pools, are in
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
-import types
-import typing
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,17 +15,18 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from specfree.conf.messages import config_error
 from specfree.conf.schema import BenchConfig, ModelConfig, SpecfreeConfig, knob_fields, node_schema
 from specfree.errors import ConfigError, ModelLoadError, one_line
-from specfree.plugins import Registry
+from specfree.registry import Registry, takes_pool_object
 
-__all__ = ["BenchConfig", "ModelConfig", "SpecfreeConfig", "build_engine", "compose", "config_error",
-           "engine_from_config", "group_options", "knob_fields", "load_config", "node_schema"]
+__all__ = ["BenchConfig", "ModelConfig", "SpecfreeConfig", "compose", "config_error", "engine_parts",
+           "group_options", "knob_fields", "load_config", "node_schema"]
 
 CONFIG_MODULE = "specfree.conf"
 CONFIG_NAME = "config"
 SCHEMA_NAME = "specfree_schema"
-COMPONENT_GROUPS = ("strategy", "verifier", "pool")  # group name == registry kind
+COMPONENT_GROUPS = ("strategy", "verifier", "pool", "mask")  # group name == registry kind
 GROUPS = ("model", *COMPONENT_GROUPS, "bench")
 
 
@@ -217,7 +215,7 @@ def build(reg: Registry, kind: str, node: DictConfig | Mapping, **extra: Any) ->
 def build_strategy(cfg: DictConfig, reg: Registry):
     """The strategy, given the ``pool`` node's pool when its factory takes a pool object."""
     component = reg.get("strategy", cfg.strategy.name)
-    wants_pool = "pool" in component.knobs and "pool" not in knob_fields(component)
+    wants_pool = takes_pool_object(component)
     extra = {}
     if cfg.pool is not None:
         if not wants_pool:
@@ -230,14 +228,14 @@ def build_strategy(cfg: DictConfig, reg: Registry):
     return build(reg, "strategy", cfg.strategy, **extra)
 
 
-def build_engine(cfg: DictConfig, reg: Registry):
-    """An Engine from a checked config. Strategy and verifier are built first, so their mistakes
-    show before the model spends seconds loading."""
+def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
+    """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
+    and mask builder are built first, so their mistakes show before the model spends seconds loading."""
     from specfree.adapters.loading import load_model
-    from specfree.engine import Engine
 
     strategy = build_strategy(cfg, reg)
     verifier = build(reg, "verifier", cfg.verifier)
+    mask_builder = build(reg, "mask", cfg.mask) if cfg.get("mask") is not None else None
     model_cfg = cfg.model
     if model_cfg.path is not None and not Path(model_cfg.path).expanduser().exists():
         raise ModelLoadError(f"model.path not found: {model_cfg.path} (give a model folder or a .gguf file)")
@@ -248,7 +246,8 @@ def build_engine(cfg: DictConfig, reg: Registry):
     # Passed only when set, so adapters from plugins need not know the knob.
     extra = {} if model_cfg.packed_linears is None else {"packed_linears": model_cfg.packed_linears}
     adapter = reg.make("adapter", model_cfg.adapter, model=model, **extra)
-    return Engine(adapter, strategy, verifier, tokenizer)
+    return {"adapter": adapter, "strategy": strategy, "verifier": verifier, "tokenizer": tokenizer,
+            "mask_builder": mask_builder}
 
 
 def check_hub_reachable(source: str, revision: str | None = None) -> None:
@@ -273,72 +272,3 @@ def check_hub_reachable(source: str, revision: str | None = None) -> None:
             f"could not load {source!r}: it is not a local folder, a .gguf file or in the Hugging Face "
             f"cache, and the hub cannot be reached (no network). Download it elsewhere and pass its "
             f"folder with model=local model.path=DIR, or use the embedded model: model=smollm2") from None
-
-
-def engine_from_config(cfg: DictConfig | Mapping | str | Path | None = None, overrides: Sequence[str] = (),
-                       plugins: Sequence[object] = ()):
-    """``Engine.from_config``: installed plugins plus ``plugins``, the checked config, the engine."""
-    from specfree.plugins import build_plugin_manager, registry
-
-    reg = registry(build_plugin_manager(extra_plugins=tuple(plugins)))
-    return build_engine(load_config(cfg, overrides, reg), reg)
-
-
-# ---- errors -------------------------------------------------------------------------------
-def config_error(exc: BaseException) -> ConfigError:
-    """One line, naming the field and what it accepts, for a Hydra or OmegaConf failure."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
-
-    if isinstance(exc, ConfigError):
-        return exc
-    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and "/" in exc.missing_cfg_file:
-        group, _, option = exc.missing_cfg_file.rpartition("/")
-        hint = (" (launchers are Hydra plugins: joblib comes with pip install 'specfree[sweeps]', "
-                "submitit_slurm with 'specfree[cluster]')" if group == "hydra/launcher" else "")
-        return ConfigError(f"unknown {group} {option!r}; available: {', '.join(exc.options or [])}{hint}")
-    if isinstance(exc, OverrideParseException):
-        return ConfigError(f"{_first_line(exc)}; quote values with spaces or commas: 'key=\"a, b\"'")
-    cause = exc
-    while not isinstance(cause, OmegaConfBaseException) and cause.__cause__ is not None:
-        cause = cause.__cause__
-    if isinstance(cause, OmegaConfBaseException):
-        key = cause.full_key or cause.key
-        schema = cause.object_type if dataclasses.is_dataclass(cause.object_type) else None
-        names = [f.name for f in dataclasses.fields(schema)] if schema else []
-        if isinstance(cause, MissingMandatoryValue):
-            return ConfigError(f"{key} is required: set it with {key}=...")
-        if isinstance(cause, ConfigKeyError) or "not in struct" in str(cause) or "not in '" in str(cause):
-            owner, _, leaf = str(key).rpartition(".")
-            label = getattr(schema, "component", None)
-            if label:
-                names = [n for n in names if n != "name"]
-                return ConfigError(f"{key}: {owner} {label!r} has no knob {leaf!r}; its knobs: "
-                                   f"{', '.join(names) or '(none)'}{_did_you_mean(leaf, names)}")
-            return ConfigError(f"{key}: no such setting; {owner or 'the top level'} has: {', '.join(names)}"
-                               + _did_you_mean(leaf, names))
-        if isinstance(cause, ValidationError) and schema is not None:
-            leaf = str(key).rpartition(".")[2]
-            hints = typing.get_type_hints(schema)  # resolved: the schemas' annotations are strings
-            if leaf in hints:
-                return ConfigError(f"{key}: expected {_type_name(hints[leaf])}, got {cause.value!r}")
-        return ConfigError(f"{key}: {_first_line(cause)}" if key else _first_line(cause))
-    return ConfigError(one_line(exc))
-
-
-def _did_you_mean(word: str, names: Sequence[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(word, names, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _type_name(kind: Any) -> str:
-    args = typing.get_args(kind)
-    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
-        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or null"
-    return kind.__name__ if inspect.isclass(kind) else str(kind).replace("typing.", "")
-
-
-def _first_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,10 @@ from specfree.adapters.loading import DEFAULT_CACHE
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
-from specfree.masks.tree import build_layout
+from specfree.masks.tree import Layout, build_layout
 from specfree.strategies.base import Outcome, Strategy
-from specfree.tree import merge
-from specfree.types import Generation, StepRecord
+from specfree.tree import DraftTree, merge
+from specfree.types import AuxBlock, Generation, StepRecord
 from specfree.verifiers import GreedyVerifier
 
 
@@ -44,13 +44,18 @@ class Chunk:
     from_draft: list[bool]  # per token: it was a drafted token the model accepted
 
 
+# Lays out one step's rows: (tree, aux rows, root position) -> tokens, positions, mask.
+MaskBuilder = Callable[[DraftTree, "AuxBlock | None", int], Layout]
+
+
 class Engine:
     def __init__(self, adapter: HFAdapter, strategy: Strategy, verifier=None, tokenizer=None,
-                 cache_dir: str | Path | None = None):
+                 cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None):
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
         self.tokenizer = tokenizer
+        self.mask_builder = mask_builder or build_layout
         strategy.setup(adapter.vocab_size, adapter.max_length)
         if getattr(strategy, "wants_costs", False) and getattr(strategy, "costs", None) is None:
             # Sizing drafts needs the forward cost curve: measured once, then read from the cache.
@@ -99,9 +104,11 @@ class Engine:
         ``overrides`` are command-line style (``["strategy=prompt_lookup", "strategy.draft_len=8"]``);
         ``plugins`` are extra plugin objects, beside the installed ones. See ``specfree.config``.
         """
-        from specfree.config import engine_from_config
+        from specfree.config import engine_parts, load_config
+        from specfree.plugins import build_plugin_manager, registry
 
-        return engine_from_config(cfg, overrides, plugins)
+        reg = registry(build_plugin_manager(extra_plugins=tuple(plugins)))
+        return cls(**engine_parts(load_config(cfg, overrides, reg), reg))
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -198,7 +205,7 @@ class Engine:
                 tree = merge(int(context[-1]), zip(proposal.candidates, proposal.candidate_sources()),
                              budget=adapter.max_length, max_depth=limit - n - 1)
                 t1 = time.perf_counter()
-                layout = build_layout(tree, proposal.aux, root_position=n - 1)
+                layout = self.mask_builder(tree, proposal.aux, n - 1)
                 t2 = time.perf_counter()
                 # [Q, V]; a lone root row needs no mask: the plain causal path is fastest.
                 logits = adapter.forward(layout.tokens, None if layout.rows == 1 else layout.allowed,

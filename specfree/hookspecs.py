@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from specfree.plugins import Registry
+    from specfree.registry import Registry
 
 PROJECT = "specfree"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -94,6 +94,15 @@ class Generation:
     def tokens_per_s(self) -> float:
         return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
 
+    @property
+    def accepted_by(self) -> dict[str, int]:
+        """Accepted drafted tokens per drafter (a hybrid's members by their labels)."""
+        total: dict[str, int] = {}
+        for step in self.steps:
+            for source, count in step.sources.items():
+                total[source] = total.get(source, 0) + count
+        return total
+
     def time_split(self) -> dict[str, float]:
         keys = ("draft_s", "mask_s", "forward_s", "verify_s", "other_s")
         return {k: sum(getattr(s, k) for s in self.steps) for k in keys}
@@ -109,6 +118,7 @@ class Generation:
             "wall_s": self.wall_s,
             "prefill_s": self.prefill_s,
             "stop_reason": self.stop_reason,
+            "accepted_by": self.accepted_by,
             **split,
             "overhead_frac": 1 - split["forward_s"] / max(1e-12, sum(split.values())),
         }

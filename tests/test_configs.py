@@ -32,6 +32,7 @@ REQUIRED_OPTIONS = {
     "strategy": {"autoregressive", "prompt_lookup"},
     "verifier": {"greedy", "sampling"},
     "pool": {"lru", "trie", "suffix_array"},
+    "mask": {"tree"},
     "bench": {"spec_bench", "custom"},
 }
 
@@ -56,11 +57,11 @@ def test_every_option_composes(reg, group, option):
     cfg = compose([f"{group}={option}"], reg)
     plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     assert plain[group] is not None
-    if group in ("strategy", "verifier", "pool"):
+    if group in ("strategy", "verifier", "pool", "mask"):
         assert plain[group]["name"] == option
         # The node holds exactly the knobs the registry will be asked to build with.
         assert set(plain[group]) - {"name"} <= set(reg.get(group, option).knobs)
-    required = {("model", "local"): {"model.path"}, ("pool", "suffix_array"): {"pool.path"},
+    required = {("model", "local"): {"model.path"},
                 ("bench", "spec_bench"): {"bench.prompts"}, ("bench", "custom"): {"bench.prompts"}}
     assert OmegaConf.missing_keys(cfg) == required.get((group, option), set())
 
@@ -182,8 +183,8 @@ def test_the_pool_group_feeds_strategies_that_take_a_pool():
         build_strategy(compose(["strategy=pooled", "pool=lru", "pool.ngram=1"], reg), reg)  # a factory's ValueError
     with pytest.raises(ConfigError, match="strategy 'pooled' needs a pool: add pool=NAME"):
         build_strategy(compose(["strategy=pooled"], reg), reg)
-    with pytest.raises(ConfigError, match="strategy 'prompt_lookup' does not take a pool .* remove pool=lru"):
-        build_strategy(compose(["pool=lru"], reg), reg)
+    with pytest.raises(ConfigError, match="strategy 'recycling' does not take a pool .* remove pool=lru"):
+        build_strategy(compose(["strategy=recycling", "pool=lru"], reg), reg)
 
 
 # ---- models -------------------------------------------------------------------------------

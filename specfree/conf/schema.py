@@ -1,5 +1,5 @@
 """Config schemas: the dataclasses the packaged YAML is checked against, and the nodes made
-from the plugin registry for strategies, verifiers and pools.
+from the plugin registry for strategies, verifiers, pools and mask builders.
 
 Each registered component becomes a dataclass ``{name, knobs...}`` whose fields are its
 factory's keyword parameters, typed from their annotations, with defaults from
@@ -23,7 +23,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from specfree.errors import ConfigError
-from specfree.plugins import Component
+from specfree.registry import REGISTRY_PARAMETER, Component
 
 
 @dataclass
@@ -60,9 +60,10 @@ class BenchConfig:
 @dataclass
 class SpecfreeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    strategy: Any = None  # these three are checked by their own registry-made schemas
+    strategy: Any = None  # these four are checked by their own registry-made schemas
     verifier: Any = None
     pool: Any = None
+    mask: Any = None
     bench: BenchConfig | None = None
     prompt: str | None = None
     prompt_file: str | None = None
@@ -92,7 +93,7 @@ def knob_fields(component: Component) -> dict[str, tuple[Any, Any]]:
         params = inspect.signature(component.factory).parameters
     fields: dict[str, tuple[Any, Any]] = {}
     for p in params.values():
-        if p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+        if p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) or p.name == REGISTRY_PARAMETER:
             continue
         kind = _config_type(p.annotation)
         if kind is None or (p.name == "pool" and kind is Any):  # an untyped `pool` is a pool object

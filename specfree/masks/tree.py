@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,11 @@ def build_layout(tree: DraftTree, aux: AuxBlock | None, root_position: int) -> L
         allowed=torch.from_numpy(allowed),
         num_tree=t,
     )
+
+
+def tree_mask() -> Callable[[DraftTree, AuxBlock | None, int], Layout]:
+    """The ``mask=tree`` builder: exact-size rows, the tree's ancestor mask plus the aux block."""
+    return build_layout
 
 
 def additive_mask(allowed: torch.Tensor, past_len: int, positions: torch.Tensor, dtype: torch.dtype,

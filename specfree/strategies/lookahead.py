@@ -27,6 +27,7 @@ behaviour is ``idle_every=1``. Output is identical either way: window rows are n
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import numpy as np
 
@@ -37,11 +38,10 @@ from specfree.strategies.base import Outcome, Strategy
 from specfree.types import AuxBlock, Proposal
 
 INITS = ("random", "recent")
-POOLS = ("lru", "trie")
 # Chosen by a sweep on SmolLM2-135M, 2-thread CPU, 6 Spec-Bench prompts (one per task): small
 # windows win there, because every extra row in a forward costs time and a 135M model's window
 # n-grams are rarely accepted.
-LOOKAHEAD_DEFAULTS = dict(window=2, ngram=3, guesses=2, pool="lru", pool_from_prompt=True, add_output=True,
+LOOKAHEAD_DEFAULTS = dict(window=2, ngram=3, guesses=2, pool_from_prompt=True, add_output=True,
                           init="recent", init_seed=0, pool_capacity=100_000, idle_every=0)
 
 
@@ -193,28 +193,25 @@ class Lookahead(Strategy):
         return dict(self._last)
 
 
-def lookahead(window: int = 2, ngram: int = 3, guesses: int | None = 2, pool: str = "lru",
+def lookahead(window: int = 2, ngram: int = 3, guesses: int | None = 2, pool: Any = None,
               pool_from_prompt: bool = True, add_output: bool = True, init: str = "recent",
               init_seed: int = 0, pool_capacity: int | None = 100_000, idle_every: int = 0) -> Lookahead:
-    """Build the strategy and its pool from plain knobs (what configs and the registry pass).
+    """Build the strategy from plain knobs (what configs and the registry pass).
 
-    ``pool_capacity`` caps the pool: keys for ``lru`` (each keeps at most ``guesses``
-    n-grams), trie nodes for ``trie``; None means unbounded.
+    ``pool``: the n-gram pool (``pool=lru|trie`` in a config). Without one, an LRU pool sized
+    for the window: ``pool_capacity`` keys, each keeping at most ``guesses`` n-grams (None:
+    unbounded).
     """
+    from specfree.pools.lru import LRUNGramPool
+    from specfree.pools.trie import TriePool
+
     ngram = check_int("lookahead.ngram", ngram, low=2)
     guesses = check_int("lookahead.guesses", guesses, low=1, allow_none=True)
     pool_capacity = check_int("lookahead.pool_capacity", pool_capacity, low=1, allow_none=True)
-    if pool == "lru":
-        from specfree.pools.lru import LRUNGramPool
-
-        store = LRUNGramPool(key_len=1, max_per_key=guesses, max_keys=pool_capacity, ngram=ngram)
-    elif pool == "trie":
-        from specfree.pools.trie import TriePool
-
-        if pool_capacity is None:
-            raise ConfigError("lookahead.pool_capacity must be an integer >= 1 with pool=trie (a trie node cap)")
-        store = TriePool(max_nodes=pool_capacity, branch_length=ngram, max_query_length=1)
-    else:
-        raise ConfigError(f"lookahead.pool must be one of {list(POOLS)}, got {pool!r}")
-    return Lookahead(store, window=window, ngram=ngram, guesses=guesses, pool_from_prompt=pool_from_prompt,
+    if pool is None:
+        pool = LRUNGramPool(key_len=1, max_per_key=guesses, max_keys=pool_capacity, ngram=ngram)
+    elif not isinstance(pool, (LRUNGramPool, TriePool)):
+        raise ConfigError(f"lookahead learns n-grams from its window into a pool that keeps them: use pool=lru or "
+                          f"pool=trie, got {type(pool).__name__}")
+    return Lookahead(pool, window=window, ngram=ngram, guesses=guesses, pool_from_prompt=pool_from_prompt,
                      add_output=add_output, init=init, init_seed=init_seed, idle_every=idle_every)

@@ -1,17 +1,21 @@
 """Prompt lookup: copy what followed earlier occurrences of the context's last n tokens.
 
 Several matches are verified together as one tree, so when the text repeats itself in more
-than one way the right continuation is still among the candidates.
+than one way the right continuation is still among the candidates. Over long prompts,
+``pool=suffix_array`` finds the matches inside the prompt with a suffix array of it instead of
+scanning it every step; the matches, and so the drafts, are the same.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specfree.errors import ConfigError, check_int
+from specfree.pools.prompt_index import PromptIndex
 from specfree.strategies.base import Strategy
 from specfree.types import Proposal
 
@@ -22,7 +26,7 @@ class PromptLookup(Strategy):
     name = "prompt_lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_len: int = 10,
-                 num_candidates: int = 1, match: str = "recent"):
+                 num_candidates: int = 1, match: str = "recent", pool: Any = None):
         self.max_ngram = check_int("prompt_lookup.max_ngram", max_ngram, low=1)
         self.min_ngram = check_int("prompt_lookup.min_ngram", min_ngram, low=1, high=max_ngram)
         self.draft_len = check_int("prompt_lookup.draft_len", draft_len, low=1)
@@ -30,10 +34,20 @@ class PromptLookup(Strategy):
         if match not in MATCH_ORDERS:
             raise ConfigError(f"prompt_lookup.match must be one of {list(MATCH_ORDERS)}, got {match!r}")
         self.match = match
+        if pool is not None and not isinstance(pool, PromptIndex):
+            raise ConfigError(f"prompt_lookup copies from the context itself; the one pool it takes is "
+                              f"pool=suffix_array without pool.path (an index of the prompt), got {type(pool).__name__}")
+        self.pool = pool
         self._prompt_len = 0
 
     def begin(self, prompt: np.ndarray) -> None:
         self._prompt_len = len(prompt)
+        if self.pool is not None:
+            self.pool.begin_request(prompt)
+
+    def end(self) -> None:
+        if self.pool is not None:
+            self.pool.end_request()
 
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
         depth = min(self.draft_len, max_depth)
@@ -48,12 +62,16 @@ class PromptLookup(Strategy):
                 return Proposal(candidates, source=self.name, labels=labels)
         return Proposal(source=self.name)
 
-    @staticmethod
-    def _match_starts(context: np.ndarray, n: int) -> np.ndarray:
+    def _match_starts(self, context: np.ndarray, n: int) -> np.ndarray:
         """Start indices i < len-n where context[i:i+n] equals the last n tokens, newest first."""
-        windows = sliding_window_view(context[:-1], n)  # excludes the suffix matching itself
-        hits = np.flatnonzero((windows == context[-n:]).all(axis=1))
-        return hits[::-1]
+        if self.pool is None:
+            return _scan(context, n, 0)
+        # Windows that end inside the prompt come from its suffix array; later ones are scanned.
+        first_scanned = max(0, self._prompt_len - n + 1)
+        scanned = _scan(context, n, first_scanned)
+        indexed = self.pool.occurrences(context[-n:])
+        indexed = indexed[indexed < min(first_scanned, len(context) - n)]
+        return np.concatenate([scanned, indexed[::-1]])
 
     def _rank(self, context: np.ndarray, starts: np.ndarray, n: int, depth: int):
         """(up to num_candidates distinct continuations, the match start each was copied from)."""
@@ -77,3 +95,11 @@ class PromptLookup(Strategy):
         b = context[len(context) - len(a) :][::-1]
         diff = np.flatnonzero(a != b)
         return int(diff[0]) if diff.size else len(a)
+
+
+def _scan(context: np.ndarray, n: int, start: int) -> np.ndarray:
+    """Start indices i >= start of windows of context[:-1] equal to its last n tokens, newest first."""
+    if len(context) - 1 - start < n:
+        return np.empty(0, dtype=np.int64)
+    windows = sliding_window_view(context[start:-1], n)  # excludes the suffix matching itself
+    return np.flatnonzero((windows == context[-n:]).all(axis=1))[::-1] + start

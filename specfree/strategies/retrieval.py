@@ -8,6 +8,7 @@ yields the most frequent continuations as one draft tree.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,15 @@ class RetrievalDrafter(Strategy):
 
 
 def make_retrieval(datastore: str | None = None, max_nodes: int = 12, max_depth: int = 8,
-                   max_query_length: int = 16, min_query_length: int = 2) -> RetrievalDrafter:
+                   max_query_length: int = 16, min_query_length: int = 2, pool: Any = None) -> RetrievalDrafter:
+    """``pool`` (``pool=suffix_array pool.path=PATH`` in a config) is the datastore, instead of ``datastore``."""
+    if pool is not None:
+        if not isinstance(pool, SuffixArrayPool):
+            raise ConfigError("retrieval drafts from a datastore: give strategy.datastore=PATH (or pool=suffix_array "
+                              f"pool.path=PATH), got a {type(pool).__name__} pool")
+        if datastore:
+            raise ConfigError("retrieval: give strategy.datastore or a pool=suffix_array, not both")
+        return _with_query_lengths(pool, max_nodes, max_depth, max_query_length, min_query_length)
     if not datastore:
         raise ConfigError("strategy=retrieval needs a datastore file: strategy.datastore=PATH "
                           "(build one with: python -m specfree datastore build input=CORPUS out=PATH)")
@@ -50,6 +59,11 @@ def make_retrieval(datastore: str | None = None, max_nodes: int = 12, max_depth:
         raise ConfigError(f"datastore file not found: {datastore} "
                           "(build one with: python -m specfree datastore build input=CORPUS out=PATH)")
     pool = SuffixArrayPool.load(Path(datastore).expanduser())
+    return _with_query_lengths(pool, max_nodes, max_depth, max_query_length, min_query_length)
+
+
+def _with_query_lengths(pool: SuffixArrayPool, max_nodes: int, max_depth: int, max_query_length: int,
+                        min_query_length: int) -> RetrievalDrafter:
     pool.max_query_length = check_int("retrieval.max_query_length", max_query_length, low=1)
     pool.min_query_length = check_int("retrieval.min_query_length", min_query_length, low=1,
                                       high=max_query_length)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from specfree.errors import check_float, check_int
+from typing import Any
+
+from specfree.errors import ConfigError, check_float, check_int
 from specfree.pools.trie import TriePool
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal
@@ -56,9 +58,19 @@ class TrieDrafter(Strategy):
 
 def make_trie(decoding_length: int = 16, branch_length: int = 8, max_query_length: int = 8,
               max_nodes: int = 200_000, decay: float = 0.5, persist: bool = True,
-              pool_file: str | None = None) -> TrieDrafter:
-    """Build the strategy and its pool from plain knobs (``pool_file`` loads a saved trie)."""
-    if pool_file:
+              pool_file: str | None = None, pool: Any = None) -> TrieDrafter:
+    """Build the strategy and its pool from plain knobs (``pool_file`` loads a saved trie).
+
+    ``pool`` (``pool=trie`` in a config) replaces the pool these knobs would build: its own
+    ``max_nodes``, ``branch_length``, ``max_query_length`` and ``decay`` apply instead.
+    """
+    if pool is not None:
+        if not isinstance(pool, TriePool):
+            raise ConfigError(f"the trie strategy drafts from a token trie: use pool=trie (or no pool), "
+                              f"got {type(pool).__name__}")
+        if pool_file:
+            raise ConfigError("trie: give pool_file or a pool, not both")
+    elif pool_file:
         pool = TriePool.load(pool_file)
     else:
         # Checked here, under the names the user typed; the pool's own checks would say trie_pool.
