@@ -60,20 +60,28 @@ def prompt_lookup_knobs(draw) -> dict:
     max_ngram = draw(st.integers(1, 4))
     return {"max_ngram": max_ngram, "min_ngram": draw(st.integers(1, max_ngram)),
             "draft_len": draw(st.integers(1, 12)), "num_candidates": draw(st.integers(1, 4)),
-            "match": draw(st.sampled_from(["recent", "longest", "frequent"]))}
+            "match": draw(st.sampled_from(["recent", "longest", "frequent"])),
+            "pool": draw(st.sampled_from([None, "suffix_array"]))}  # suffix_array: an index of the prompt
 
 
 @st.composite
 def lookahead_knobs(draw) -> dict:
     knobs = {"window": draw(st.integers(1, 5)), "ngram": draw(st.integers(2, 5)),
-             "guesses": draw(st.one_of(st.integers(1, 6), st.none())), "pool": draw(st.sampled_from(["lru", "trie"])),
+             "guesses": draw(st.one_of(st.integers(1, 6), st.none())),
              "init": draw(st.sampled_from(["random", "recent"])), "init_seed": draw(st.integers(0, 9)),
              "pool_from_prompt": draw(st.booleans()), "add_output": draw(st.booleans()),
-             "idle_every": draw(st.integers(0, 3))}
+             "idle_every": draw(st.integers(0, 3)), "pool_capacity": draw(st.one_of(st.integers(1, 500), st.none()))}
     if knobs["idle_every"] == 0 and not (knobs["pool_from_prompt"] or knobs["add_output"]):
         knobs["idle_every"] = 1  # otherwise refused: the window would never run
-    knobs["pool_capacity"] = draw(st.integers(1, 500)) if knobs["pool"] == "trie" else draw(
-        st.one_of(st.integers(1, 500), st.none()))
+    # No pool (its own LRU), or one from the pool group's nodes, by name or with knobs.
+    knobs["pool"] = draw(st.sampled_from([None, "trie", "lru"]) | st.builds(
+        lambda nodes, depth, query: {"name": "trie", "max_nodes": nodes, "branch_length": depth,
+                                     "max_query_length": query},
+        st.integers(1, 500), st.integers(1, 6), st.integers(1, 4)) | st.builds(
+        lambda ngram, per_key: {"name": "lru", "ngram": ngram, "max_per_key": per_key},
+        st.integers(knobs["ngram"], 6), st.one_of(st.integers(1, 4), st.none())))
+    if knobs["pool"] == "lru" and knobs["ngram"] > 4:
+        knobs["pool"] = {"name": "lru", "ngram": knobs["ngram"]}  # the group's lru keeps 4-grams
     return knobs
 
 
@@ -91,17 +99,20 @@ def recycling_knobs(draw) -> dict:
 
 
 @st.composite
-def hybrid_knobs(draw) -> dict:
-    drafters = draw(st.lists(st.sampled_from(["prompt_lookup", "trie", "recycling", "retrieval"]), min_size=1,
-                             max_size=4, unique=True))
-    return {"drafters": drafters, "max_rows": draw(st.integers(1, 40))}
-
-
-@st.composite
 def retrieval_knobs(draw) -> dict:
     max_query_length = draw(st.integers(1, 8))
     return {"max_nodes": draw(st.integers(1, 16)), "max_depth": draw(st.integers(1, 8)),
             "max_query_length": max_query_length, "min_query_length": draw(st.integers(1, max_query_length))}
+
+
+@st.composite
+def hybrid_knobs(draw) -> dict:
+    """Members by name (the hybrid's tuned knobs) or with knobs of their own, repeats allowed."""
+    member_knobs = {"prompt_lookup": prompt_lookup_knobs(), "trie": trie_knobs(), "recycling": recycling_knobs(),
+                    "retrieval": retrieval_knobs(), "lookahead": lookahead_knobs()}
+    name = st.sampled_from(sorted(member_knobs))
+    member = name | name.flatmap(lambda n: member_knobs[n].map(lambda knobs: {"name": n, **knobs}))
+    return {"drafters": draw(st.lists(member, min_size=1, max_size=4)), "max_rows": draw(st.integers(1, 40))}
 
 
 KNOBS = {

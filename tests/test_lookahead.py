@@ -284,7 +284,8 @@ def test_runs_to_the_end_of_the_model_context():
 def test_trie_pool_is_lossless_too():
     model = tiny("llama")
     prompt = [9, 10, 11, 12] * 6
-    result = Engine.from_model(model, None, "lookahead", pool="trie", pool_capacity=500).generate(
+    result = Engine.from_model(model, None, "lookahead", pool={"name": "trie", "max_nodes": 500, "branch_length": 3,
+                                                                   "max_query_length": 1}).generate(
         prompt, 40, ignore_eos=True)
     assert result.tokens == plain_greedy(model, prompt, 40)
 
