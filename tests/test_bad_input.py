@@ -72,6 +72,35 @@ def test_bad_strategy_and_knobs(strategy, knobs, message):
         Engine.from_model(tiny_model("llama"), None, strategy, **knobs)
 
 
+@pytest.mark.parametrize("drafters, message", [
+    (["prompt_lookup", "nope"], r"^hybrid.drafters\[1\]: unknown strategy 'nope'; members can be: autoregressive, "
+                                r"lookahead, prompt_lookup, recycling, retrieval, trie$"),
+    ([{"name": "lookahead", "windw": 2}], r"^hybrid.drafters\[0\] \(lookahead\): windw: strategy 'lookahead' has no "
+                                         r"knob 'windw'; its knobs: window, .* \(did you mean window\?\)$"),
+    ([{"name": "lookahead", "window": "wide"}], r"^hybrid.drafters\[0\] \(lookahead\): window: expected int, got 'wide'$"),
+    ([{"name": "trie", "decoding_length": None}], r"^hybrid.drafters\[0\] \(trie\): decoding_length: expected int, "
+                                                  r"got None$"),
+    (["trie", {"name": "hybrid"}], r"^hybrid.drafters\[1\] \(hybrid\): a hybrid cannot be a member of a hybrid; "
+                                   r"list its members in this hybrid's drafters instead$"),
+    ([{"name": "retrieval", "datastore": "/no/such.sfds"}], r"^hybrid.drafters\[0\] \(retrieval\): datastore file not "
+                                                            r"found: /no/such.sfds \(build one with: python -m specfree "),
+    (["retrieval"], r"^hybrid.drafters\[0\] \(retrieval\): strategy=retrieval needs a datastore file: "
+                    r"strategy.datastore=PATH"),
+    ([{"name": "prompt_lookup", "draft_len": 0}], r"^hybrid.drafters\[0\] \(prompt_lookup\): prompt_lookup.draft_len "
+                                                  r"must be >= 1, got 0$"),
+    ([{"name": "lookahead", "pool": "nope"}], r"^hybrid.drafters\[0\] \(lookahead\): lookahead.pool=nope: unknown "
+                                             r"pool 'nope'; available: lru, suffix_array, trie$"),
+    ([{"name": "recycling", "pool": "trie"}], r"^hybrid.drafters\[0\] \(recycling\): pool: strategy 'recycling' has "
+                                             r"no knob 'pool'; its knobs: successors, widths$"),
+    ([{"window": 2}], r"^hybrid.drafters\[0\]: give a strategy name or \{name: NAME, knob: value, ...\}, got "),
+    ([], r"^hybrid.drafters must be a non-empty list of strategy names or \{name: ..., knobs\}, got \[\]$"),
+])
+def test_bad_hybrid_members(drafters, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        Engine.from_model(tiny_model("llama"), None, "hybrid", drafters=drafters)
+    assert "\n" not in str(info.value)
+
+
 def test_generation_stops_at_the_model_context(engine):
     result = engine.generate([7] * 500, 100, ignore_eos=True)
     assert len(result.tokens) == 12 and result.stop_reason == "context_length"

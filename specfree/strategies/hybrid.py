@@ -286,7 +286,10 @@ def make_hybrid(drafters: list[Any] = ("prompt_lookup", "trie", "recycling"), ma
         where = f"hybrid.drafters[{i}]"
         node = as_node(spec, where)
         name = node["name"]
-        if name in registry.components["strategy"] and registry.get("strategy", name).composite:
+        if name not in registry.components["strategy"]:
+            members = [n for n in registry.names("strategy") if not registry.get("strategy", n).composite]
+            raise ConfigError(f"{where}: unknown strategy {name!r}; members can be: {', '.join(members)}")
+        if registry.get("strategy", name).composite:
             raise ConfigError(f"{where} ({name}): a {name} cannot be a member of a hybrid; list its members "
                               "in this hybrid's drafters instead")
         knobs = checked_knobs(registry, "strategy", node, where, MEMBER_DEFAULTS.get(name, {}))
