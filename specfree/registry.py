@@ -7,7 +7,7 @@ made from it (``specfree.conf.schema``).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,13 +73,13 @@ class Registry:
         if unknown:
             raise ConfigError(f"{kind} {name!r} has no knob {', '.join(map(repr, unknown))}; "
                               f"its knobs: {', '.join(component.knobs) or '(none)'}")
-        if kind == "strategy" and isinstance(knobs.get("pool"), (str, dict)) and takes_pool_object(component):
+        if kind == "strategy" and isinstance(knobs.get("pool"), (str, Mapping)) and takes_pool_object(component):
             knobs["pool"] = self.make_pool(knobs["pool"], owner=name)
         if component.composite:
             knobs[REGISTRY_PARAMETER] = self
         return component.factory(**knobs)
 
-    def make_pool(self, spec: str | dict, owner: str) -> Any:
+    def make_pool(self, spec: str | Mapping, owner: str) -> Any:
         """A pool from a name or a ``{name, knobs...}`` node; its own refusals name ``owner``."""
         node = {"name": spec} if isinstance(spec, str) else dict(spec)
         name = node.pop("name", None)

@@ -77,7 +77,8 @@ def test_bad_strategy_and_knobs(strategy, knobs, message):
                                 r"lookahead, prompt_lookup, recycling, retrieval, trie$"),
     ([{"name": "lookahead", "windw": 2}], r"^hybrid.drafters\[0\] \(lookahead\): windw: strategy 'lookahead' has no "
                                          r"knob 'windw'; its knobs: window, .* \(did you mean window\?\)$"),
-    ([{"name": "lookahead", "window": "wide"}], r"^hybrid.drafters\[0\] \(lookahead\): window: expected int, got 'wide'$"),
+    ([{"name": "lookahead", "window": "wide"}], r"^hybrid.drafters\[0\] \(lookahead\): window: expected int, "
+                                                r"got 'wide'$"),
     ([{"name": "trie", "decoding_length": None}], r"^hybrid.drafters\[0\] \(trie\): decoding_length: expected int, "
                                                   r"got None$"),
     (["trie", {"name": "hybrid"}], r"^hybrid.drafters\[1\] \(hybrid\): a hybrid cannot be a member of a hybrid; "

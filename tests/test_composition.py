@@ -233,8 +233,10 @@ def test_the_pool_group_reaches_the_built_in_drafters(tiny_datastore):
                                                   "them: use pool=lru or pool=trie, got PromptIndex"),
     (["strategy=trie", "pool=lru"], "the trie strategy drafts from a token trie: use pool=trie"),
     (["strategy=retrieval", "pool=trie"], "retrieval drafts from a datastore: give strategy.datastore=PATH"),
-    (["strategy=recycling", "pool=trie"], "strategy 'recycling' does not take a pool from the pool group; remove pool=trie"),
-    (["strategy=retrieval", "pool=suffix_array", "pool.path=/no/such.sfds"], "pool.path: datastore file not found"),
+    (["strategy=recycling", "pool=trie"], "strategy 'recycling' does not take a pool from the pool group; "
+                                          "remove pool=trie"),
+    (["strategy=retrieval", "pool=suffix_array", "pool.path=/no/such.sfds"],
+     "^pool=suffix_array: datastore file not found: /no/such.sfds"),
 ])
 def test_a_pool_that_makes_no_sense_for_the_drafter_is_one_line(overrides, message):
     reg = registry(build_plugin_manager())
@@ -275,7 +277,8 @@ def test_the_cli_composes_lookahead_and_a_plugin_drafter_inside_the_hybrid(examp
                                                                            tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([*example_plugin_paths, os.environ.get("PYTHONPATH", "")])}
     done = run_cli("decode", "strategy=hybrid",
-                   "strategy.drafters=[prompt_lookup,{name: lookahead, window: 2, pool: trie},{name: repeat_last, k: 3}]",
+                   "strategy.drafters=[prompt_lookup,{name: lookahead, window: 2, pool: trie},"
+                   "{name: repeat_last, k: 3}]",
                    "model=local", f"model.path={tiny_llama_dir}", "prompt=the cat the cat the cat", "max_new_tokens=12",
                    "ignore_eos=true", f"output={tmp_path / 'r.json'}", f"hydra.run.dir={tmp_path / 'run'}",
                    env=env, cwd=tmp_path)

@@ -54,6 +54,6 @@ def suffix_array_pool(path: str | None = None, mmap: bool = True, verify: bool =
     if path is None:
         return PromptIndex()
     if not Path(path).expanduser().is_file():
-        raise ConfigError(f"pool.path: datastore file not found: {path} "
+        raise ConfigError(f"datastore file not found: {path} "
                           "(build one with: python -m specfree datastore build input=CORPUS out=PATH)")
     return SuffixArrayPool.load(Path(path).expanduser(), mmap=mmap, verify=verify)

@@ -7,6 +7,12 @@ worth of probability. Nodes are taken best first, and the tree stops growing whe
 tokens per second, (1 + sum p) / cost(rows), peaks, using the measured forward cost curve.
 When no draft is worth its rows the step is a plain one-row forward: drafting that does not
 pay costs almost nothing.
+
+Members are any registered strategies, built by name through the registry with their own
+knobs (``make_hybrid``). A member's auxiliary rows (lookahead's Jacobi window) join the step
+after the tree, priced on the same cost curve and credited with the drafts that member has been
+landing per decoded window; a window that does not pay is left out of the step, and its member
+then gets no aux logits, so it knows the window was not decoded.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ class PromptLookup(Strategy):
             raise ConfigError(f"prompt_lookup.match must be one of {list(MATCH_ORDERS)}, got {match!r}")
         self.match = match
         if pool is not None and not isinstance(pool, PromptIndex):
-            raise ConfigError(f"prompt_lookup copies from the context itself; the one pool it takes is "
-                              f"pool=suffix_array without pool.path (an index of the prompt), got {type(pool).__name__}")
+            raise ConfigError("prompt_lookup copies from the context itself; the one pool it takes is pool=suffix_array "
+                              f"without pool.path (an index of the prompt), got {type(pool).__name__}")
         self.pool = pool
         self._prompt_len = 0
 
