@@ -2,7 +2,10 @@
 
 ``repeat_last`` drafts the last token repeated ``k`` times: useless on prose, right on runs
 of one token, and small enough to read in one go. Its config node (``strategy=repeat_last
-strategy.k=3``) is made from the signature of ``RepeatLast`` and the defaults below.
+strategy.k=3``) is made from the signature of ``RepeatLast`` and the defaults below, and the
+same node makes it a hybrid member beside the built-ins, with no code of its own for that::
+
+    python -m specfree decode strategy=hybrid 'strategy.drafters=[prompt_lookup, {name: repeat_last, k: 3}]'
 """
 
 from __future__ import annotations
