@@ -32,8 +32,8 @@ def strategy_specs(draw) -> tuple[str, dict]:
         return name, dict(successors=successors,
                           widths=draw(st.lists(st.integers(1, successors), min_size=1, max_size=5)))
     if name == "hybrid":
-        drafters = draw(st.lists(st.sampled_from(["prompt_lookup", "trie", "recycling"]), min_size=1,
-                                 max_size=3, unique=True))
+        drafters = draw(st.lists(st.sampled_from(["prompt_lookup", "trie", "recycling", "lookahead"]), min_size=1,
+                                 max_size=4, unique=True))
         return name, dict(drafters=drafters, max_rows=draw(st.integers(1, 40)))
     max_ngram = draw(st.integers(1, 4))
     return name, dict(
