@@ -10,9 +10,9 @@ pay costs almost nothing.
 
 Members are any registered strategies, built by name through the registry with their own
 knobs (``make_hybrid``). A member's auxiliary rows (lookahead's Jacobi window) join the step
-after the tree, priced on the same cost curve and credited with the drafts that member has been
-landing per decoded window; a window that does not pay is left out of the step, and its member
-then gets no aux logits, so it knows the window was not decoded.
+after the tree, priced on the same cost curve and credited with the accepted tokens only that
+member drafted, per decoded window; a window that does not pay is left out of the step, and its
+member then gets no aux logits, so it knows the window was not decoded.
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class Hybrid(Strategy):
         self.windows = WindowLedger(len(drafters))
         self._proposed: list[tuple[str, str | None, list[int]]] = []
         self._aux_rows: list[tuple[int, int, int]] = []  # (member, first aux row, rows) decoded this step
+        self._owners: dict[tuple[int, ...], int] = {}
         self._last_rows = 1
 
     def setup(self, vocab_size: int, max_length: int) -> None:
@@ -91,6 +92,7 @@ class Hybrid(Strategy):
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
         # Every proposed node: the best rate any drafter proposing it has at its depth.
         rate: dict[tuple[int, ...], tuple[float, str, str | None]] = {}
+        owners: dict[tuple[int, ...], int] = {}  # node -> bit mask of the members proposing it
         self._proposed = []
         windows: list[tuple[int, AuxBlock]] = []  # members asking for aux rows (a Jacobi window)
         for member, (drafter, source) in enumerate(zip(self.drafters, self.labels)):
@@ -104,6 +106,7 @@ class Hybrid(Strategy):
                 prefix: tuple[int, ...] = ()
                 for depth, token in enumerate(candidate, 1):
                     prefix += (token,)
+                    owners[prefix] = owners.get(prefix, 0) | (1 << member)
                     r = learned.get((label, depth))
                     if r is None:
                         r = learned[label, depth] = self.acceptance.rate(source, label, depth)
@@ -122,6 +125,7 @@ class Hybrid(Strategy):
         if chosen:
             aux = stack_aux([block for _, block in chosen], [self.labels[m] for m, _ in chosen])
         self.windows.step([m for m, _ in windows], [m for m, _ in chosen])
+        self._owners = owners
         # Every node as its own candidate, parents first: the tree then credits each node to the
         # member whose rate chose it (merge labels a node by the candidate that created it).
         nodes = [path for path, _ in ranked[:k]]
@@ -131,8 +135,8 @@ class Hybrid(Strategy):
     def _size(self, expected: np.ndarray, windows: list[tuple[int, AuxBlock]]):
         """(tree nodes, aux rows, windows kept) maximising expected tokens per second.
 
-        A window's rows are priced like tree rows and credited with the tokens its member's
-        drafts have been landing per decoded window, so a window that does not pay is dropped.
+        A window's rows are priced like tree rows and credited with the accepted tokens only its
+        member has been drafting per decoded window, so a window that does not pay is dropped.
         """
         cost = self.costs or (lambda rows: 1.0 + 0.0 * rows)
         room = max(1, self.max_rows)
@@ -164,9 +168,14 @@ class Hybrid(Strategy):
                 self.acceptance.record(source, label, depth, accepted)
                 if not accepted:
                     break
-        sources = outcome.tree.sources
-        landed = Counter(sources[node] for node in outcome.verdict.path)
-        self.windows.credit([landed.get(label, 0) for label in self.labels])
+        # A window is worth the accepted tokens only its member drafted: what others drafted too
+        # would have landed without it.
+        alone = Counter()
+        for depth in range(1, len(outcome.verdict.path) + 1):
+            mask = self._owners.get(tuple(truth[:depth]), 0)
+            if mask and mask & (mask - 1) == 0:
+                alone[mask.bit_length() - 1] += 1
+        self.windows.credit([alone.get(member, 0) for member in range(len(self.drafters))])
         # Each member sees only its own aux rows' logits; None tells it its window was not decoded.
         aux = {member: (first, rows) for member, first, rows in self._aux_rows}
         for member, drafter in enumerate(self.drafters):
@@ -186,9 +195,9 @@ class Hybrid(Strategy):
 
 
 class WindowLedger:
-    """What each member's aux window (a Jacobi window) has been worth: the drafted tokens its
-    member landed per step the window was decoded, Beta-like smoothed with an optimistic prior
-    so that a new window gets decoded and measured."""
+    """What each member's aux window (a Jacobi window) has been worth: the accepted tokens that
+    member alone drafted, per step the window was decoded, smoothed with an optimistic prior so
+    that a new window gets decoded and measured."""
 
     def __init__(self, members: int, prior_tokens: float = 2.0, prior_steps: float = 2.0):
         self.prior = (prior_tokens, prior_steps)
@@ -207,7 +216,7 @@ class WindowLedger:
             self.decoded[member] += 1
 
     def credit(self, landed: list[int]) -> None:
-        """Tokens each member's drafts landed this step (only members that have a window count)."""
+        """Accepted tokens only each member drafted this step (only members with a window count)."""
         for member, count in enumerate(landed):
             if self.offered[member]:
                 self.tokens[member] += count
