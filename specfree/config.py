@@ -236,6 +236,9 @@ def build_engine(cfg: DictConfig, reg: Registry):
     from specfree.adapters.loading import load_model
     from specfree.engine import Engine
 
+    from specfree.adapters.compiled import check_compile
+
+    check_compile(cfg.get("compile", "auto"))
     strategy = build_strategy(cfg, reg)
     verifier = build(reg, "verifier", cfg.verifier)
     model_cfg = cfg.model
@@ -247,7 +250,12 @@ def build_engine(cfg: DictConfig, reg: Registry):
                                   revision=model_cfg.revision)
     # Passed only when set, so adapters from plugins need not know the knob.
     extra = {} if model_cfg.packed_linears is None else {"packed_linears": model_cfg.packed_linears}
-    adapter = reg.make("adapter", model_cfg.adapter, model=model, **extra)
+    if model_cfg.adapter == "hf":
+        from specfree.adapters.compiled import make_adapter
+
+        adapter = make_adapter(model, cfg.get("compile", "auto"), cache_dir=cfg.cache_dir, **extra)
+    else:
+        adapter = reg.make("adapter", model_cfg.adapter, model=model, **extra)
     return Engine(adapter, strategy, verifier, tokenizer)
 
 

@@ -74,6 +74,7 @@ class SpecfreeConfig:
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None
+    compile: str = "auto"  # auto | true | false: the compiled forward (adapters/compiled.py)
     cache_dir: str | None = None
     output: str | None = None
     verify_against_baseline: bool = False
