@@ -77,12 +77,13 @@ class Engine:
 
     @classmethod
     def from_model(cls, model, tokenizer=None, strategy: str | Strategy = "prompt_lookup", *,
-                   cache_dir: str | None = None, packed_linears: bool | None = None, compile: str | bool = "auto",
+                   cache_dir: str | None = None, packed_linears: bool | None = None, compile: str | bool = False,
                    adapter: HFAdapter | None = None, **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model (``packed_linears``: see ``HFAdapter``).
 
         ``compile``: ``true`` runs a compiled forward (``adapters.compiled``; the first compile on
-        a machine takes minutes), ``auto`` only where one was compiled here before, ``false`` never.
+        a machine takes minutes), ``auto`` only where one compiled here before is ready within
+        seconds, ``false`` (the default here; ``from_pretrained`` and configs default to ``auto``) never.
         ``adapter``: one built before for this model (a compiled one is reused, not recompiled).
         """
         from specfree.adapters.compiled import check_compile, make_adapter

@@ -276,6 +276,9 @@ def _progress(show: bool):
 
 # ---- choosing the path ------------------------------------------------------------------
 COMPILE_VALUES = ("auto", "true", "false")
+# compile=auto compiles only where the last warm-up of the same setup took at most this long, so a
+# newcomer's first answer never waits on minutes of compiling.
+AUTO_READY_S = 20.0
 
 
 def check_compile(value) -> str:
@@ -320,11 +323,11 @@ def compiled_marker(model, cache_dir, **knobs) -> "Path":
 
 def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, cache_dir=None,
                  progress: bool = True, slots: int | None = None, **compiled_knobs) -> HFAdapter:
-    """The adapter for ``compile``: ``true`` compiles (minutes the first time on a machine,
-    with progress shown; one warning and the eager adapter if it cannot or fails); ``auto``
-    does so only where a compile of the same setup already finished here (a warm start), else
-    stays eager; ``false`` is the eager adapter. ``slots``: the KV slots to compile for up front
-    (more are added in tiers as a request needs them, each tier compiling its own graphs)."""
+    """The adapter for ``compile``: ``true`` compiles (minutes the first time on a machine, with
+    progress shown; one warning and the eager adapter where it cannot or fails); ``auto`` does so
+    only where the last compile of the same setup on this machine was ready within
+    ``AUTO_READY_S`` (a warm start), else stays eager; ``false`` is the eager adapter. ``slots``:
+    the KV slots to compile for up front (larger tiers compile their own graphs when needed)."""
     import json
     import logging
 
@@ -340,10 +343,14 @@ def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, c
             warnings.warn(f"compile=true: {reason}; decoding on the eager path", stacklevel=3)
         return HFAdapter(model, **eager)
     marker = compiled_marker(model, cache_dir or DEFAULT_CACHE, **compiled_knobs)
-    if choice == "auto" and not marker.is_file():
+    try:
+        ready_s = json.loads(marker.read_text())["warm_up_s"] if marker.is_file() else None
+    except (ValueError, KeyError, TypeError):
+        ready_s = None  # a damaged marker: as if never compiled
+    if choice == "auto" and (ready_s is None or ready_s > AUTO_READY_S):
         logging.getLogger("specfree").info(
-            "compile=auto: no compiled forward of this model is cached yet, so this run is eager; "
-            "compile=true builds one (minutes, once per machine)")
+            "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
+            "compile=true builds one (minutes the first time)")
         return HFAdapter(model, **eager)
     adapter = CompiledHFAdapter(model, **compiled_knobs)
     seconds = adapter.warm_up(slots, progress=progress)
