@@ -115,7 +115,7 @@ def test_pad_rows_and_static_mask_hide_padding():
 
 def test_slots_grow_in_tiers_and_output_stays_plain():
     model = tiny_model("qwen2")
-    adapter = CompiledHFAdapter(model, backend="eager", min_slots=16)
+    adapter = CompiledHFAdapter(model, backend="eager", min_slots=16, buckets=(1, 8))
     prompt = [5, 6, 7, 8, 9] * 3
     result = Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 60)
     assert adapter.slots >= len(prompt) + len(result.tokens) > 64  # grew 16 -> 32 -> 64 -> 128
@@ -151,12 +151,11 @@ def test_a_failure_mid_run_finishes_the_step_eagerly():
 
 def test_compile_knob_auto_uses_a_warm_compile_only(tmp_path):
     model = tiny_model("llama")
-    assert type(make_adapter(model, "auto", cache_dir=tmp_path, backend="eager")) is HFAdapter  # never compiled here
-    assert isinstance(make_adapter(model, True, cache_dir=tmp_path, backend="eager", progress=False),
-                      CompiledHFAdapter)
-    assert isinstance(make_adapter(model, "auto", cache_dir=tmp_path, backend="eager", progress=False),
-                      CompiledHFAdapter)  # the last warm-up was quick: auto compiles now
-    assert type(make_adapter(model, "false", cache_dir=tmp_path, backend="eager")) is HFAdapter
+    knobs = dict(cache_dir=tmp_path, backend="eager", buckets=(1,), progress=False)
+    assert type(make_adapter(model, "auto", **knobs)) is HFAdapter  # never compiled here
+    assert isinstance(make_adapter(model, True, **knobs), CompiledHFAdapter)
+    assert isinstance(make_adapter(model, "auto", **knobs), CompiledHFAdapter)  # the last warm-up was quick
+    assert type(make_adapter(model, "false", **knobs)) is HFAdapter
 
 
 def test_compile_knob_values():

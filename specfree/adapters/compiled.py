@@ -34,6 +34,7 @@ from specfree.adapters.kv import growing_cache
 from specfree.masks.bucketed import ROW_BUCKETS, bucket_for, pad_rows, static_mask
 
 MIN_SLOTS = 512  # KV slots of the first tier
+AUTOTUNE_MIN_PARAMS = 20_000_000
 # A graph per (row bucket, slot tier); dynamo's default limit of 8 per function is too few.
 RECOMPILE_LIMIT = 256
 
@@ -58,18 +59,19 @@ def shared_parameter_copy(model: torch.nn.Module) -> torch.nn.Module:
 class CompiledHFAdapter(HFAdapter):
     """``HFAdapter``'s interface (forward / prefill / commit / reset) over static shapes, compiled.
 
-    ``backend`` and ``max_autotune`` go to ``torch.compile``; ``dynamic_rows`` compiles one graph
-    for every row count from 2 up (no padding) instead of one per bucket.
+    ``backend`` and ``max_autotune`` go to ``torch.compile`` (a graph per row bucket and KV tier;
+    rows beyond the last bucket run eagerly on the same static cache). ``max_autotune=None``
+    autotunes models of ``AUTOTUNE_MIN_PARAMS`` parameters or more: it benchmarks kernels for every
+    matrix shape, minutes of compiling that only large matrices repay.
     """
 
-    def __init__(self, model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool = True,
-                 dynamic_rows: bool = False, backend="inductor", min_slots: int = MIN_SLOTS,
+    def __init__(self, model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool | None = None,
+                 backend="inductor", min_slots: int = MIN_SLOTS,
                  check_tree_mask: bool = True, grouped_attention: bool = True):
         # Stock linear layers: Inductor replaces their kernels anyway, and must see plain matmuls.
         super().__init__(shared_parameter_copy(model), check_tree_mask=False, grouped_attention=grouped_attention,
                          packed_linears=False)
         self.buckets = tuple(sorted(set(buckets)))
-        self.dynamic_rows = dynamic_rows
         self.min_slots = min_slots
         self.compile_s = 0.0  # wall time of the calls that compiled a new graph
         self.failure: str | None = None  # why the compiled path was given up, if it was
@@ -79,11 +81,13 @@ class CompiledHFAdapter(HFAdapter):
         self._past = 0
         self._step_start = 0
         self._compiled_step = None
+        if max_autotune is None:
+            max_autotune = sum(p.numel() for p in model.parameters()) >= AUTOTUNE_MIN_PARAMS
+        self.options = {"backend": str(backend), "max_autotune": max_autotune}
         if backend is not None:
-            options = inductor_options(self.device, max_autotune) if backend == "inductor" else None
+            options = (inductor_options(self.device, max_autotune) or None) if backend == "inductor" else None
             mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
-            self._compiled_step = torch.compile(self._step, backend=backend, dynamic=False if not dynamic_rows else None,
-                                                options=options, mode=mode)
+            self._compiled_step = torch.compile(self._step, backend=backend, dynamic=False, options=options, mode=mode)
         if check_tree_mask:
             compiled, self._compiled_step = self._compiled_step, None  # the probe runs eagerly: no extra graphs
             try:
@@ -165,13 +169,10 @@ class CompiledHFAdapter(HFAdapter):
         mask = self._static_mask(allowed, past, positions)
         # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
         ids, pos = tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None]
-        if self.compiled and (self.dynamic_rows or rows in self.buckets):
-            shape = ("n" if self.dynamic_rows and rows > 1 else rows, self.slots)
+        if self.compiled and rows in self.buckets:
+            shape = (rows, self.slots)
             start = time.perf_counter()
             try:
-                if self.dynamic_rows and rows > 1:
-                    for tensor in (ids, pos, *(mask.values() if isinstance(mask, dict) else [mask])):
-                        torch._dynamo.mark_dynamic(tensor, tensor.dim() - 1 if tensor.dim() == 2 else 2, min=2)
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                     logits = self._compiled_step(ids, pos, mask)
             except Exception as exc:  # any compiler failure: the same step, eagerly
@@ -189,7 +190,8 @@ class CompiledHFAdapter(HFAdapter):
 
     def _give_up(self, exc: Exception) -> None:
         self._compiled_step = None
-        self.failure = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        message = str(exc).split("from user code:")[0]  # dynamo appends the traced source
+        self.failure = f"{type(exc).__name__}: {' '.join(message.split())[:300]}"
         warnings.warn(f"compiling the forward failed ({self.failure}); decoding continues on the eager path",
                       stacklevel=4)
 
@@ -217,7 +219,7 @@ class CompiledHFAdapter(HFAdapter):
             allowed = torch.ones(q, q, dtype=torch.bool).tril()
         if positions is None:
             positions = past + allowed.sum(-1) - 1
-        bucket = q if self.dynamic_rows else (bucket_for(q, self.buckets) or q)  # beyond the last: eager
+        bucket = bucket_for(q, self.buckets) or q  # beyond the last bucket: eager, unpadded
         tokens, allowed, positions = pad_rows(tokens.cpu(), allowed, positions.cpu(), bucket)
         self._step_start = past
         return self._run(tokens, positions, allowed)[:q]
@@ -251,7 +253,7 @@ class CompiledHFAdapter(HFAdapter):
         start = time.perf_counter()
         self.reset()
         self._ensure_slots(slots or self.min_slots)
-        sizes = [1, max(2, self.buckets[-1])] if self.dynamic_rows else list(self.buckets)
+        sizes = list(self.buckets)
         bar = _progress(progress)
         with bar:
             task = bar.add_task("compiling the forward", total=len(sizes))
@@ -348,7 +350,7 @@ def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, c
     except (ValueError, KeyError, TypeError):
         ready_s = None  # a damaged marker: as if never compiled
     if choice == "auto" and (ready_s is None or ready_s > AUTO_READY_S):
-        logging.getLogger("specfree").info(
+        logging.getLogger("specfree").debug(
             "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
             "compile=true builds one (minutes the first time)")
         return HFAdapter(model, **eager)

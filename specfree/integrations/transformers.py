@@ -55,16 +55,19 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
 
 def speculative_generate(strategy: str | Strategy = "prompt_lookup", *, tokenizer=None, seed: int = 0,
-                         compile: str | bool = "auto", **knobs: Any) -> SpeculativeGenerate:
+                         compile: str | bool = False, cache_dir: str | None = None,
+                         **knobs: Any) -> SpeculativeGenerate:
     """A ``custom_generate`` callable that decodes with ``strategy`` (a registered name or a built drafter).
 
     ``knobs`` are the strategy's own (e.g. ``num_candidates=2``); sampling settings come from
     ``generate``'s arguments. ``tokenizer`` is needed for ``stop_strings``: transformers does not
     pass ``generate(tokenizer=...)`` on to a callable, so bind it here. ``seed`` is the default
     sampling seed; ``generate(..., seed=3)`` overrides it per call. ``compile`` (auto/true/false) as in
-    ``Engine.from_model``: a compiled forward is built at the first call and kept for the next ones.
+    ``Engine.from_model``: a compiled forward is built at the first call and kept for the next ones
+    (``cache_dir``: where specfree notes which setups compiled, default ``~/.cache/specfree``).
     """
-    return SpeculativeGenerate(strategy, tokenizer=tokenizer, seed=seed, compile=compile, **knobs)
+    return SpeculativeGenerate(strategy, tokenizer=tokenizer, seed=seed, compile=compile, cache_dir=cache_dir,
+                               **knobs)
 
 
 class SpeculativeGenerate:
@@ -72,10 +75,11 @@ class SpeculativeGenerate:
     across calls, as with one ``Engine``; it is not safe to share between threads."""
 
     def __init__(self, strategy: str | Strategy = "prompt_lookup", *, tokenizer=None, seed: int = 0,
-                 compile: str | bool = "auto", **knobs: Any):
+                 compile: str | bool = False, cache_dir: str | None = None, **knobs: Any):
         from specfree.plugins import build_plugin_manager, registry
 
         self.compile = check_compile(compile)
+        self.cache_dir = cache_dir
         self._compiled: tuple[Any, CompiledHFAdapter] | None = None  # (model, its compiled adapter)
 
         if not isinstance(strategy, Strategy):
@@ -140,7 +144,7 @@ class SpeculativeGenerate:
             return None
         if self._compiled is not None and self._compiled[0] is model:
             return self._compiled[1]
-        adapter = make_adapter(model, self.compile)
+        adapter = make_adapter(model, self.compile, cache_dir=self.cache_dir)
         if isinstance(adapter, CompiledHFAdapter):
             self._compiled = (model, adapter)
         return adapter
