@@ -69,21 +69,29 @@ class Engine:
     @classmethod
     def from_pretrained(cls, model: str = "smollm2", strategy: str = "prompt_lookup", *,
                         device: str = "cpu", dtype: str = "float32", cache_dir: str | None = None,
-                        **knobs: Any) -> "Engine":
+                        compile: str | bool = "auto", **knobs: Any) -> "Engine":
         """Load ``model`` (embedded name, .gguf, folder or hub id) and build an engine.
 
         ``knobs`` holds sampling settings (do_sample, temperature, top_k, top_p,
-        repetition_penalty, seed) and the strategy's own knobs.
+        repetition_penalty, seed) and the strategy's own knobs. ``compile``: see ``from_model``.
         """
         from specfree.adapters.loading import load_model
 
         hf_model, tokenizer = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
-        return cls.from_model(hf_model, tokenizer, strategy, cache_dir=cache_dir, **knobs)
+        return cls.from_model(hf_model, tokenizer, strategy, cache_dir=cache_dir, compile=compile, **knobs)
 
     @classmethod
     def from_model(cls, model, tokenizer=None, strategy: str | Strategy = "prompt_lookup", *,
-                   cache_dir: str | None = None, packed_linears: bool | None = None, **knobs: Any) -> "Engine":
-        """Wrap an already loaded transformers model (``packed_linears``: see ``HFAdapter``)."""
+                   cache_dir: str | None = None, packed_linears: bool | None = None, compile: str | bool = False,
+                   adapter: HFAdapter | None = None, **knobs: Any) -> "Engine":
+        """Wrap an already loaded transformers model (``packed_linears``: see ``HFAdapter``).
+
+        ``compile``: ``true`` runs a compiled forward (``adapters.compiled``; the first compile on
+        a machine takes minutes), ``auto`` only where one compiled here before is ready within
+        seconds, ``false`` (the default here; ``from_pretrained`` and configs default to ``auto``) never.
+        ``adapter``: one built before for this model (a compiled one is reused, not recompiled).
+        """
+        from specfree.adapters.compiled import check_compile, make_adapter
         from specfree.plugins import build_plugin_manager, registry
 
         sampling_keys = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
@@ -95,7 +103,10 @@ class Engine:
         elif knobs:
             raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
         verifier = reg.make("verifier", "sampling" if sampling.pop("do_sample", False) else "greedy", **sampling)
-        return cls(HFAdapter(model, packed_linears=packed_linears), strategy, verifier, tokenizer, cache_dir=cache_dir)
+        check_compile(compile)
+        if adapter is None:
+            adapter = make_adapter(model, compile, packed_linears=packed_linears, cache_dir=cache_dir)
+        return cls(adapter, strategy, verifier, tokenizer, cache_dir=cache_dir)
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":

@@ -148,3 +148,16 @@ def test_the_callers_model_keeps_its_own_linear_and_norm_layers_between_calls():
     if mkl_packing_available():
         assert PackedLinear in {linear_type for linear_type, _ in seen}  # packed during the calls...
         assert len(packed_per_call[0]) == len(layers) and packed_per_call[0] == packed_per_call[1]  # ...once
+
+
+def test_compiled_speculative_generate_equals_generate_and_compiles_once(tmp_path):
+    model = tiny_model("llama")  # buckets 1, 4, 8 were compiled by tests/test_compiled.py: Inductor's cache has them
+    custom = speculative_generate("prompt_lookup", compile=True, cache_dir=tmp_path, num_candidates=2)
+    other = torch.tensor([[9, 8, 7, 6] * 3 + [5]])
+    first = model.generate(PROMPT, custom_generate=custom, max_new_tokens=24, pad_token_id=PAD)
+    adapter = custom._compiled[1]
+    compiled_s = adapter.compile_s
+    second = model.generate(other, custom_generate=custom, max_new_tokens=24, pad_token_id=PAD)
+    assert custom._compiled[1] is adapter and adapter.compiled and adapter.compile_s == compiled_s  # no recompile
+    assert torch.equal(first, plain(model, max_new_tokens=24)) and torch.equal(second, plain(model, other,
+                                                                                            max_new_tokens=24))

@@ -27,7 +27,8 @@ from specfree.bench.metrics import BASELINE, summarize
 from specfree.bench.plots import write_plots
 from specfree.bench.prompts import load_prompts
 from specfree.bench.report import markdown, rich_table, wide_console
-from specfree.bench.runner import Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
+from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
+from specfree.adapters.compiled import CompiledHFAdapter, check_compile, make_adapter
 from specfree.errors import ConfigError, check_int
 
 INTERRUPTED = 130
@@ -59,6 +60,7 @@ class BenchSettings:
     cache_dir: str | None = None
     model_options: dict[str, Any] = field(default_factory=dict)  # attn_implementation, revision
     packed_linears: bool | None = None  # the engines' adapter option (model.packed_linears)
+    compile: str = "auto"  # auto/true: strategies on the compiled forward, beside the eager baseline
 
     @classmethod
     def from_config(cls, cfg: Any) -> BenchSettings:
@@ -91,7 +93,7 @@ class BenchSettings:
             resume=bool(bench.get("resume", False)), chat=bool(bench.get("chat", True)),
             markdown=bool(bench.get("markdown", False)), device=str(root.get("device") or "cpu"),
             dtype=str(root.get("dtype") or "float32"), threads=root.get("threads"), seed=root.get("seed"),
-            cache_dir=root.get("cache_dir"))
+            cache_dir=root.get("cache_dir"), compile=check_compile("auto" if root.get("compile") is None else root.get("compile")))
 
     def meta(self) -> dict[str, Any]:
         import torch
@@ -103,10 +105,28 @@ class BenchSettings:
                 "limit": self.limit, "per_category": self.per_category, "max_new_tokens": self.max_new_tokens,
                 "repeats": self.repeats, "warmup": self.warmup, "chat": self.chat, "device": self.device,
                 "dtype": self.dtype, "threads": self.threads, "seed": self.seed, "baseline": BASELINE,
-                "packed_linears": self.packed_linears,
+                "packed_linears": self.packed_linears, "compile": self.compile,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
                 "versions": {"specfree": specfree.__version__, "torch": torch.__version__,
                              "transformers": transformers.__version__, "python": platform.python_version()}}
+
+
+def compiled_adapter(model, tokenizer, items, settings: BenchSettings) -> CompiledHFAdapter | None:
+    """The compiled adapter the strategies share (compile=auto or true), its graphs compiled up
+    front for enough KV slots for the longest prompt and its answers, so decode times hold no
+    compile; None for compile=false, or where compiling cannot or did not work (it warned)."""
+    if settings.compile == "false":
+        return None
+    adapter = make_adapter(model, "true", cache_dir=settings.cache_dir, slots=kv_slots_needed(tokenizer, items, settings))
+    return adapter if isinstance(adapter, CompiledHFAdapter) else None
+
+
+def kv_slots_needed(tokenizer, items, settings: BenchSettings) -> int:
+    """KV slots for the longest prompt (all its turns) and its answers: static caches sized so no
+    graph is compiled during the timed runs."""
+    longest = max(len(tokenizer(" ".join(item.turns)).input_ids) + len(item.turns) * settings.max_new_tokens
+                  for item in items)
+    return longest + 64  # the chat template's own tokens, the last step's rows
 
 
 def run(cfg: Any, console: Console | None = None) -> int:
@@ -126,9 +146,16 @@ def run(cfg: Any, console: Console | None = None) -> int:
                                   cache_dir=settings.cache_dir, **settings.model_options)
     if settings.chat and not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"{settings.model}'s tokenizer has no chat template: set bench.chat=false")
+    compiled = compiled_adapter(model, tokenizer, items, settings)
     systems = build_systems(model, tokenizer, settings.strategies, settings.baselines, settings.seed,
-                            settings.packed_linears)
+                            settings.packed_linears, compiled)
+    for system in systems:
+        if system.strategy == "hf_static_compiled":
+            system.static_slots = kv_slots_needed(tokenizer, items, settings)
     store.set_systems([system_meta(s) for s in systems])
+    if compiled is not None:
+        store.meta["compile_s"] = compiled.compile_s
+        store.meta["kv_slots"] = compiled.slots
     engine = systems[0].engine
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 settings.chat)
@@ -221,6 +248,11 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
              ("speedup: tokens/s over the autoregressive baseline's tokens/s on the same prompts, interleaved "
               "in the same run; ranges are min–max over repeats"),
              f"versions: {meta.get('versions')}; started {meta.get('started')} on {meta.get('host')}",
+             *([f"compiled forward (strategies and '{BASELINE}{COMPILED}'): compiled in {meta['compile_s']:.1f} s "
+                f"for {meta.get('kv_slots')} KV slots, not counted in any decode time"]
+               if meta.get("compile_s") is not None else []),
+             *([f"hf_static_compiled: its compile happens in the warm-up, outside the timed runs"]
+               if any(s.get("strategy") == "hf_static_compiled" for s in doc.get("systems", [])) else []),
              *(f"failed: prompt {pid} on {', '.join(dict.fromkeys(names))}: {error}"
                for (pid, error), names in list(failures.items())[:20])]
     text = markdown(rows, title, notes)

@@ -21,7 +21,8 @@ from specfree.engine import Engine
 from specfree.errors import ConfigError
 from specfree.plugins import Registry, build_plugin_manager, registry
 
-HF_BASELINES = ("hf_generate", "hf_prompt_lookup")
+HF_BASELINES = ("hf_generate", "hf_prompt_lookup", "hf_static_compiled")
+STATIC_SLOTS = 512  # hf_static_compiled's StaticCache grows in multiples of this
 
 
 @dataclass
@@ -75,8 +76,10 @@ class SpecfreeSystem:
     @classmethod
     def build(cls, model, tokenizer, strategy: str, knobs: dict[str, Any] | None = None,
               seed: int | None = None, reg: Registry | None = None,
-              packed_linears: bool | None = None) -> SpecfreeSystem:
-        """``knobs`` may hold ``pool`` as a pool config node ``{name, knobs...}`` (or a pool name)."""
+              packed_linears: bool | None = None, adapter=None, suffix: str = "") -> SpecfreeSystem:
+        """``knobs`` may hold ``pool`` as a pool config node ``{name, knobs...}`` (or a pool name).
+        ``adapter``: a compiled adapter shared by the compiled systems (None: an eager one of its
+        own); ``suffix`` is added to the label (`` (compiled)``)."""
         reg = reg or registry(build_plugin_manager())
         knobs = dict(knobs or {})
         component = reg.get("strategy", strategy)
@@ -84,7 +87,8 @@ class SpecfreeSystem:
         if isinstance(knobs.get("pool"), (str, Mapping)):
             node = {"name": knobs["pool"]} if isinstance(knobs["pool"], str) else dict(knobs["pool"])
             built["pool"] = reg.make("pool", str(node.pop("name")), **node)
-        engine = Engine.from_model(model, tokenizer, strategy, packed_linears=packed_linears, **built)
+        engine = Engine.from_model(model, tokenizer, strategy, packed_linears=packed_linears, compile="false",
+                                   adapter=adapter, **built)
         documented, actual = {}, {}
         for p in inspect.signature(component.factory).parameters.values():
             if p.default is not p.empty:
@@ -93,7 +97,7 @@ class SpecfreeSystem:
         # The label names only the knobs that differ from the documented defaults.
         shown = {k: (v.get("name", v) if isinstance(v, Mapping) else v) for k, v in knobs.items()
                  if k not in documented or _as_list(documented[k]) != _as_list(v)}
-        return cls(strategy, engine, knobs, {**actual, **knobs}, describe(strategy, shown), seed)
+        return cls(strategy, engine, knobs, {**actual, **knobs}, describe(strategy, shown) + suffix, seed)
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
         device = self.engine.adapter.device
@@ -117,6 +121,7 @@ class HFSystem:
     max_length: int
     knobs: dict[str, Any] = field(default_factory=dict)
     kind: str = "transformers"
+    static_slots: int = STATIC_SLOTS  # hf_static_compiled: the StaticCache's size, unless a prompt needs more
 
     @property
     def params(self) -> dict[str, Any]:
@@ -130,14 +135,37 @@ class HFSystem:
         if name == "hf_prompt_lookup":
             knobs.setdefault("prompt_lookup_num_tokens", 10)
         elif "prompt_lookup_num_tokens" in knobs:
-            raise ConfigError("hf_generate takes no prompt_lookup_num_tokens; use hf_prompt_lookup")
+            raise ConfigError(f"{name} takes no prompt_lookup_num_tokens; use hf_prompt_lookup")
         if not eos_ids:
             raise ConfigError("the model defines no eos token id; transformers' generate() needs one to stop")
+        if name == "hf_static_compiled":
+            # What a transformers user tries first: a StaticCache and torch.compile of the forward
+            # (generate compiles the one-token steps). On its own stock copy of the modules, so the
+            # graph never sees the layers specfree's engines swap into the shared model.
+            from specfree.adapters.compiled import shared_parameter_copy
+
+            with as_shipped(model):
+                model = shared_parameter_copy(model)
         return cls(name, model, sorted(eos_ids), max_length, knobs)
 
     @property
     def label(self) -> str:
         return describe(self.strategy, self.knobs)
+
+    def _static_inputs(self, needed: int) -> dict[str, Any]:
+        """generate()'s arguments for a static cache holding ``needed`` tokens, compiled."""
+        from transformers import StaticCache
+        from transformers.generation import CompileConfig
+
+        cache = getattr(self, "_cache", None)
+        if cache is None or self._cache_slots < needed:
+            slots = -(-max(needed, self.static_slots) // STATIC_SLOTS) * STATIC_SLOTS
+            cache = self._cache = StaticCache(config=self.model.config, max_cache_len=slots)
+            self._cache_slots = slots
+        cache.reset()
+        config = CompileConfig()
+        config._compile_all_devices = True  # transformers compiles by itself on GPUs only; a CPU user asks so
+        return {"past_key_values": cache, "compile_config": config}
 
     @torch.inference_mode()
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
@@ -154,6 +182,7 @@ class HFSystem:
             forwards += 1
 
         handle = self.model.register_forward_pre_hook(count)
+        static = self._static_inputs(len(ids) + budget) if self.strategy == "hf_static_compiled" else {}
         try:
             # transformers as shipped, not the kernels a specfree engine gave the shared model
             with as_shipped(self.model):
@@ -162,7 +191,7 @@ class HFSystem:
                     input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=budget, do_sample=False,
                     num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,  # plain greedy, whatever the
                     eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0],      # model's generation_config says
-                    **self.knobs)
+                    **static, **self.knobs)
                 wall = _sync(device) - start
         finally:
             handle.remove()

@@ -47,7 +47,7 @@ class BenchConfig:
     limit: int | None = None
     per_category: int | None = None
     max_new_tokens: int = 128
-    baselines: list[Any] = field(default_factory=lambda: ["hf_generate", "hf_prompt_lookup"])
+    baselines: list[Any] = field(default_factory=lambda: ["hf_generate", "hf_prompt_lookup", "hf_static_compiled"])
     strategies: list[Any] = field(default_factory=list)
     repeats: int = 1
     warmup: int = 1
@@ -75,6 +75,7 @@ class SpecfreeConfig:
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None
+    compile: str = "auto"  # auto | true | false: the compiled forward (adapters/compiled.py)
     cache_dir: str | None = None
     output: str | None = None
     verify_against_baseline: bool = False

@@ -28,6 +28,8 @@ from transformers.generation import (
     StopStringCriteria,
 )
 
+from specfree.adapters.compiled import CompiledHFAdapter, check_compile, make_adapter
+from specfree.adapters.hf import HFAdapter
 from specfree.adapters.norms import fused_norms
 from specfree.adapters.packed import PackedLinear, packed_linears
 from specfree.engine import Engine
@@ -53,15 +55,19 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
 
 def speculative_generate(strategy: str | Strategy = "prompt_lookup", *, tokenizer=None, seed: int = 0,
+                         compile: str | bool = False, cache_dir: str | None = None,
                          **knobs: Any) -> SpeculativeGenerate:
     """A ``custom_generate`` callable that decodes with ``strategy`` (a registered name or a built drafter).
 
     ``knobs`` are the strategy's own (e.g. ``num_candidates=2``); sampling settings come from
     ``generate``'s arguments. ``tokenizer`` is needed for ``stop_strings``: transformers does not
     pass ``generate(tokenizer=...)`` on to a callable, so bind it here. ``seed`` is the default
-    sampling seed; ``generate(..., seed=3)`` overrides it per call.
+    sampling seed; ``generate(..., seed=3)`` overrides it per call. ``compile`` (auto/true/false) as in
+    ``Engine.from_model``: a compiled forward is built at the first call and kept for the next ones
+    (``cache_dir``: where specfree notes which setups compiled, default ``~/.cache/specfree``).
     """
-    return SpeculativeGenerate(strategy, tokenizer=tokenizer, seed=seed, **knobs)
+    return SpeculativeGenerate(strategy, tokenizer=tokenizer, seed=seed, compile=compile, cache_dir=cache_dir,
+                               **knobs)
 
 
 class SpeculativeGenerate:
@@ -69,8 +75,12 @@ class SpeculativeGenerate:
     across calls, as with one ``Engine``; it is not safe to share between threads."""
 
     def __init__(self, strategy: str | Strategy = "prompt_lookup", *, tokenizer=None, seed: int = 0,
-                 **knobs: Any):
+                 compile: str | bool = False, cache_dir: str | None = None, **knobs: Any):
         from specfree.plugins import build_plugin_manager, registry
+
+        self.compile = check_compile(compile)
+        self.cache_dir = cache_dir
+        self._compiled: tuple[Any, CompiledHFAdapter] | None = None  # (model, its compiled adapter)
 
         if not isinstance(strategy, Strategy):
             strategy = registry(build_plugin_manager()).make("strategy", strategy, **knobs)
@@ -110,7 +120,7 @@ class SpeculativeGenerate:
         # The caller's model leaves with its own linear and norm layers: ours serve only this call.
         with packed_linears(model, self._packed), fused_norms(model):
             engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors,
-                                                **sampling)
+                                                adapter=self._adapter(model), **sampling)
             engine.watch(input_ids, criteria, generation_config.max_length)
             max_new = max(1, generation_config.max_length - len(prompt))
             try:
@@ -126,6 +136,18 @@ class SpeculativeGenerate:
         if generation_config.return_dict_in_generate:
             return SpeculativeDecoderOnlyOutput(sequences=sequences, specfree=result)
         return sequences
+
+    def _adapter(self, model) -> HFAdapter | None:
+        """The compiled adapter for ``model`` (built at the first call, then kept), or None for
+        the eager one, built per call inside the caller's borrowed layers."""
+        if self.compile == "false":
+            return None
+        if self._compiled is not None and self._compiled[0] is model:
+            return self._compiled[1]
+        adapter = make_adapter(model, self.compile, cache_dir=self.cache_dir)
+        if isinstance(adapter, CompiledHFAdapter):
+            self._compiled = (model, adapter)
+        return adapter
 
     @staticmethod
     def _check(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict) -> list[int]:

@@ -29,7 +29,7 @@ def config(model_dir, prompts, out, **bench):
     return OmegaConf.create({
         "model": {"name": "local", "path": str(model_dir)},
         "strategy": {"name": "prompt_lookup", "draft_len": 4},
-        "verifier": {"name": "greedy"}, "device": "cpu", "dtype": "float32", "seed": 0,
+        "verifier": {"name": "greedy"}, "device": "cpu", "dtype": "float32", "seed": 0, "compile": False,
         "bench": {"prompts": str(prompts), "format": "jsonl", "fields": {"prompt": "prompt", "turns": "turns"},
                   "max_new_tokens": 6, "baselines": ["hf_generate", "hf_prompt_lookup"], "out": str(out),
                   **bench}})
@@ -165,3 +165,22 @@ def test_transformers_baselines_run_as_shipped_on_the_shared_model():
     assert seen and set(seen) == {("sdpa", torch.nn.Linear, type(norm))}
     assert model.config._attn_implementation == GROUPED_SDPA  # the engines get theirs back
     assert isinstance(model.lm_head, PackedLinear) and isinstance(model.model.norm, FusedRMSNorm)
+
+
+def test_bench_compiled_rows(tiny_model_dir, prompts, tmp_path):
+    """compile=true: the compiled autoregressive loop and transformers' static-cache compiled
+    generate() run beside the eager baseline; every output is the baseline's; compile time is
+    reported apart."""
+    out = tmp_path / "out"
+    cfg = config(tiny_model_dir, prompts, out, limit=1, baselines=["hf_static_compiled"])
+    cfg.compile = True
+    cfg.cache_dir = str(tmp_path / "cache")  # where the compile is noted: not the user's own cache
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))
+    assert cli.run(cfg, console) == 0
+    found = records(out)
+    assert [r["system"] for r in found] == ["autoregressive", "autoregressive (compiled)",
+                                            "prompt_lookup(draft_len=4)", "hf_static_compiled"]
+    assert all(r["error"] is None and r["identical"] is True for r in found)
+    meta = json.loads((out / "bench.json").read_text())["meta"]
+    assert meta["compile"] == "true" and meta["compile_s"] > 0
+    assert "compiled forward (strategies and 'autoregressive (compiled)'): compiled in" in (out / "report.md").read_text()

@@ -1,0 +1,363 @@
+"""A compiled forward over static shapes (gpt-fast's recipe, for any transformers causal LM).
+
+Eager torch runs every linear layer through the BLAS library's own kernels, whose few-row paths
+are fast on some CPUs only. Inductor, with the weights frozen into the graph, generates its own
+kernels per shape; a compiled graph serves one shape, so the shapes are made static:
+
+- the KV cache is a set of preallocated slots (transformers' ``StaticLayer``, grown in tiers of
+  ``min_slots`` * 2^k) and the mask spans all of them (``masks.bucketed.static_mask``);
+- a step's rows are padded up to a bucket (1, 2, 4, 8, 16, 32; ``masks.bucketed.pad_rows``);
+- keeping the accepted rows moves their KV down inside the static buffers and sets the fill
+  length: the buffers never move, so a graph (or a CUDA graph) stays valid.
+
+On a GPU the same graphs run as CUDA graphs (``mode="reduce-overhead"``): written for, never run
+in this project so far. A compile that fails falls back, with one warning, to running the same
+static steps eagerly: slower, never wrong.
+
+The adapter works on its own copy of the model's module tree (parameters shared, not copied):
+graphs are specialised to the modules they traced, and an eager engine over the same model may
+swap those (packed linear layers) at any time.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from collections.abc import Sequence
+
+import torch
+from transformers.cache_utils import Cache, StaticLayer
+
+from specfree.adapters.hf import HFAdapter
+from specfree.adapters.kv import growing_cache
+from specfree.masks.bucketed import ROW_BUCKETS, bucket_for, pad_rows, static_mask
+
+MIN_SLOTS = 512  # KV slots of the first tier
+AUTOTUNE_MIN_PARAMS = 20_000_000
+# A graph per (row bucket, slot tier); dynamo's default limit of 8 per function is too few.
+RECOMPILE_LIMIT = 256
+
+
+def inductor_options(device: torch.device, max_autotune: bool) -> dict:
+    """Inductor settings. CPU: weights frozen into the graph (constant-folded and prepacked);
+    ``max_autotune`` also lets Inductor's C++ GEMM template compete with the library kernels."""
+    if device.type != "cpu":
+        return {}
+    options = {"freezing": True}
+    if max_autotune:
+        options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"})
+    return options
+
+
+def shared_parameter_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model``'s modules and config that shares its parameters and buffers."""
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+class CompiledHFAdapter(HFAdapter):
+    """``HFAdapter``'s interface (forward / prefill / commit / reset) over static shapes, compiled.
+
+    ``backend`` and ``max_autotune`` go to ``torch.compile`` (a graph per row bucket and KV tier;
+    rows beyond the last bucket run eagerly on the same static cache). ``max_autotune=None``
+    autotunes models of ``AUTOTUNE_MIN_PARAMS`` parameters or more: it benchmarks kernels for every
+    matrix shape, minutes of compiling that only large matrices repay.
+    """
+
+    def __init__(self, model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool | None = None,
+                 backend="inductor", min_slots: int = MIN_SLOTS,
+                 check_tree_mask: bool = True, grouped_attention: bool = True):
+        # Stock linear layers: Inductor replaces their kernels anyway, and must see plain matmuls.
+        super().__init__(shared_parameter_copy(model), check_tree_mask=False, grouped_attention=grouped_attention,
+                         packed_linears=False)
+        self.buckets = tuple(sorted(set(buckets)))
+        self.min_slots = min_slots
+        self.compile_s = 0.0  # wall time of the calls that compiled a new graph
+        self.failure: str | None = None  # why the compiled path was given up, if it was
+        self._shapes_seen: set[tuple] = set()
+        self._layer_shapes = self._probe_layer_shapes()
+        self.cache: Cache | None = None
+        self._past = 0
+        self._step_start = 0
+        self._compiled_step = None
+        if max_autotune is None:
+            max_autotune = sum(p.numel() for p in model.parameters()) >= AUTOTUNE_MIN_PARAMS
+        self.options = {"backend": str(backend), "max_autotune": max_autotune}
+        if backend is not None:
+            options = (inductor_options(self.device, max_autotune) or None) if backend == "inductor" else None
+            mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
+            self._compiled_step = torch.compile(self._step, backend=backend, dynamic=False, options=options, mode=mode)
+        if check_tree_mask:
+            compiled, self._compiled_step = self._compiled_step, None  # the probe runs eagerly: no extra graphs
+            try:
+                self.check_tree_mask()
+            finally:
+                self._compiled_step = compiled
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled_step is not None
+
+    # ---- the static cache ---------------------------------------------------------------
+    @torch.inference_mode()
+    def _probe_layer_shapes(self) -> list[tuple[torch.Size, torch.Size]]:
+        """Each cache layer's key and value shape for one token, from one eager forward."""
+        probe = growing_cache()
+        self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), past_key_values=probe,
+                   use_cache=True, logits_to_keep=1)
+        return [(layer.keys.shape, layer.values.shape) for layer in probe.layers]
+
+    def _ensure_slots(self, needed: int) -> None:
+        """Room for ``needed`` slots: a larger tier when they do not fit (new graphs follow)."""
+        capacity = self.cache.layers[0].max_cache_len if self.cache is not None else 0
+        if needed <= capacity:
+            return
+        slots = self.min_slots
+        while slots < needed:
+            slots *= 2
+        layers = []
+        for index, (key_shape, value_shape) in enumerate(self._layer_shapes):
+            layer = StaticLayer(max_cache_len=slots)
+            # lazy_initialization allocates [B, H, slots, D] buffers from the shapes of one token's states
+            layer.lazy_initialization(torch.empty(key_shape, dtype=self.dtype, device=self.device),
+                                      torch.empty(value_shape, dtype=self.dtype, device=self.device))
+            if self.cache is not None and self._past:
+                old = self.cache.layers[index]
+                layer.keys[:, :, : self._past] = old.keys[:, :, : self._past]
+                layer.values[:, :, : self._past] = old.values[:, :, : self._past]
+            layers.append(layer)
+        self.cache = Cache(layers=layers)
+        self._set_length(self._past)
+
+    @torch.inference_mode()
+    def _set_length(self, length: int) -> None:
+        self._past = length
+        if self.cache is not None:
+            for layer in self.cache.layers:
+                layer.cumulative_length.fill_(length)
+
+    @property
+    def past_len(self) -> int:
+        return self._past
+
+    @property
+    def slots(self) -> int:
+        return self.cache.layers[0].max_cache_len if self.cache is not None else 0
+
+    def reset(self) -> None:
+        self._set_length(0)  # the buffers stay: graphs hold on to them
+
+    # ---- steps --------------------------------------------------------------------------
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
+        # ids, positions [1, B]; mask [1, 1, B, slots] (or one per layer kind) -> logits [1, B, V]
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
+                          use_cache=True).logits
+
+    def _static_mask(self, allowed: torch.Tensor, past: int, positions: torch.Tensor):
+        positions = positions.cpu()
+        if self.layer_windows is None:
+            return static_mask(allowed, past, positions, self.slots, self.dtype, self.sliding_window).to(self.device)
+        return {kind: static_mask(allowed, past, positions, self.slots, self.dtype, window).to(self.device)
+                for kind, window in self.layer_windows.items()}
+
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] of rows already padded to their bucket; their KV goes into slots past..past+B."""
+        past = self._past
+        rows = tokens.numel()
+        self._ensure_slots(past + rows)
+        mask = self._static_mask(allowed, past, positions)
+        # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
+        ids, pos = tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None]
+        if self.compiled and rows in self.buckets:
+            shape = (rows, self.slots)
+            start = time.perf_counter()
+            try:
+                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                    logits = self._compiled_step(ids, pos, mask)
+            except Exception as exc:  # any compiler failure: the same step, eagerly
+                self._give_up(exc)
+                self._set_length(past)
+            else:
+                if shape not in self._shapes_seen:
+                    self._shapes_seen.add(shape)
+                    self.compile_s += time.perf_counter() - start
+                self._past = past + rows
+                return logits[0]
+        logits = self._step(ids, pos, mask)
+        self._past = past + rows
+        return logits[0]
+
+    def _give_up(self, exc: Exception) -> None:
+        self._compiled_step = None
+        message = str(exc).split("from user code:")[0]  # dynamo appends the traced source
+        self.failure = f"{type(exc).__name__}: {' '.join(message.split())[:300]}"
+        warnings.warn(f"compiling the forward failed ({self.failure}); decoding continues on the eager path",
+                      stacklevel=4)
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Cache the KV of ``ids`` [L] with eager causal forwards (a graph per prompt length would
+        never be reused)."""
+        if ids.numel() == 0:
+            return
+        past, q = self._past, ids.numel()
+        self._ensure_slots(past + q)
+        positions = torch.arange(past, past + q)
+        mask = self._static_mask(torch.ones(q, q, dtype=torch.bool).tril(), past, positions)
+        self.model(input_ids=ids.to(self.device)[None], position_ids=positions.to(self.device)[None],
+                   attention_mask=mask, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self._set_length(past + q)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, allowed: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [Q, V] for rows ``tokens`` [Q], as ``HFAdapter.forward``; run padded to a bucket."""
+        past = self._past
+        q = tokens.numel()
+        if allowed is None:
+            allowed = torch.ones(q, q, dtype=torch.bool).tril()
+        if positions is None:
+            positions = past + allowed.sum(-1) - 1
+        bucket = bucket_for(q, self.buckets) or q  # beyond the last bucket: eager, unpadded
+        tokens, allowed, positions = pad_rows(tokens.cpu(), allowed, positions.cpu(), bucket)
+        self._step_start = past
+        return self._run(tokens, positions, allowed)[:q]
+
+    def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
+        """Plain causal rows (``check_tree_mask``'s reference forward)."""
+        q = tokens.numel()
+        self._step_start = self._past
+        return self._run(tokens.cpu(), positions.cpu(), torch.ones(q, q, dtype=torch.bool).tril())
+
+    @torch.inference_mode()
+    def commit(self, keep: list[int], rows: int) -> None:
+        """Keep the KV of this step's rows ``keep`` (ascending, keep[0] == 0), drop the rest
+        (padding rows included); ``rows`` is ignored: the adapter knows where the step began."""
+        past, n = self._step_start, len(keep)
+        if keep[-1] != n - 1:
+            index = torch.tensor(keep, device=self.device) + past
+            for layer in self.cache.layers:
+                # index_select copies first, so the in-place write cannot read moved rows.
+                layer.keys[:, :, past : past + n] = layer.keys.index_select(2, index)
+                layer.values[:, :, past : past + n] = layer.values.index_select(2, index)
+        self._set_length(past + n)
+
+    # ---- warming up ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def warm_up(self, slots: int | None = None, progress: bool = True) -> float:
+        """Compile every bucket's graph for a cache of ``slots`` (default: the first tier) before
+        the first request; returns the seconds spent. Shows progress on stderr when asked."""
+        if not self.compiled:
+            return 0.0
+        start = time.perf_counter()
+        self.reset()
+        self._ensure_slots(slots or self.min_slots)
+        sizes = list(self.buckets)
+        bar = _progress(progress)
+        with bar:
+            task = bar.add_task("compiling the forward", total=len(sizes))
+            for rows in sizes:
+                bar.update(task, description=f"compiling the forward for {rows} row{'s' * (rows > 1)}")
+                self.forward(torch.zeros(rows, dtype=torch.long))
+                self.commit([0], rows)
+                self.reset()
+                if not self.compiled:
+                    break
+                bar.advance(task)
+        return time.perf_counter() - start
+
+
+def _progress(show: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True, disable=not show)
+
+
+# ---- choosing the path ------------------------------------------------------------------
+COMPILE_VALUES = ("auto", "true", "false")
+# compile=auto compiles only where the last warm-up of the same setup took at most this long, so a
+# newcomer's first answer never waits on minutes of compiling.
+AUTO_READY_S = 20.0
+
+
+def check_compile(value) -> str:
+    """``compile`` as one of auto/true/false (booleans and their spellings accepted)."""
+    from specfree.errors import ConfigError
+
+    text = str(value).lower() if isinstance(value, (bool, str)) else None
+    if text not in COMPILE_VALUES:
+        raise ConfigError(f"compile must be auto, true or false, got {value!r}")
+    return text
+
+
+def unsupported_reason(model) -> str | None:
+    """Why this model cannot be compiled here, or None."""
+    import shutil
+    import sys
+
+    device = model.get_input_embeddings().weight.device
+    if device.type not in ("cpu", "cuda"):
+        return f"torch.compile is not used on {device.type} devices"
+    if device.type == "cpu" and not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")):
+        return "no C++ compiler was found (install g++ or clang++)"
+    if sys.platform not in ("linux", "darwin"):
+        return f"compiling the forward is supported on Linux and macOS, not {sys.platform}"
+    return None
+
+
+def compiled_marker(model, cache_dir, **knobs) -> "Path":
+    """The file that says this setup (model, device, dtype, threads, torch, knobs) compiled here
+    before, so Inductor's on-disk caches should be warm."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    params = sum(p.numel() for p in model.parameters())
+    device = model.get_input_embeddings().weight.device
+    setup = [model.config.model_type, params, str(device), str(model.dtype), torch.get_num_threads(),
+             torch.__version__, sorted((k, str(v)) for k, v in knobs.items())]
+    key = hashlib.sha1(json.dumps(setup).encode()).hexdigest()[:16]
+    return Path(cache_dir) / "compiled" / f"{key}.json"
+
+
+def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, cache_dir=None,
+                 progress: bool = True, slots: int | None = None, **compiled_knobs) -> HFAdapter:
+    """The adapter for ``compile``: ``true`` compiles (minutes the first time on a machine, with
+    progress shown; one warning and the eager adapter where it cannot or fails); ``auto`` does so
+    only where the last compile of the same setup on this machine was ready within
+    ``AUTO_READY_S`` (a warm start), else stays eager; ``false`` is the eager adapter. ``slots``:
+    the KV slots to compile for up front (larger tiers compile their own graphs when needed)."""
+    import json
+    import logging
+
+    from specfree.adapters.loading import DEFAULT_CACHE
+
+    choice = check_compile(compile)
+    eager = dict(packed_linears=packed_linears) if packed_linears is not None else {}
+    if choice == "false":
+        return HFAdapter(model, **eager)
+    reason = unsupported_reason(model)
+    if reason is not None:
+        if choice == "true":
+            warnings.warn(f"compile=true: {reason}; decoding on the eager path", stacklevel=3)
+        return HFAdapter(model, **eager)
+    marker = compiled_marker(model, cache_dir or DEFAULT_CACHE, **compiled_knobs)
+    try:
+        ready_s = json.loads(marker.read_text())["warm_up_s"] if marker.is_file() else None
+    except (ValueError, KeyError, TypeError):
+        ready_s = None  # a damaged marker: as if never compiled
+    if choice == "auto" and (ready_s is None or ready_s > AUTO_READY_S):
+        logging.getLogger("specfree").debug(
+            "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
+            "compile=true builds one (minutes the first time)")
+        return HFAdapter(model, **eager)
+    adapter = CompiledHFAdapter(model, **compiled_knobs)
+    seconds = adapter.warm_up(slots, progress=progress)
+    if not adapter.compiled:  # it warned why
+        return HFAdapter(model, **eager)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"warm_up_s": seconds, "buckets": list(adapter.buckets)}))
+    return adapter

@@ -1,0 +1,167 @@
+"""The compiled forward (adapters/compiled.py): lossless on static shapes, padding rows that
+change nothing, KV slots grown in tiers, the compile knob, and the eager fallback.
+
+Inductor compiles a handful of graphs here (two families, buckets 1/4/8); the other tests use
+dynamo's ``eager`` backend, which traces the same static-shape code without generating kernels.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specfree import Engine
+from specfree.adapters.compiled import CompiledHFAdapter, check_compile, make_adapter
+from specfree.adapters.hf import HFAdapter
+from specfree.check import check_against_baseline
+from specfree.errors import ConfigError
+from specfree.masks.bucketed import bucket_for, pad_rows, static_mask
+from specfree.plugins import build_plugin_manager, registry
+from tests.test_lossless import prompts, strategy_specs
+from tests.tiny_models import reference_greedy, tiny_model
+
+COMPILED_FAMILIES = ("llama", "gpt2")  # grouped-query + RMSNorm + rotary; Conv1D + learned positions
+SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+REG = registry(build_plugin_manager())
+
+
+@pytest.fixture(scope="module")
+def compiled_adapters():
+    """One Inductor-compiled adapter per family, shared by the module's examples."""
+    adapters = {}
+    for family in COMPILED_FAMILIES:
+        adapter = CompiledHFAdapter(tiny_model(family), buckets=(1, 4, 8), max_autotune=False)
+        adapter.warm_up(progress=False)
+        assert adapter.compiled, adapter.failure
+        adapters[family] = adapter
+    return adapters
+
+
+def engine_on(adapter, name, knobs, **sampling):
+    verifier = REG.make("verifier", "sampling" if sampling.pop("do_sample", False) else "greedy", **sampling)
+    return Engine(adapter, REG.make("strategy", name, **knobs), verifier)
+
+
+@SETTINGS
+@given(family=st.sampled_from(COMPILED_FAMILIES), prompt=prompts(), spec=strategy_specs(),
+       max_new=st.integers(1, 40))
+def test_compiled_greedy_equals_transformers_generate(compiled_adapters, family, prompt, spec, max_new):
+    name, knobs = spec
+    adapter = compiled_adapters[family]
+    result = engine_on(adapter, name, knobs).generate(prompt, max_new_tokens=max_new)
+    assert result.tokens == reference_greedy(tiny_model(family), prompt, max_new)
+    plain = engine_on(adapter, "autoregressive", {}).generate(prompt, max_new_tokens=max_new)
+    assert result.tokens == plain.tokens  # and equals plain decoding on the same compiled path
+    assert adapter.compiled  # nothing fell back to eager on the way
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompt=prompts(), spec=strategy_specs(), seed=st.integers(0, 2**31), temperature=st.floats(0.3, 1.5))
+def test_compiled_seeded_sampling_equals_autoregressive_sampling(compiled_adapters, prompt, spec, seed,
+                                                                 temperature):
+    adapter = compiled_adapters["llama"]
+    name, knobs = spec
+    sampling = dict(do_sample=True, seed=seed, temperature=temperature)
+    speculative = engine_on(adapter, name, knobs, **dict(sampling)).generate(prompt, 30)
+    plain = engine_on(adapter, "autoregressive", {}, **dict(sampling)).generate(prompt, 30)
+    assert speculative.tokens == plain.tokens
+
+
+def test_check_mode_on_the_compiled_path(compiled_adapters):
+    engine = engine_on(compiled_adapters["gpt2"], "prompt_lookup", {})
+    prompt = [5, 6, 7, 8] * 4
+    result = engine.generate(prompt, 24)
+    verdict = check_against_baseline(engine, result, prompt, max_new_tokens=24)
+    assert verdict.identical and verdict.baseline.tokens == result.tokens
+
+
+def test_padding_rows_change_no_real_row():
+    model = tiny_model("llama")
+    eager = HFAdapter(model, check_tree_mask=False)
+    traced = CompiledHFAdapter(model, backend="eager", buckets=(1, 8))  # 3 rows run padded to 8
+    prefix = torch.tensor([5, 9, 11, 13])
+    rows = torch.tensor([20, 21, 22])
+    allowed = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    positions = torch.tensor([4, 5, 5])
+    for adapter in (eager, traced):
+        adapter.reset()
+        adapter.prefill(prefix)
+    expected = eager.forward(rows, allowed, positions)
+    got = traced.forward(rows, allowed, positions)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    traced.commit([0, 2], rows=3)  # the second sibling's KV moves down; padding rows are dropped
+    eager.commit([0, 2], rows=3)
+    assert traced.past_len == eager.past_len == 6
+    nxt = torch.tensor([30])
+    torch.testing.assert_close(traced.forward(nxt), eager.forward(nxt), rtol=1e-4, atol=1e-4)
+
+
+def test_pad_rows_and_static_mask_hide_padding():
+    tokens, allowed, positions = pad_rows(torch.tensor([4, 5]), torch.ones(2, 2, dtype=torch.bool).tril(),
+                                          torch.tensor([7, 8]), bucket=4)
+    assert tokens.tolist() == [4, 5, 0, 0] and positions.tolist() == [7, 8, 7, 7]
+    mask = static_mask(allowed, past_len=3, positions=positions, capacity=16, dtype=torch.float32)[0, 0]
+    visible = mask == 0
+    assert visible.shape == (4, 16)
+    assert not visible[:2, 5:].any()  # real rows never see padding rows nor empty slots
+    assert visible[2, :3].all() and visible[2, 5] and not visible[2, 3:5].any()  # a padding row: cache + itself
+    assert bucket_for(3) == 4 and bucket_for(33) is None
+
+
+def test_slots_grow_in_tiers_and_output_stays_plain():
+    model = tiny_model("qwen2")
+    adapter = CompiledHFAdapter(model, backend="eager", min_slots=16, buckets=(1, 8))
+    prompt = [5, 6, 7, 8, 9] * 3
+    result = Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 60)
+    assert adapter.slots >= len(prompt) + len(result.tokens) > 64  # grew 16 -> 32 -> 64 -> 128
+    assert result.tokens == reference_greedy(model, prompt, 60)
+
+
+def broken_backend(graph_module, example_inputs):
+    raise RuntimeError("no C++ compiler here")
+
+
+def test_a_failing_compile_warns_once_and_decodes_eagerly(tmp_path):
+    model = tiny_model("llama")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        adapter = make_adapter(model, "true", cache_dir=tmp_path, progress=False, backend=broken_backend)
+    messages = [str(w.message) for w in caught if "compiling the forward failed" in str(w.message)]
+    assert len(messages) == 1 and "no C++ compiler here" in messages[0] and "\n" not in messages[0]
+    assert type(adapter) is HFAdapter  # the eager adapter, not a half-compiled one
+    assert not list(tmp_path.rglob("*.json"))  # no marker: auto will not try it again
+    prompt = [3, 4, 5] * 4
+    assert Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 20).tokens == \
+        reference_greedy(model, prompt, 20)
+
+
+def test_a_failure_mid_run_finishes_the_step_eagerly():
+    model = tiny_model("llama")
+    adapter = CompiledHFAdapter(model, backend=broken_backend)
+    prompt = [3, 4, 5] * 4
+    with pytest.warns(UserWarning, match="decoding continues on the eager path"):
+        tokens = Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 20).tokens
+    assert tokens == reference_greedy(model, prompt, 20) and not adapter.compiled
+
+
+def test_compile_knob_auto_uses_a_warm_compile_only(tmp_path):
+    model = tiny_model("llama")
+    knobs = dict(cache_dir=tmp_path, backend="eager", buckets=(1,), progress=False)
+    assert type(make_adapter(model, "auto", **knobs)) is HFAdapter  # never compiled here
+    assert isinstance(make_adapter(model, True, **knobs), CompiledHFAdapter)
+    assert isinstance(make_adapter(model, "auto", **knobs), CompiledHFAdapter)  # the last warm-up was quick
+    assert type(make_adapter(model, "false", **knobs)) is HFAdapter
+
+
+def test_compile_knob_values():
+    assert [check_compile(v) for v in (True, False, "auto", "TRUE", "false")] == ["true", "false", "auto", "true",
+                                                                                 "false"]
+    with pytest.raises(ConfigError, match="compile must be auto, true or false, got 'fast'"):
+        check_compile("fast")
+    with pytest.raises(ConfigError, match="compile must be auto, true or false"):
+        Engine.from_model(tiny_model("llama"), None, "prompt_lookup", compile=2)
