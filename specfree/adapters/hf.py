@@ -8,10 +8,15 @@ window. Grouped-query models on the CPU run ``attention.grouped_sdpa_attention``
 masked steps a copy of the cache, fp32 linear layers on the CPU are packed once for MKL
 (``packed``), which spares few-row forwards repacking every weight, and Llama-style RMSNorm
 layers run as one ``torch.rms_norm`` call (``norms``).
+
+Models whose layers keep a recurrent state (Mamba/SSM, linear attention) verify one chain per step
+and roll their state back after the verdict (``recurrent``); ``chain_only`` tells the engine.
 """
 
 from __future__ import annotations
 
+import inspect
+import time
 import warnings
 
 import torch
@@ -21,6 +26,7 @@ from specfree.adapters.attention import use_grouped_sdpa
 from specfree.adapters.kv import growing_cache
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.packed import pack_linears, unpack_linears
+from specfree.adapters.recurrent import StateSnapshot, recurrent_cache
 from specfree.errors import UnsupportedModelError
 from specfree.masks.tree import additive_mask
 
@@ -64,9 +70,22 @@ class HFAdapter:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
         self.sliding_window, self.layer_windows = self._attention_windows(config)
-        self.cache = growing_cache()
+        # Recurrent layers cannot branch: one chain per step (max_chain drafted tokens, None: any).
+        self.chain_only = recurrent_cache(config) is not None
+        self.max_chain: int | None = None
+        self.rollback_s = 0.0  # the last commit's rollback time (chain-only models)
+        self._step: tuple | None = None
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_argument = "past_key_values" if "past_key_values" in parameters else "cache_params"
+        # Mamba-style models take no positions, and pass unknown arguments on to their kernels.
+        self._takes_positions = "position_ids" in parameters or not self.chain_only
+        self.reset()
         if check_tree_mask:
-            self.check_tree_mask()
+            self.check_causal()
+            if self.chain_only:
+                self.check_chain()
+            else:
+                self.check_tree_mask()
 
     @property
     def device(self) -> torch.device:
@@ -78,7 +97,7 @@ class HFAdapter:
 
     @property
     def past_len(self) -> int:
-        return self.cache.get_seq_length()
+        return self._length if self.chain_only else self.cache.get_seq_length()
 
     def _use_maskable_attention(self) -> None:
         """Switch a flash-attention model to SDPA (or eager, for families without SDPA), which take
@@ -135,7 +154,9 @@ class HFAdapter:
                 for kind, window in self.layer_windows.items()}
 
     def reset(self) -> None:
-        self.cache = growing_cache()
+        self.cache = recurrent_cache(self.model.config) if self.chain_only else growing_cache()
+        self._length = 0  # tokens in the cache (recurrent layers have no sequence axis to read it from)
+        self._step = None
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
@@ -169,17 +190,20 @@ class HFAdapter:
             if allowed is None:
                 allowed = torch.ones(q, q, dtype=torch.bool).tril()
             mask = self._mask(allowed, past, positions)
+        if self.chain_only and q > 1:  # one row is always kept whole: nothing to roll back
+            if not causal:
+                raise ValueError("a model with recurrent layers verifies one chain per step, not a tree")
+            self._step = (StateSnapshot(self.cache, past), tokens, positions, mask)
         return self._forward(tokens, positions, mask)
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
-        out = self.model(
-            input_ids=tokens.to(self.device)[None],
-            position_ids=positions.to(self.device)[None],
-            attention_mask=mask,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
+        inputs = dict(input_ids=tokens.to(self.device)[None], attention_mask=mask, use_cache=True,
+                      logits_to_keep=logits_to_keep)
+        inputs[self._cache_argument] = self.cache
+        if self._takes_positions:
+            inputs["position_ids"] = positions.to(self.device)[None]
+        out = self.model(**inputs)
+        self._length += tokens.numel()
         return out.logits[0]
 
     @torch.inference_mode()
@@ -188,6 +212,9 @@ class HFAdapter:
 
         ``rows`` is how many rows the step's forward appended.
         """
+        if self.chain_only:
+            self._commit_chain(len(keep), rows)
+            return
         past = self.past_len - rows
         n = len(keep)
         contiguous = keep[-1] == n - 1
@@ -199,6 +226,83 @@ class HFAdapter:
                 layer.values[:, :, past : past + n] = layer.values.index_select(2, index)
             layer.keys = layer.keys[:, :, : past + n]
             layer.values = layer.values[:, :, : past + n]
+
+    def _commit_chain(self, kept: int, rows: int) -> None:
+        """Keep the first ``kept`` rows of a chain: when some were rejected, put the states back as
+        they were before the step and run the kept rows again (their logits are not needed)."""
+        start = time.perf_counter()
+        if kept < rows:
+            snapshot, tokens, positions, mask = self._step
+            snapshot.restore(self.cache)
+            self._length = snapshot.past
+            if mask is not None:  # a windowed mask: its first rows and columns fit the shorter chain
+                mask = self._mask(torch.ones(kept, kept, dtype=torch.bool).tril(), snapshot.past, positions[:kept])
+            self._forward(tokens[:kept], positions[:kept], mask, logits_to_keep=1)
+        self._step = None
+        self.rollback_s = time.perf_counter() - start
+
+    @torch.inference_mode()
+    def check_causal(self) -> None:
+        """Refuse, by name, a model whose rows see the rows after them (an encoder loaded as a causal
+        LM): a row's logits must not change when later tokens are appended."""
+        ids = torch.arange(3, 8) % min(self.vocab_size, 1000)
+        try:
+            self.reset()
+            whole = self._forward(ids, torch.arange(5), None)[:3]
+            self.reset()
+            first = self._forward(ids[:3], torch.arange(3), None)
+        except Exception as exc:  # the family's forward rejected our arguments
+            raise UnsupportedModelError(
+                f"model family '{self.family}' cannot run specfree's forward ({type(exc).__name__}: {exc}). "
+                "Use another model family.") from exc
+        finally:
+            self.reset()
+        if not self._close(whole, first):
+            raise UnsupportedModelError(
+                f"model family '{self.family}' is not causal: a row's logits change when later tokens are "
+                "appended (bidirectional attention, e.g. an encoder loaded with is_decoder=False), so "
+                "speculative rows would see the future and give wrong output. Load it as a decoder "
+                "(is_decoder=True) or use a causal model family.")
+
+    def _close(self, ours: torch.Tensor, reference: torch.Tensor) -> bool:
+        scale = reference.float().abs().max().clamp(min=1.0)
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        return bool(((ours.float() - reference.float()).abs().max() / scale) <= tol)
+
+    @torch.inference_mode()
+    def check_chain(self) -> None:
+        """For a model with recurrent layers: a chain of rows after a cached prefix, and the state
+        rolled back to part of it, must give the logits of one row at a time (what ``generate``
+        runs). If the model's multi-row forward does not continue its state, drafts cannot be
+        verified at all: every step is then one row (plain decoding), with a warning."""
+        ids = torch.arange(3, 10) % min(self.vocab_size, 1000)  # prefix a b c, chain d e f, then g
+        try:
+            self.reset()
+            self.prefill(ids[:3])
+            singles = []
+            for i in range(3, 7):
+                singles.append(self.forward(ids[i : i + 1])[-1])
+                self.commit([0], rows=1)
+            self.reset()
+            self.prefill(ids[:3])
+            chain = self.forward(ids[3:6])
+            self.commit([0, 1], rows=3)  # reject f: the state goes back to after e
+            after_rollback = self.forward(ids[5:7])  # f again, then g
+        except Exception as exc:
+            raise UnsupportedModelError(
+                f"model family '{self.family}' cannot run specfree's forward ({type(exc).__name__}: {exc}). "
+                "Use another model family.") from exc
+        finally:
+            self.reset()
+        if not self._close(chain, torch.stack(singles[:3])):
+            self.max_chain = 0
+            warnings.warn(f"model family '{self.family}': this transformers version's forward does not carry "
+                          "the recurrent state through several new tokens at once, so drafts cannot be checked; "
+                          "decoding one token per step (plain speed, same output)", stacklevel=3)
+        elif not self._close(after_rollback, torch.stack(singles[2:4])):
+            raise UnsupportedModelError(
+                f"model family '{self.family}' keeps state that specfree cannot roll back (a rejected draft "
+                "would change later output). Use another model family.")
 
     @torch.inference_mode()
     def check_tree_mask(self) -> None:
@@ -224,9 +328,7 @@ class HFAdapter:
                 "or another model family.") from exc
         finally:
             self.reset()
-        scale = reference.float().abs().max().clamp(min=1.0)
-        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
-        if ((tree.float() - reference.float()).abs().max() / scale) > tol:
+        if not self._close(tree, reference):
             raise UnsupportedModelError(
                 f"model family '{self.family}' ignores custom 4D attention masks "
                 f"(attn_implementation={self.model.config._attn_implementation!r}), so speculative "
