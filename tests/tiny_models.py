@@ -59,10 +59,42 @@ CONFIGS.update({
 })
 FAMILIES = sorted(CONFIGS)
 
+# Families whose layers keep a recurrent state (verified one chain a step, ``adapters/recurrent.py``):
+# pure SSMs, attention + SSM hybrids and attention + linear-attention hybrids. Their torch fallback
+# kernels are slow, so they are kept out of FAMILIES, which the other property tests sample.
+SSM = dict(hidden_size=32, num_hidden_layers=2, max_position_embeddings=512)
+HYBRID_LAYERS = dict(LAYERS, num_hidden_layers=4, head_dim=8)
+LINEAR_ATTENTION = dict(linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                        linear_num_value_heads=4)
+RECURRENT_CONFIGS = {
+    # Mamba-1 mixers (mamba, jamba) restart their state on multi-token input in transformers 5.23:
+    # the adapter then decodes one row a step.
+    "mamba": lambda: transformers.MambaConfig(state_size=8, **SSM, **COMMON),
+    "mamba2": lambda: transformers.Mamba2Config(state_size=8, num_heads=4, head_dim=16, n_groups=1, chunk_size=16,
+                                                **SSM, **COMMON),
+    "jamba": lambda: transformers.JambaConfig(num_experts=4, attn_layer_period=2, attn_layer_offset=1,
+                                              expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8,
+                                              **HYBRID_LAYERS, **COMMON),
+    # attention and a Mamba-2 mixer side by side in every layer
+    "falcon_h1": lambda: transformers.FalconH1Config(mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+                                                     mamba_d_state=8, mamba_chunk_size=16, **LAYERS, head_dim=8,
+                                                     **COMMON),
+    "nemotron_h": lambda: transformers.NemotronHConfig(
+        hidden_size=32, intermediate_size=64, layers_block_type=["mamba", "attention", "mamba", "mlp"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, ssm_state_size=8, mamba_num_heads=4,
+        mamba_head_dim=16, n_groups=1, chunk_size=16, max_position_embeddings=512, **COMMON),
+    # gated delta-net linear attention, 3 layers to 1 of full attention
+    "qwen3_next": lambda: transformers.Qwen3NextConfig(moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                                       num_experts=4, num_experts_per_tok=2, **LINEAR_ATTENTION,
+                                                       **HYBRID_LAYERS, **COMMON),
+    "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**LINEAR_ATTENTION, **HYBRID_LAYERS, **COMMON),
+}
+RECURRENT_FAMILIES = sorted(RECURRENT_CONFIGS)
+
 
 @functools.cache
 def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
-    config = CONFIGS[family]()
+    config = (CONFIGS.get(family) or RECURRENT_CONFIGS[family])()
     try:
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")

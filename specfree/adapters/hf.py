@@ -230,16 +230,17 @@ class HFAdapter:
     def _commit_chain(self, kept: int, rows: int) -> None:
         """Keep the first ``kept`` rows of a chain: when some were rejected, put the states back as
         they were before the step and run the kept rows again (their logits are not needed)."""
-        start = time.perf_counter()
+        self.rollback_s = 0.0
         if kept < rows:
+            start = time.perf_counter()
             snapshot, tokens, positions, mask = self._step
             snapshot.restore(self.cache)
             self._length = snapshot.past
             if mask is not None:  # a windowed mask: its first rows and columns fit the shorter chain
                 mask = self._mask(torch.ones(kept, kept, dtype=torch.bool).tril(), snapshot.past, positions[:kept])
             self._forward(tokens[:kept], positions[:kept], mask, logits_to_keep=1)
+            self.rollback_s = time.perf_counter() - start
         self._step = None
-        self.rollback_s = time.perf_counter() - start
 
     @torch.inference_mode()
     def check_causal(self) -> None:
