@@ -16,11 +16,9 @@ from hypothesis import strategies as st
 from specfree import Engine
 from specfree.adapters.hf import HFAdapter
 from specfree.datastore import build_datastore
-from specfree.strategies.base import Strategy
-from specfree.types import Proposal
 from specfree.tree import DraftTree, merge
 from tests.test_lossless import prompts
-from tests.tiny_models import RECURRENT_FAMILIES, VOCAB, reference_greedy, tiny_model, tiny_tokenizer
+from tests.tiny_models import RECURRENT_FAMILIES, Oracle, reference_greedy, tiny_model, tiny_tokenizer
 
 # transformers 5.23's Mamba-1 mixer starts from a zero state on multi-token input: no chains there.
 ONE_ROW = {"mamba", "jamba"}
@@ -74,23 +72,6 @@ def test_every_strategy_reproduces_generate(family, strategy, datastore):
     assert result.tokens == reference_greedy(model, prompt, 20, ignore_eos=True)
     assert sum(s.emitted for s in result.steps) == len(result.tokens)
     assert all(s.rows == s.drafted + 1 for s in result.steps)  # one chain: no aux rows, no siblings
-
-
-class Oracle(Strategy):
-    """Drafts the true continuation, ``depth`` tokens a step, with the token at ``wrong_at`` replaced
-    every other step: whole chains kept and chains cut short, in turn."""
-
-    name = "oracle"
-
-    def __init__(self, truth: list[int], depth: int, wrong_at: int):
-        self.truth, self.depth, self.wrong_at, self.steps = truth, depth, wrong_at, 0
-
-    def propose(self, context, max_depth: int) -> Proposal:
-        draft = list(self.truth[len(context) : len(context) + min(self.depth, max_depth)])
-        self.steps += 1
-        if self.steps % 2 == 0 and len(draft) > self.wrong_at:
-            draft[self.wrong_at] = (draft[self.wrong_at] + 1) % VOCAB
-        return Proposal([draft] if draft else [], self.name)
 
 
 @pytest.mark.parametrize("wrong_at", [0, 2])

@@ -12,6 +12,8 @@ import torch
 import transformers
 
 from specfree.adapters import as_shipped
+from specfree.strategies.base import Strategy
+from specfree.types import Proposal
 
 VOCAB = 128
 BOS, EOS, PAD = 1, 2, 0
@@ -114,6 +116,23 @@ def reference_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: 
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=None if ignore_eos else EOS, pad_token_id=PAD)
     return out[0, len(prompt):].tolist()
+
+
+class Oracle(Strategy):
+    """Drafts the true continuation, ``depth`` tokens a step, with the token at ``wrong_at`` replaced
+    every other step: whole chains kept and chains cut short, in turn."""
+
+    name = "oracle"
+
+    def __init__(self, truth: list[int], depth: int, wrong_at: int):
+        self.truth, self.depth, self.wrong_at, self.steps = truth, depth, wrong_at, 0
+
+    def propose(self, context, max_depth: int) -> Proposal:
+        draft = list(self.truth[len(context) : len(context) + min(self.depth, max_depth)])
+        self.steps += 1
+        if self.steps % 2 == 0 and len(draft) > self.wrong_at:
+            draft[self.wrong_at] = (draft[self.wrong_at] + 1) % VOCAB
+        return Proposal([draft] if draft else [], self.name)
 
 
 WORDS = ("the a an and or but if then so of to in on at by for with from up down out over under "

@@ -23,10 +23,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specfree.adapters.attention import use_grouped_sdpa
-from specfree.adapters.kv import growing_cache
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.packed import pack_linears, unpack_linears
-from specfree.adapters.recurrent import StateSnapshot, recurrent_cache
+from specfree.adapters import recurrent
 from specfree.errors import UnsupportedModelError
 from specfree.masks.tree import additive_mask
 
@@ -69,9 +68,11 @@ class HFAdapter:
         fuse_norms(model)  # bit-identical, fewer dispatches per forward
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
-        self.sliding_window, self.layer_windows = self._attention_windows(config)
         # Recurrent layers cannot branch: one chain per step (max_chain drafted tokens, None: any).
-        self.chain_only = recurrent_cache(config) is not None
+        self.cache_kind = recurrent.cache_kind(model)
+        self.chain_only = self.cache_kind != "growing"
+        # A chain's rows are causal: the model masks its own windows, over its own window layers.
+        self.sliding_window, self.layer_windows = (None, None) if self.chain_only else self._attention_windows(config)
         self.max_chain: int | None = None
         self.rollback_s = 0.0  # the last commit's rollback time (chain-only models)
         self._step: tuple | None = None
@@ -154,7 +155,7 @@ class HFAdapter:
                 for kind, window in self.layer_windows.items()}
 
     def reset(self) -> None:
-        self.cache = recurrent_cache(self.model.config) if self.chain_only else growing_cache()
+        self.cache = recurrent.new_cache(self.model, self.cache_kind)
         self._length = 0  # tokens in the cache (recurrent layers have no sequence axis to read it from)
         self._step = None
 
@@ -193,7 +194,7 @@ class HFAdapter:
         if self.chain_only and q > 1:  # one row is always kept whole: nothing to roll back
             if not causal:
                 raise ValueError("a model with recurrent layers verifies one chain per step, not a tree")
-            self._step = (StateSnapshot(self.cache, past), tokens, positions, mask)
+            self._step = (recurrent.snapshot(self.cache, self.cache_kind, past), tokens, positions, mask)
         return self._forward(tokens, positions, mask)
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
@@ -203,6 +204,8 @@ class HFAdapter:
         if self._takes_positions:
             inputs["position_ids"] = positions.to(self.device)[None]
         out = self.model(**inputs)
+        if self.cache is None:  # a family that builds its own cache class in its forward
+            self.cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
         self._length += tokens.numel()
         return out.logits[0]
 
@@ -234,7 +237,7 @@ class HFAdapter:
         if kept < rows:
             start = time.perf_counter()
             snapshot, tokens, positions, mask = self._step
-            snapshot.restore(self.cache)
+            self.cache = snapshot.restore(self.cache)
             self._length = snapshot.past
             if mask is not None:  # a windowed mask: its first rows and columns fit the shorter chain
                 mask = self._mask(torch.ones(kept, kept, dtype=torch.bool).tril(), snapshot.past, positions[:kept])
@@ -279,6 +282,8 @@ class HFAdapter:
         ids = torch.arange(3, 10) % min(self.vocab_size, 1000)  # prefix a b c, chain d e f, then g
         try:
             self.reset()
+            whole = self._forward(ids[:7], torch.arange(7), None)[3:]
+            self.reset()
             self.prefill(ids[:3])
             singles = []
             for i in range(3, 7):
@@ -295,6 +300,11 @@ class HFAdapter:
                 "Use another model family.") from exc
         finally:
             self.reset()
+        if not self._close(torch.stack(singles), whole):
+            raise UnsupportedModelError(
+                f"model family '{self.family}' does not keep its state in the cache specfree passes it "
+                f"({self._cache_argument}): one token at a time after a cached prefix differs from a forward over "
+                "the whole sequence. Use another model family.")
         if not self._close(chain, torch.stack(singles[:3])):
             self.max_chain = 0
             warnings.warn(f"model family '{self.family}': this transformers version's forward does not carry "
