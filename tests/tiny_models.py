@@ -90,6 +90,16 @@ RECURRENT_CONFIGS = {
                                                        num_experts=4, num_experts_per_tok=2, **LINEAR_ATTENTION,
                                                        **HYBRID_LAYERS, **COMMON),
     "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**LINEAR_ATTENTION, **HYBRID_LAYERS, **COMMON),
+    # a cache class of its own (built inside its forward), attention + lightning linear attention
+    "minimax": lambda: transformers.MiniMaxConfig(num_local_experts=4, num_experts_per_tok=2,
+                                                  layer_types=["full_attention", "linear_attention"] * 2,
+                                                  **HYBRID_LAYERS, **COMMON),
+    # cache layers of its own: compressed attention over a sliding window (16, shorter than the tests' text)
+    "deepseek_v4": lambda: transformers.DeepseekV4Config(
+        hidden_size=32, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, q_lora_rank=16, o_lora_rank=16, qk_rope_head_dim=8, num_experts_per_tok=2, n_routed_experts=4,
+        index_n_heads=2, index_head_dim=8, index_topk=16, sliding_window=16, max_position_embeddings=512,
+        **COMMON),
 }
 RECURRENT_FAMILIES = sorted(RECURRENT_CONFIGS)
 

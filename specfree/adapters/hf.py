@@ -22,10 +22,10 @@ import warnings
 import torch
 from transformers import PreTrainedModel
 
+from specfree.adapters import recurrent
 from specfree.adapters.attention import use_grouped_sdpa
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.packed import pack_linears, unpack_linears
-from specfree.adapters import recurrent
 from specfree.errors import UnsupportedModelError
 from specfree.masks.tree import additive_mask
 
@@ -194,7 +194,7 @@ class HFAdapter:
         if self.chain_only and q > 1:  # one row is always kept whole: nothing to roll back
             if not causal:
                 raise ValueError("a model with recurrent layers verifies one chain per step, not a tree")
-            self._step = (recurrent.snapshot(self.cache, self.cache_kind, past), tokens, positions, mask)
+            self._step = (recurrent.snapshot(self.cache, self.cache_kind, past), tokens, positions)
         return self._forward(tokens, positions, mask)
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
@@ -236,12 +236,10 @@ class HFAdapter:
         self.rollback_s = 0.0
         if kept < rows:
             start = time.perf_counter()
-            snapshot, tokens, positions, mask = self._step
+            snapshot, tokens, positions = self._step
             self.cache = snapshot.restore(self.cache)
             self._length = snapshot.past
-            if mask is not None:  # a windowed mask: its first rows and columns fit the shorter chain
-                mask = self._mask(torch.ones(kept, kept, dtype=torch.bool).tril(), snapshot.past, positions[:kept])
-            self._forward(tokens[:kept], positions[:kept], mask, logits_to_keep=1)
+            self._forward(tokens[:kept], positions[:kept], None, logits_to_keep=1)  # chains need no mask
             self.rollback_s = time.perf_counter() - start
         self._step = None
 

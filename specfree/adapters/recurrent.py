@@ -26,14 +26,13 @@ from transformers.cache_utils import LinearAttentionCacheLayerMixin as StateLaye
 from specfree.adapters.kv import GrowingLayer, growing_cache
 
 PLAIN_ATTENTION = (DynamicLayer, DynamicSlidingWindowLayer)
-# How a model's cache is kept: "growing" (attention only: kv.GrowingLayer everywhere, draft trees),
-# "states" (transformers' linear-attention layers beside attention: chains, states copied), "own"
-# (cache layers or a cache class of the family's own: chains, the whole cache copied).
-CACHE_KINDS = ("growing", "states", "own")
 
 
 def cache_kind(model) -> str:
-    if not model._supports_default_dynamic_cache():  # the family builds its own cache in its forward
+    """How a model's cache is kept: "growing" (attention only: ``kv.GrowingLayer`` everywhere, draft
+    trees), "states" (transformers' linear-attention layers beside attention layers: chains, states
+    copied), "own" (cache layers or a cache class of the family's own: chains, the cache copied)."""
+    if not _default_cache_works(model):  # the family builds its own cache in its forward
         return "own"
     try:
         layers = DynamicCache(config=model.config.get_text_config(decoder=True)).layers
@@ -52,12 +51,18 @@ def new_cache(model, kind: str) -> Cache | None:
     """An empty cache of ``kind`` (None: the model makes its own on the first forward)."""
     if kind == "growing":
         return growing_cache()
-    if kind == "own" and not model._supports_default_dynamic_cache():
+    if kind == "own" and not _default_cache_works(model):
         return None
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     if kind == "states":
         cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def _default_cache_works(model) -> bool:
+    """generate's own test: False for families that build a cache class of their own (MiniMax)."""
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    return supports() if supports is not None else True
 
 
 def snapshot(cache: Cache | None, kind: str, past: int):
