@@ -81,6 +81,10 @@ class HFAdapter:
         # Mamba-style models take no positions, and pass unknown arguments on to their kernels.
         self._takes_positions = "position_ids" in parameters or not self.chain_only
         self.reset()
+        # Rollbacks re-run only the state-writing mixers where they can be found, else the whole model.
+        self.replay = recurrent.MixerReplay.find(model, self.cache, lambda: self.prefill(torch.arange(3, 6))) \
+            if self.cache_kind == "states" else None
+        self.reset()
         if check_tree_mask:
             self.check_causal()
             if self.chain_only:
@@ -195,6 +199,13 @@ class HFAdapter:
             if not causal:
                 raise ValueError("a model with recurrent layers verifies one chain per step, not a tree")
             self._step = (recurrent.snapshot(self.cache, self.cache_kind, past), tokens, positions)
+            if self.replay is not None:
+                hooks = self.replay.record()
+                try:
+                    return self._forward(tokens, positions, mask)
+                finally:
+                    for hook in hooks:
+                        hook.remove()
         return self._forward(tokens, positions, mask)
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
@@ -237,6 +248,13 @@ class HFAdapter:
         if kept < rows:
             start = time.perf_counter()
             snapshot, tokens, positions = self._step
+            if self.replay is not None and snapshot.keeps_rows(rows):
+                self.cache = snapshot.restore(self.cache, kept, rows)
+                if self.replay.replay(kept, rows):
+                    self._length = snapshot.past + kept
+                    self._step = None
+                    self.rollback_s = time.perf_counter() - start
+                    return
             self.cache = snapshot.restore(self.cache)
             self._length = snapshot.past
             self._forward(tokens[:kept], positions[:kept], None, logits_to_keep=1)  # chains need no mask
