@@ -39,8 +39,9 @@ def forward_and_rollback_costs(model, repeats: int = 7) -> None:
     adapter = HFAdapter(model)
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, CONFIG["vocab_size"], (PROMPT_TOKENS,), generator=generator)
+    mixers = adapter.replay
     forward = {k: [] for k in (1, 2, 4, 6)}
-    rollback = {j: [] for j in (1, 2, 3, 4, 5)}
+    rollback = {(how, j): [] for how in ("mixers", "whole model") for j in (1, 2, 3, 4, 5)}
     for _ in range(repeats):
         for k in forward:
             adapter.reset()
@@ -48,16 +49,19 @@ def forward_and_rollback_costs(model, repeats: int = 7) -> None:
             start = time.perf_counter()
             adapter.forward(torch.randint(3, 100, (k,), generator=generator))
             forward[k].append(time.perf_counter() - start)
-        for j in rollback:
+        for how, j in rollback:
+            adapter.replay = mixers if how == "mixers" else None
             adapter.reset()
             adapter.prefill(prompt)
             adapter.forward(torch.randint(3, 100, (6,), generator=generator))
             adapter.commit(list(range(j)), rows=6)
-            rollback[j].append(adapter.rollback_s)
+            rollback[how, j].append(adapter.rollback_s)
+    adapter.replay = mixers
     print("forward of k chain rows after", PROMPT_TOKENS, "tokens:",
           ", ".join(f"k={k} {median_ms(v):.1f} ms" for k, v in forward.items()))
-    print("rollback of a 6-row chain keeping j rows (restore + re-run j rows):",
-          ", ".join(f"j={j} {median_ms(v):.1f} ms" for j, v in rollback.items()))
+    for how in ("mixers", "whole model"):
+        print(f"rollback of a 6-row chain keeping j rows, re-running the {how}:",
+              ", ".join(f"j={j} {median_ms(rollback[how, j]):.1f} ms" for j in (1, 2, 3, 4, 5)))
 
 
 def end_to_end(model) -> None:
@@ -65,17 +69,21 @@ def end_to_end(model) -> None:
     prompts = [torch.randint(3, CONFIG["vocab_size"], (PROMPT_TOKENS,), generator=generator).tolist()
                for _ in range(PROMPTS)]
     truths = [p + reference_greedy(model, p, NEW_TOKENS + 8, ignore_eos=True) for p in prompts]
-    systems = {
-        "autoregressive": lambda truth: "autoregressive",
-        "oracle depth 4, every other draft cut after 2": lambda truth: Oracle(truth, depth=4, wrong_at=2),
-        "oracle depth 4, every other draft cut after 0": lambda truth: Oracle(truth, depth=4, wrong_at=0),
-        "prompt_lookup (random text: nothing to copy)": lambda truth: "prompt_lookup",
+    systems = {  # name: (strategy, rollback re-runs the mixers only)
+        "autoregressive": (lambda truth: "autoregressive", True),
+        "oracle depth 4, every other draft cut after 2": (lambda truth: Oracle(truth, depth=4, wrong_at=2), True),
+        "same, rollback re-runs the whole model": (lambda truth: Oracle(truth, depth=4, wrong_at=2), False),
+        "oracle depth 4, every other draft cut after 0": (lambda truth: Oracle(truth, depth=4, wrong_at=0), True),
+        "prompt_lookup (random text: nothing to copy)": (lambda truth: "prompt_lookup", True),
     }
     stats = {name: {"tok/s": [], "tokens/step": [], "rollback share": [], "rollback ms/step": []} for name in systems}
     for i, (prompt, truth) in enumerate(zip(prompts, truths)):
         names = list(systems)
         for name in names[i % len(names):] + names[: i % len(names)]:  # who goes first rotates
-            engine = Engine.from_model(model, None, systems[name](truth))
+            strategy, mixers = systems[name]
+            engine = Engine.from_model(model, None, strategy(truth))
+            if not mixers:
+                engine.adapter.replay = None
             result = engine.generate(prompt, NEW_TOKENS, ignore_eos=True)
             assert result.tokens == truth[len(prompt) : len(prompt) + NEW_TOKENS], name
             rollback = sum(s.extra.get("rollback_s", 0.0) for s in result.steps)

@@ -74,19 +74,32 @@ def test_every_strategy_reproduces_generate(family, strategy, datastore):
     assert all(s.rows == s.drafted + 1 for s in result.steps)  # one chain: no aux rows, no siblings
 
 
+# Families whose cache is transformers' own linear-attention layers: rollbacks re-run their mixers only.
+MIXERS = ["falcon_h1", "mamba2", "nemotron_h", "qwen3_5_text", "qwen3_next"]
+
+
 @pytest.mark.parametrize("wrong_at", [0, 2])
 @pytest.mark.parametrize("family", CHAIN)
-def test_kept_and_cut_chains_roll_back_to_the_accepted_tokens(family, wrong_at):
+def test_kept_and_cut_chains_roll_back_to_the_accepted_tokens(family, wrong_at, whole_model=False):
     model = tiny_model(family)
     prompt = [5, 9, 11, 7]
     truth = prompt + reference_greedy(model, prompt, 40, ignore_eos=True)
-    result = Engine.from_model(model, None, Oracle(truth, depth=4, wrong_at=wrong_at)).generate(
-        prompt, 40, ignore_eos=True)
+    engine = Engine.from_model(model, None, Oracle(truth, depth=4, wrong_at=wrong_at))
+    assert (engine.adapter.replay is not None) == (family in MIXERS)
+    if whole_model:
+        engine.adapter.replay = None
+    result = engine.generate(prompt, 40, ignore_eos=True)
     assert result.tokens == truth[len(prompt) :]
     cut = [s for s in result.steps if s.accepted < s.drafted]
     whole = [s for s in result.steps if s.accepted == s.drafted]
     assert [s.accepted for s in cut] == [wrong_at] * len(cut) and len(cut) >= 3 and len(whole) >= 3
     assert all(s.extra["rollback_s"] > 0 for s in cut) and all(s.extra["rollback_s"] == 0 for s in whole)
+
+
+@pytest.mark.parametrize("family", ["falcon_h1", "qwen3_next"])
+def test_rollback_by_re_running_the_whole_model(family):
+    """The fallback where a mixer's inputs cannot be cut: the kept rows run through the whole model."""
+    test_kept_and_cut_chains_roll_back_to_the_accepted_tokens(family, wrong_at=1, whole_model=True)
 
 
 @pytest.mark.parametrize("family", sorted(ONE_ROW))
@@ -106,6 +119,7 @@ def test_rollback_leaves_the_state_of_the_accepted_tokens(family):
     """After a chain with its tail rejected, every cached state equals a forward over the kept
     tokens only (within fp32 rounding: the kept rows ran as one chunk)."""
     adapter = HFAdapter(tiny_model(family))
+    assert (adapter.replay is not None) == (family in MIXERS)
     ids = torch.tensor([5, 9, 11, 7, 20, 30, 40, 50])
     adapter.prefill(ids[:4])
     adapter.forward(ids[4:8])
