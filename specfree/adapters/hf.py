@@ -68,9 +68,16 @@ class HFAdapter:
         fuse_norms(model)  # bit-identical, fewer dispatches per forward
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
-        # Recurrent layers cannot branch: one chain per step (max_chain drafted tokens, None: any).
+        # Recurrent layers cannot branch, and layer kinds one mask per kind cannot express (chunked
+        # attention) can still take causal rows: one chain per step (max_chain drafts, None: any).
         self.cache_kind = recurrent.cache_kind(model)
-        self.chain_only = self.cache_kind != "growing"
+        kinds = set(getattr(config.get_text_config(decoder=True), "layer_types", None) or [])
+        if "indexed_attention" in kinds:
+            raise UnsupportedModelError(
+                f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers), whose "
+                "logits in transformers depend on how the tokens are split between forwards, so specfree "
+                "cannot reproduce generate's output. Use another model family.")
+        self.chain_only = self.cache_kind != "growing" or not kinds <= MASKABLE_LAYERS | {"dummy", "moe", "mlp"}
         # A chain's rows are causal: the model masks its own windows, over its own window layers.
         self.sliding_window, self.layer_windows = (None, None) if self.chain_only else self._attention_windows(config)
         self.max_chain: int | None = None
@@ -102,7 +109,7 @@ class HFAdapter:
 
     @property
     def past_len(self) -> int:
-        return self._length if self.chain_only else self.cache.get_seq_length()
+        return self.cache.get_seq_length() if self.cache_kind == "growing" else self._length
 
     def _use_maskable_attention(self) -> None:
         """Switch a flash-attention model to SDPA (or eager, for families without SDPA), which take
@@ -195,7 +202,7 @@ class HFAdapter:
             if allowed is None:
                 allowed = torch.ones(q, q, dtype=torch.bool).tril()
             mask = self._mask(allowed, past, positions)
-        if self.chain_only and q > 1:  # one row is always kept whole: nothing to roll back
+        if self.chain_only and self.cache_kind != "growing" and q > 1:  # one row is always kept whole
             if not causal:
                 raise ValueError("a model with recurrent layers verifies one chain per step, not a tree")
             self._step = (recurrent.snapshot(self.cache, self.cache_kind, past), tokens, positions)
@@ -226,7 +233,7 @@ class HFAdapter:
 
         ``rows`` is how many rows the step's forward appended.
         """
-        if self.chain_only:
+        if self.chain_only and self.cache_kind != "growing":
             self._commit_chain(len(keep), rows)
             return
         past = self.past_len - rows
