@@ -50,7 +50,8 @@ SMALL = dict(
     linear_head_dim=8, state_size=8, mamba_d_state=8, ssm_state_size=8, mamba_n_heads=4, mamba_num_heads=4,
     mamba_d_head=16, mamba_head_dim=16, mamba_d_ssm=64, n_groups=1, mamba_n_groups=1, chunk_size=16,
     mamba_chunk_size=16, time_step_rank=4, mamba_dt_rank=4, lru_width=32,
-    index_head_dim=8, index_n_heads=2, index_topk=16,
+    index_head_dim=8, index_n_heads=2, index_topk=16, rotary_dim=8, attn_layer_period=2, attn_layer_offset=1,
+    expert_layer_period=2, expert_layer_offset=1,
     bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3,
 )
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size")
@@ -71,7 +72,22 @@ def tiny_config(model_type: str):
     if isinstance(default.get("text_config"), dict):
         kwargs["text_config"] = {**default["text_config"], **shrink(default["text_config"])}
         kwargs["text_config"].pop("layer_types", None)
-    return cls(**kwargs)
+    if "kv_lora_rank" in default:  # multi-head latent attention: as many key/value heads as query heads
+        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
+    if default.get("model_type") in ("mamba2",):  # its head_dim is the SSM head's: expand * hidden = heads * dim
+        kwargs["head_dim"] = 16
+    try:
+        config = cls(**kwargs)
+    except Exception:
+        config = None
+    # A hybrid whose first 4 layers hold only one kind: one layer of each kind the full model has.
+    full_kinds = list(dict.fromkeys(default.get("layer_types") or []))
+    if len(full_kinds) > 1 and (config is None or len(set(getattr(config, "layer_types", None) or [])) < 2):
+        kinds = (full_kinds * 4)[:4]
+        config = cls(**{**kwargs, "layer_types": kinds, "num_hidden_layers": len(kinds)})
+    if config is None:
+        config = cls(**kwargs)
+    return config
 
 
 def try_family(model_type: str) -> dict:

@@ -23,18 +23,18 @@ from specfree import Engine
 from specfree.adapters.hf import HFAdapter
 from tests.tiny_models import Oracle, reference_greedy
 
-CONFIG = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-              num_key_value_heads=2, head_dim=64, linear_key_head_dim=64, linear_value_head_dim=64,
+CONFIG = dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=8,
+              num_key_value_heads=2, head_dim=32, linear_key_head_dim=32, linear_value_head_dim=32,
               linear_num_key_heads=4, linear_num_value_heads=8, max_position_embeddings=4096,
               bos_token_id=1, eos_token_id=2, pad_token_id=0)
-PROMPT_TOKENS, NEW_TOKENS, PROMPTS = 256, 64, 5
+PROMPT_TOKENS, NEW_TOKENS, PROMPTS = 128, 48, 3
 
 
 def median_ms(values) -> float:
     return 1000 * statistics.median(values)
 
 
-def forward_and_rollback_costs(model, repeats: int = 7) -> None:
+def forward_and_rollback_costs(model, repeats: int = 5) -> None:
     """Forward of k chain rows after the prompt, and the rollback that keeps j of them."""
     adapter = HFAdapter(model)
     generator = torch.Generator().manual_seed(1)
