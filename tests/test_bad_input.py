@@ -101,6 +101,16 @@ def test_model_whose_forward_takes_no_cache_we_can_pass_is_refused_by_name():
         HFAdapter(rwkv)
 
 
+def test_sparse_top_k_attention_is_refused_by_name():
+    from tests.families_report import tiny_config
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("hy_v4")).eval()
+    with pytest.raises(UnsupportedModelError, match="model family 'hy_v4' runs sparse top-k attention "
+                                                    r"\(indexed_attention layers\)"):
+        HFAdapter(model)
+
+
 def test_model_files_that_do_not_exist(tmp_path):
     with pytest.raises(ModelLoadError, match="GGUF file not found: .*missing.gguf"):
         load_model(str(tmp_path / "missing.gguf"))
