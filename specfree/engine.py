@@ -193,6 +193,7 @@ class Engine:
             verifier = copy.copy(verifier)
             verifier.seed = seed
         adapter, strategy = self.adapter, self.strategy
+        chain_only = getattr(adapter, "chain_only", False)  # an adapter from a plugin may lack it
         limit = min(len(ids) + max_new_tokens, adapter.max_length)
         buffer = np.zeros(limit, dtype=np.int64)  # committed ids; the last one is the root
         buffer[: len(ids)] = ids
@@ -215,8 +216,11 @@ class Engine:
                 proposal = strategy.propose(context, max_depth=limit - n - 1)
                 tree = merge(int(context[-1]), zip(proposal.candidates, proposal.candidate_sources()),
                              budget=adapter.max_length, max_depth=limit - n - 1)
+                aux = proposal.aux
+                if chain_only:  # recurrent layers cannot branch: one chain, no auxiliary rows
+                    tree, aux = tree.chain(adapter.max_chain), None
                 t1 = time.perf_counter()
-                layout = self.mask_builder(tree, proposal.aux, n - 1)
+                layout = self.mask_builder(tree, aux, n - 1)
                 t2 = time.perf_counter()
                 # [Q, V]; a lone root row needs no mask: the plain causal path is fastest.
                 logits = adapter.forward(layout.tokens, None if layout.rows == 1 else layout.allowed,
@@ -241,7 +245,7 @@ class Engine:
                     if stop_reason or n >= limit:
                         break
                 strategy.observe(Outcome(tree, verdict, buffer[:n],
-                                         logits[layout.num_tree :] if proposal.aux is not None else None,
+                                         logits[layout.num_tree :] if aux is not None else None,
                                          logits[: layout.num_tree]))
                 t5 = time.perf_counter()
                 accepted = min(len(verdict.path), emitted)
@@ -249,7 +253,8 @@ class Engine:
                     rows=layout.rows, drafted=tree.num_drafted, accepted=accepted, emitted=emitted,
                     draft_s=t1 - t0, mask_s=t2 - t1, forward_s=t3 - t2, verify_s=t4 - t3, other_s=t5 - t4,
                     sources=dict(Counter(tree.sources[node] for node in verdict.path[:accepted])),
-                    extra=strategy.stats()))
+                    extra=strategy.stats() if not chain_only
+                    else {**strategy.stats(), "rollback_s": adapter.rollback_s}))
                 if stop_reason is None and n >= limit:
                     stop_reason = "max_new_tokens" if len(new_tokens) >= max_new_tokens else "context_length"
                 if stop_reason and detok is not None:

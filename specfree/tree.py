@@ -43,6 +43,19 @@ class DraftTree:
             self.sources.append(source)
         return node
 
+    def chain(self, max_depth: int | None = None) -> "DraftTree":
+        """The path of first children from the root, at most ``max_depth`` deep: candidates are
+        merged best first, so it is the best candidate (for models that verify one chain a step)."""
+        first_child: dict[int, int] = {}
+        for node in range(len(self.tokens) - 1, 0, -1):
+            first_child[self.parents[node]] = node  # walking backwards, the lowest index wins
+        chain = DraftTree.root_only(self.tokens[0])
+        node = tip = 0
+        while node in first_child and (max_depth is None or chain.depths[tip] < max_depth):
+            node = first_child[node]
+            tip = chain.add(tip, self.tokens[node], self.sources[node] if self.sources else "")
+        return chain
+
     def path_to(self, node: int) -> list[int]:
         """Nodes from the root's first child down to ``node`` (root excluded)."""
         path = []

@@ -9,7 +9,7 @@ import transformers
 from specfree import ConfigError, Engine, ModelLoadError, UnsupportedModelError
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.loading import load_model
-from tests.tiny_models import tiny_model, tiny_tokenizer
+from tests.tiny_models import COMMON, tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -107,11 +107,38 @@ def test_generation_stops_at_the_model_context(engine):
     assert len(result.tokens) == 12 and result.stop_reason == "context_length"
 
 
-def test_model_without_attention_masks_is_refused_by_name():
-    config = transformers.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)
-    mamba = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(UnsupportedModelError, match="model family 'mamba' cannot run specfree's tree attention"):
-        HFAdapter(mamba)
+def test_a_model_whose_rows_see_later_rows_is_refused_by_name():
+    """An encoder loaded as a causal LM attends both ways; the probe must not let it decode."""
+    def roberta(is_decoder: bool):
+        config = transformers.RobertaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, max_position_embeddings=512,
+                                            is_decoder=is_decoder, **COMMON)
+        return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+    with pytest.raises(UnsupportedModelError, match="model family 'roberta' is not causal: a row's logits change "
+                                                    "when later tokens are appended .*is_decoder=True"):
+        HFAdapter(roberta(is_decoder=False))
+    HFAdapter(roberta(is_decoder=True))  # the same family as a decoder is causal and passes
+
+
+def test_model_whose_forward_takes_no_cache_we_can_pass_is_refused_by_name():
+    config = transformers.RwkvConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                                     intermediate_size=64, context_length=64)
+    torch.manual_seed(0)
+    rwkv = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UnsupportedModelError, match="model family 'rwkv' does not keep its state in the cache "
+                                                    r"specfree passes it \(cache_params\)"):
+        HFAdapter(rwkv)
+
+
+def test_sparse_top_k_attention_is_refused_by_name():
+    from tests.families_report import tiny_config
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("hy_v4")).eval()
+    with pytest.raises(UnsupportedModelError, match="model family 'hy_v4' runs sparse top-k attention "
+                                                    r"\(indexed_attention layers\)"):
+        HFAdapter(model)
 
 
 def test_model_files_that_do_not_exist(tmp_path):

@@ -12,6 +12,8 @@ import torch
 import transformers
 
 from specfree.adapters import as_shipped
+from specfree.strategies.base import Strategy
+from specfree.types import Proposal
 
 VOCAB = 128
 BOS, EOS, PAD = 1, 2, 0
@@ -59,10 +61,52 @@ CONFIGS.update({
 })
 FAMILIES = sorted(CONFIGS)
 
+# Families whose layers keep a recurrent state (verified one chain a step, ``adapters/recurrent.py``):
+# pure SSMs, attention + SSM hybrids and attention + linear-attention hybrids. Their torch fallback
+# kernels are slow, so they are kept out of FAMILIES, which the other property tests sample.
+SSM = dict(hidden_size=32, num_hidden_layers=2, max_position_embeddings=512)
+HYBRID_LAYERS = dict(LAYERS, num_hidden_layers=4, head_dim=8)
+LINEAR_ATTENTION = dict(linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                        linear_num_value_heads=4)
+RECURRENT_CONFIGS = {
+    # Mamba-1 mixers (mamba, jamba) restart their state on multi-token input in transformers 5.23:
+    # the adapter then decodes one row a step.
+    "mamba": lambda: transformers.MambaConfig(state_size=8, **SSM, **COMMON),
+    "mamba2": lambda: transformers.Mamba2Config(state_size=8, num_heads=4, head_dim=16, n_groups=1, chunk_size=16,
+                                                **SSM, **COMMON),
+    "jamba": lambda: transformers.JambaConfig(num_experts=4, attn_layer_period=2, attn_layer_offset=1,
+                                              expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8,
+                                              **HYBRID_LAYERS, **COMMON),
+    # attention and a Mamba-2 mixer side by side in every layer
+    "falcon_h1": lambda: transformers.FalconH1Config(mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+                                                     mamba_d_state=8, mamba_chunk_size=16, **LAYERS, head_dim=8,
+                                                     **COMMON),
+    "nemotron_h": lambda: transformers.NemotronHConfig(
+        hidden_size=32, intermediate_size=64, layers_block_type=["mamba", "attention", "mamba", "mlp"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, ssm_state_size=8, mamba_num_heads=4,
+        mamba_head_dim=16, n_groups=1, chunk_size=16, max_position_embeddings=512, **COMMON),
+    # gated delta-net linear attention, 3 layers to 1 of full attention
+    "qwen3_next": lambda: transformers.Qwen3NextConfig(moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                                       num_experts=4, num_experts_per_tok=2, **LINEAR_ATTENTION,
+                                                       **HYBRID_LAYERS, **COMMON),
+    "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**LINEAR_ATTENTION, **HYBRID_LAYERS, **COMMON),
+    # a cache class of its own (built inside its forward), attention + lightning linear attention
+    "minimax": lambda: transformers.MiniMaxConfig(num_local_experts=4, num_experts_per_tok=2,
+                                                  layer_types=["full_attention", "linear_attention"] * 2,
+                                                  **HYBRID_LAYERS, **COMMON),
+    # cache layers of its own: compressed attention over a sliding window (16, shorter than the tests' text)
+    "deepseek_v4": lambda: transformers.DeepseekV4Config(
+        hidden_size=32, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, q_lora_rank=16, o_lora_rank=16, qk_rope_head_dim=8, num_experts_per_tok=2, n_routed_experts=4,
+        index_n_heads=2, index_head_dim=8, index_topk=16, sliding_window=16, max_position_embeddings=512,
+        **COMMON),
+}
+RECURRENT_FAMILIES = sorted(RECURRENT_CONFIGS)
+
 
 @functools.cache
 def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
-    config = CONFIGS[family]()
+    config = (CONFIGS.get(family) or RECURRENT_CONFIGS[family])()
     try:
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
@@ -82,6 +126,23 @@ def reference_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: 
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=None if ignore_eos else EOS, pad_token_id=PAD)
     return out[0, len(prompt):].tolist()
+
+
+class Oracle(Strategy):
+    """Drafts the true continuation, ``depth`` tokens a step, with the token at ``wrong_at`` replaced
+    every other step: whole chains kept and chains cut short, in turn."""
+
+    name = "oracle"
+
+    def __init__(self, truth: list[int], depth: int, wrong_at: int):
+        self.truth, self.depth, self.wrong_at, self.steps = truth, depth, wrong_at, 0
+
+    def propose(self, context, max_depth: int) -> Proposal:
+        draft = list(self.truth[len(context) : len(context) + min(self.depth, max_depth)])
+        self.steps += 1
+        if self.steps % 2 == 0 and len(draft) > self.wrong_at:
+            draft[self.wrong_at] = (draft[self.wrong_at] + 1) % VOCAB
+        return Proposal([draft] if draft else [], self.name)
 
 
 WORDS = ("the a an and or but if then so of to in on at by for with from up down out over under "

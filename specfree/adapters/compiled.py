@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from specfree.adapters.hf import HFAdapter
+from specfree.adapters.hf import HFAdapter, verifies_chains
 from specfree.adapters.kv import growing_cache
 from specfree.masks.bucketed import ROW_BUCKETS, bucket_for, pad_rows, static_mask
 
@@ -68,6 +68,8 @@ class CompiledHFAdapter(HFAdapter):
     def __init__(self, model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool | None = None,
                  backend="inductor", min_slots: int = MIN_SLOTS,
                  check_tree_mask: bool = True, grouped_attention: bool = True):
+        self.cache: Cache | None = None  # the static slots, made on first use (``_ensure_slots``)
+        self._past = 0
         # Stock linear layers: Inductor replaces their kernels anyway, and must see plain matmuls.
         super().__init__(shared_parameter_copy(model), check_tree_mask=False, grouped_attention=grouped_attention,
                          packed_linears=False)
@@ -77,8 +79,6 @@ class CompiledHFAdapter(HFAdapter):
         self.failure: str | None = None  # why the compiled path was given up, if it was
         self._shapes_seen: set[tuple] = set()
         self._layer_shapes = self._probe_layer_shapes()
-        self.cache: Cache | None = None
-        self._past = 0
         self._step_start = 0
         self._compiled_step = None
         if max_autotune is None:
@@ -87,10 +87,11 @@ class CompiledHFAdapter(HFAdapter):
         if backend is not None:
             options = (inductor_options(self.device, max_autotune) or None) if backend == "inductor" else None
             mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
-            self._compiled_step = torch.compile(self._step, backend=backend, dynamic=False, options=options, mode=mode)
+            self._compiled_step = torch.compile(self._model_step, backend=backend, dynamic=False, options=options, mode=mode)
         if check_tree_mask:
             compiled, self._compiled_step = self._compiled_step, None  # the probe runs eagerly: no extra graphs
             try:
+                self.check_causal()
                 self.check_tree_mask()
             finally:
                 self._compiled_step = compiled
@@ -149,7 +150,7 @@ class CompiledHFAdapter(HFAdapter):
         self._set_length(0)  # the buffers stay: graphs hold on to them
 
     # ---- steps --------------------------------------------------------------------------
-    def _step(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
+    def _model_step(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         # ids, positions [1, B]; mask [1, 1, B, slots] (or one per layer kind) -> logits [1, B, V]
         return self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
                           use_cache=True).logits
@@ -184,7 +185,7 @@ class CompiledHFAdapter(HFAdapter):
                     self.compile_s += time.perf_counter() - start
                 self._past = past + rows
                 return logits[0]
-        logits = self._step(ids, pos, mask)
+        logits = self._model_step(ids, pos, mask)
         self._past = past + rows
         return logits[0]
 
@@ -305,6 +306,8 @@ def unsupported_reason(model) -> str | None:
         return "no C++ compiler was found (install g++ or clang++)"
     if sys.platform not in ("linux", "darwin"):
         return f"compiling the forward is supported on Linux and macOS, not {sys.platform}"
+    if verifies_chains(model):
+        return "models with recurrent or chunked-attention layers verify chains on the eager path only"
     return None
 
 

@@ -8,17 +8,22 @@ window. Grouped-query models on the CPU run ``attention.grouped_sdpa_attention``
 masked steps a copy of the cache, fp32 linear layers on the CPU are packed once for MKL
 (``packed``), which spares few-row forwards repacking every weight, and Llama-style RMSNorm
 layers run as one ``torch.rms_norm`` call (``norms``).
+
+Models whose layers keep a recurrent state (Mamba/SSM, linear attention) verify one chain per step
+and roll their state back after the verdict (``recurrent``); ``chain_only`` tells the engine.
 """
 
 from __future__ import annotations
 
+import inspect
+import time
 import warnings
 
 import torch
 from transformers import PreTrainedModel
 
+from specfree.adapters import recurrent
 from specfree.adapters.attention import use_grouped_sdpa
-from specfree.adapters.kv import growing_cache
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.packed import pack_linears, unpack_linears
 from specfree.errors import UnsupportedModelError
@@ -35,6 +40,18 @@ def context_limit(config) -> int:
 
 # Layer kinds one additive mask per kind can express (the names models use in ``layer_types``).
 MASKABLE_LAYERS = {"full_attention", "sliding_attention"}
+
+
+def layer_kinds(model) -> set[str]:
+    """The layer kinds a model's config names (``layer_types``), empty where it names none."""
+    return set(getattr(model.config.get_text_config(decoder=True), "layer_types", None) or [])
+
+
+def verifies_chains(model) -> bool:
+    """Whether ``model`` verifies one chain per step instead of a tree: recurrent layers cannot
+    branch, and layer kinds one mask per kind cannot express (chunked attention) take causal rows only."""
+    return (recurrent.cache_kind(model) != "growing"
+            or not layer_kinds(model) <= MASKABLE_LAYERS | {"dummy", "moe", "mlp"})
 
 
 def ignores_custom_masks(attn_implementation: str | None) -> bool:
@@ -63,10 +80,36 @@ class HFAdapter:
         fuse_norms(model)  # bit-identical, fewer dispatches per forward
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
-        self.sliding_window, self.layer_windows = self._attention_windows(config)
-        self.cache = growing_cache()
+        # Recurrent layers cannot branch, and layer kinds one mask per kind cannot express (chunked
+        # attention) can still take causal rows: one chain per step (max_chain drafts, None: any).
+        self.cache_kind = recurrent.cache_kind(model)
+        kinds = layer_kinds(model)
+        if "indexed_attention" in kinds:
+            raise UnsupportedModelError(
+                f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers), whose "
+                "logits in transformers depend on how the tokens are split between forwards, so specfree "
+                "cannot reproduce generate's output. Use another model family.")
+        self.chain_only = verifies_chains(model)
+        # A chain's rows are causal: the model masks its own windows, over its own window layers.
+        self.sliding_window, self.layer_windows = (None, None) if self.chain_only else self._attention_windows(config)
+        self.max_chain: int | None = None
+        self.rollback_s = 0.0  # the last commit's rollback time (chain-only models)
+        self._step: tuple | None = None
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_argument = "past_key_values" if "past_key_values" in parameters else "cache_params"
+        # Mamba-style models take no positions, and pass unknown arguments on to their kernels.
+        self._takes_positions = "position_ids" in parameters or not self.chain_only
+        self.reset()
+        # Rollbacks re-run only the state-writing mixers where they can be found, else the whole model.
+        self.replay = recurrent.MixerReplay.find(model, self.cache, lambda: self.prefill(torch.arange(3, 6))) \
+            if self.cache_kind == "states" else None
+        self.reset()
         if check_tree_mask:
-            self.check_tree_mask()
+            self.check_causal()
+            if self.chain_only:
+                self.check_chain()
+            else:
+                self.check_tree_mask()
 
     @property
     def device(self) -> torch.device:
@@ -78,7 +121,7 @@ class HFAdapter:
 
     @property
     def past_len(self) -> int:
-        return self.cache.get_seq_length()
+        return self.cache.get_seq_length() if self.cache_kind == "growing" else self._length
 
     def _use_maskable_attention(self) -> None:
         """Switch a flash-attention model to SDPA (or eager, for families without SDPA), which take
@@ -135,7 +178,9 @@ class HFAdapter:
                 for kind, window in self.layer_windows.items()}
 
     def reset(self) -> None:
-        self.cache = growing_cache()
+        self.cache = recurrent.new_cache(self.model, self.cache_kind)
+        self._length = 0  # tokens in the cache (recurrent layers have no sequence axis to read it from)
+        self._step = None
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
@@ -169,17 +214,29 @@ class HFAdapter:
             if allowed is None:
                 allowed = torch.ones(q, q, dtype=torch.bool).tril()
             mask = self._mask(allowed, past, positions)
+        if self.chain_only and self.cache_kind != "growing" and q > 1:  # one row is always kept whole
+            if not causal:
+                raise ValueError("a model with recurrent layers verifies one chain per step, not a tree")
+            self._step = (recurrent.snapshot(self.cache, self.cache_kind, past), tokens, positions)
+            if self.replay is not None:
+                hooks = self.replay.record()
+                try:
+                    return self._forward(tokens, positions, mask)
+                finally:
+                    for hook in hooks:
+                        hook.remove()
         return self._forward(tokens, positions, mask)
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
-        out = self.model(
-            input_ids=tokens.to(self.device)[None],
-            position_ids=positions.to(self.device)[None],
-            attention_mask=mask,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
+        inputs = dict(input_ids=tokens.to(self.device)[None], attention_mask=mask, use_cache=True,
+                      logits_to_keep=logits_to_keep)
+        inputs[self._cache_argument] = self.cache
+        if self._takes_positions:
+            inputs["position_ids"] = positions.to(self.device)[None]
+        out = self.model(**inputs)
+        if self.cache is None:  # a family that builds its own cache class in its forward
+            self.cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
+        self._length += tokens.numel()
         return out.logits[0]
 
     @torch.inference_mode()
@@ -188,6 +245,9 @@ class HFAdapter:
 
         ``rows`` is how many rows the step's forward appended.
         """
+        if self.chain_only and self.cache_kind != "growing":
+            self._commit_chain(len(keep), rows)
+            return
         past = self.past_len - rows
         n = len(keep)
         contiguous = keep[-1] == n - 1
@@ -199,6 +259,96 @@ class HFAdapter:
                 layer.values[:, :, past : past + n] = layer.values.index_select(2, index)
             layer.keys = layer.keys[:, :, : past + n]
             layer.values = layer.values[:, :, : past + n]
+
+    def _commit_chain(self, kept: int, rows: int) -> None:
+        """Keep the first ``kept`` rows of a chain: when some were rejected, put the states back as
+        they were before the step and run the kept rows again (their logits are not needed)."""
+        self.rollback_s = 0.0
+        if kept < rows:
+            start = time.perf_counter()
+            snapshot, tokens, positions = self._step
+            if self.replay is not None and snapshot.keeps_rows(rows):
+                self.cache = snapshot.restore(self.cache, kept, rows)
+                if self.replay.replay(kept, rows):
+                    self._length = snapshot.past + kept
+                    self._step = None
+                    self.rollback_s = time.perf_counter() - start
+                    return
+            self.cache = snapshot.restore(self.cache)
+            self._length = snapshot.past
+            self._forward(tokens[:kept], positions[:kept], None, logits_to_keep=1)  # chains need no mask
+            self.rollback_s = time.perf_counter() - start
+        self._step = None
+
+    @torch.inference_mode()
+    def check_causal(self) -> None:
+        """Refuse, by name, a model whose rows see the rows after them (an encoder loaded as a causal
+        LM): a row's logits must not change when later tokens are appended."""
+        ids = torch.arange(3, 8) % min(self.vocab_size, 1000)
+        try:
+            self.reset()
+            whole = self._forward(ids, torch.arange(5), None)[:3]
+            self.reset()
+            first = self._forward(ids[:3], torch.arange(3), None)
+        except Exception as exc:  # the family's forward rejected our arguments
+            raise UnsupportedModelError(
+                f"model family '{self.family}' cannot run specfree's forward ({type(exc).__name__}: {exc}). "
+                "Use another model family.") from exc
+        finally:
+            self.reset()
+        if not self._close(whole, first):
+            raise UnsupportedModelError(
+                f"model family '{self.family}' is not causal: a row's logits change when later tokens are "
+                "appended (bidirectional attention, e.g. an encoder loaded with is_decoder=False), so "
+                "speculative rows would see the future and give wrong output. Load it as a decoder "
+                "(is_decoder=True) or use a causal model family.")
+
+    def _close(self, ours: torch.Tensor, reference: torch.Tensor) -> bool:
+        scale = reference.float().abs().max().clamp(min=1.0)
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        return bool(((ours.float() - reference.float()).abs().max() / scale) <= tol)
+
+    @torch.inference_mode()
+    def check_chain(self) -> None:
+        """For a model with recurrent layers: a chain of rows after a cached prefix, and the state
+        rolled back to part of it, must give the logits of one row at a time (what ``generate``
+        runs). If the model's multi-row forward does not continue its state, drafts cannot be
+        verified at all: every step is then one row (plain decoding), with a warning."""
+        ids = torch.arange(3, 10) % min(self.vocab_size, 1000)  # prefix a b c, chain d e f, then g
+        try:
+            self.reset()
+            whole = self._forward(ids[:7], torch.arange(7), None)[3:]
+            self.reset()
+            self.prefill(ids[:3])
+            singles = []
+            for i in range(3, 7):
+                singles.append(self.forward(ids[i : i + 1])[-1])
+                self.commit([0], rows=1)
+            self.reset()
+            self.prefill(ids[:3])
+            chain = self.forward(ids[3:6])
+            self.commit([0, 1], rows=3)  # reject f: the state goes back to after e
+            after_rollback = self.forward(ids[5:7])  # f again, then g
+        except Exception as exc:
+            raise UnsupportedModelError(
+                f"model family '{self.family}' cannot run specfree's forward ({type(exc).__name__}: {exc}). "
+                "Use another model family.") from exc
+        finally:
+            self.reset()
+        if not self._close(torch.stack(singles), whole):
+            raise UnsupportedModelError(
+                f"model family '{self.family}' does not keep its state in the cache specfree passes it "
+                f"({self._cache_argument}): one token at a time after a cached prefix differs from a forward over "
+                "the whole sequence. Use another model family.")
+        if not self._close(chain, torch.stack(singles[:3])):
+            self.max_chain = 0
+            warnings.warn(f"model family '{self.family}': this transformers version's forward does not carry "
+                          "the recurrent state through several new tokens at once, so drafts cannot be checked; "
+                          "decoding one token per step (plain speed, same output)", stacklevel=3)
+        elif not self._close(after_rollback, torch.stack(singles[2:4])):
+            raise UnsupportedModelError(
+                f"model family '{self.family}' keeps state that specfree cannot roll back (a rejected draft "
+                "would change later output). Use another model family.")
 
     @torch.inference_mode()
     def check_tree_mask(self) -> None:
@@ -224,9 +374,7 @@ class HFAdapter:
                 "or another model family.") from exc
         finally:
             self.reset()
-        scale = reference.float().abs().max().clamp(min=1.0)
-        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
-        if ((tree.float() - reference.float()).abs().max() / scale) > tol:
+        if not self._close(tree, reference):
             raise UnsupportedModelError(
                 f"model family '{self.family}' ignores custom 4D attention masks "
                 f"(attn_implementation={self.model.config._attn_implementation!r}), so speculative "

@@ -1,0 +1,202 @@
+"""Try every family the installed transformers ships as a causal LM, on a tiny random model, and
+write the verdicts into docs/families.md: identical to ``generate`` / refused (why) / not tested (why).
+
+    python -m tests.families_report            # all families, 2 worker processes, ~10-20 minutes
+    python -m tests.families_report llama mamba  # some families, printed only
+
+Not run by CI (slow). Each family runs in its own process with a time limit. A tiny config is made
+by shrinking the family's default config (sizes named in ``SMALL``); a family whose tiny model cannot
+be built, or whose ``generate`` fails, is "not tested". "different" would be a lossless bug.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+STRATEGIES = {
+    "prompt_lookup": dict(num_candidates=3, draft_len=6),  # sibling candidates: trees
+    "lookahead": {},
+    "trie": {},
+    "recycling": {},
+}
+# Repetitive, so prompt lookup drafts several sibling candidates; 20 + 16 tokens outrun a 32-token window.
+PROMPT = [5, 6, 7, 8, 9] * 3 + [10, 11, 5, 6, 7]
+NEW_TOKENS = 16
+TIME_LIMIT_S = 240
+DOC = Path(__file__).resolve().parents[1] / "docs" / "families.md"
+START, END = "<!-- families-report:start -->", "<!-- families-report:end -->"
+
+# Sizes for a tiny model; each is set only where the family's config has that field.
+SMALL = dict(
+    vocab_size=128, hidden_size=32, d_model=32, n_embd=32, embedding_size=32, word_embed_proj_dim=32,
+    intermediate_size=64, ffn_dim=64, n_inner=64, decoder_ffn_dim=64, ffn_hidden_size=64, d_ff=64,
+    intermediate_size_mlp=64, dense_intermediate_size=64,
+    moe_intermediate_size=32, shared_expert_intermediate_size=32, shared_experts_intermediate_size=32,
+    shared_intermediate_size=32, moe_shared_expert_intermediate_size=32, expert_ffn_hidden_size=32,
+    num_hidden_layers=4, n_layer=4, num_layers=4, decoder_layers=4,
+    num_attention_heads=4, n_head=4, num_heads=4, decoder_attention_heads=4, num_key_value_heads=2, num_kv_heads=2,
+    head_dim=8, attention_head_dim=8, kv_channels=8, attention_head_size=8,
+    qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, kv_lora_rank=16, q_lora_rank=16, o_lora_rank=16,
+    max_position_embeddings=512, n_positions=512, n_ctx=512, max_seq_len=512, seq_length=512,
+    num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2,
+    n_group=1, topk_group=1,
+    linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_head_dim=8, state_size=8, mamba_d_state=8, ssm_state_size=8, mamba_n_heads=4, mamba_num_heads=4,
+    mamba_d_head=16, mamba_head_dim=16, mamba_d_ssm=64, n_groups=1, mamba_n_groups=1, chunk_size=16,
+    mamba_chunk_size=16, time_step_rank=4, mamba_dt_rank=4, lru_width=32,
+    index_head_dim=8, index_n_heads=2, index_topk=16, rotary_dim=8, attn_layer_period=2, attn_layer_offset=1,
+    expert_layer_period=2, expert_layer_offset=1,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3,
+)
+WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size")
+
+
+def tiny_config(model_type: str):
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    default = cls().to_dict()
+
+    def shrink(fields: dict) -> dict:
+        small = {k: v for k, v in SMALL.items() if k in fields}
+        small.update({k: 32 for k in WINDOWS if isinstance(fields.get(k), int) and fields[k] > 32})
+        return small
+
+    kwargs = shrink(default)
+    if isinstance(default.get("text_config"), dict):
+        kwargs["text_config"] = {**default["text_config"], **shrink(default["text_config"])}
+        kwargs["text_config"].pop("layer_types", None)
+    if "kv_lora_rank" in default:  # multi-head latent attention: as many key/value heads as query heads
+        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
+    if default.get("model_type") in ("mamba2",):  # its head_dim is the SSM head's: expand * hidden = heads * dim
+        kwargs["head_dim"] = 16
+    try:
+        config = cls(**kwargs)
+    except Exception:
+        config = None
+    # A hybrid whose first 4 layers hold only one kind: one layer of each kind the full model has.
+    full_kinds = list(dict.fromkeys(default.get("layer_types") or []))
+    if len(full_kinds) > 1 and (config is None or len(set(getattr(config, "layer_types", None) or [])) < 2):
+        kinds = (full_kinds * 4)[:4]
+        config = cls(**{**kwargs, "layer_types": kinds, "num_hidden_layers": len(kinds)})
+    if config is None:
+        config = cls(**kwargs)
+    return config
+
+
+def try_family(model_type: str) -> dict:
+    """The verdict for one family (run in a child process)."""
+    import torch
+    import transformers
+
+    from specfree import Engine, UnsupportedModelError
+    from tests.tiny_models import Oracle, reference_greedy
+
+    transformers.utils.logging.set_verbosity_error()
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation="sdpa")
+        except (ValueError, ImportError):  # no SDPA path in this family
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(tiny_config(model_type))
+        model.eval()
+        model.generation_config.pad_token_id = 0
+    except Exception as exc:
+        return dict(verdict="not tested", why=f"no tiny model: {type(exc).__name__}: {_short(exc)}")
+    try:
+        reference = reference_greedy(model, PROMPT, NEW_TOKENS, ignore_eos=True)
+        truth = PROMPT + reference_greedy(model, PROMPT, NEW_TOKENS + 8, ignore_eos=True)
+    except Exception as exc:
+        return dict(verdict="not tested", why=f"generate fails: {type(exc).__name__}: {_short(exc)}")
+    strategies = dict(STRATEGIES, oracle=None)
+    covered, mode = [], None
+    for name, knobs in strategies.items():
+        try:
+            strategy = Oracle(truth, depth=4, wrong_at=2) if knobs is None else name
+            engine = Engine.from_model(model, None, strategy, **(knobs or {}))
+        except UnsupportedModelError as exc:
+            return dict(verdict="refused", why=_short(exc, 400))
+        except Exception as exc:
+            return dict(verdict="error", why=f"wrapping: {type(exc).__name__}: {_short(exc)}")
+        adapter = engine.adapter
+        mode = "one row" if adapter.max_chain == 0 else "chain" if adapter.chain_only else "tree"
+        try:
+            result = engine.generate(PROMPT, NEW_TOKENS, ignore_eos=True)
+        except Exception as exc:
+            return dict(verdict="error", why=f"{name}: {type(exc).__name__}: {_short(exc)}", mode=mode)
+        tokens = result.tokens
+        if result.stop_reason == "context_length" and tokens == reference[: len(tokens)]:
+            # windowed layers specfree cannot mask per kind: the context stops at the window
+            mode += f" (context capped at {adapter.max_length})"
+        elif tokens != reference:
+            first = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), len(tokens))
+            return dict(verdict="different", why=f"{name}: from new token {first}", mode=mode)
+        covered.append(name)
+    return dict(verdict="identical", mode=mode, strategies=covered)
+
+
+def _short(exc: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def run_one(model_type: str) -> dict:
+    try:
+        done = subprocess.run([sys.executable, "-m", "tests.families_report", "--one", model_type],
+                              capture_output=True, text=True, timeout=TIME_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        return dict(verdict="not tested", why=f"over the {TIME_LIMIT_S} s limit")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return dict(verdict="error", why=f"the process died: {_short(done.stderr[-400:])}")
+    return json.loads(lines[-1])
+
+
+def table(results: dict[str, dict]) -> str:
+    order = {"different": 0, "error": 1, "identical": 2, "refused": 3, "not tested": 4}
+    counts = {v: sum(r["verdict"] == v for r in results.values()) for v in order}
+    lines = [", ".join(f"{n} {v}" for v, n in counts.items() if n) + f" (of {len(results)}).", "",
+             "| family | verdict | how / why |", "|---|---|---|"]
+    for family, r in sorted(results.items(), key=lambda kv: (order[kv[1]["verdict"]], kv[0])):
+        how = (f"{r['mode']}: {', '.join(r['strategies'])}" if r["verdict"] == "identical" else r["why"])
+        lines.append(f"| `{family}` | {r['verdict']} | {how.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--one"]:
+        print(json.dumps(try_family(argv[1])))
+        return
+    from transformers import __version__
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    families = argv or list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(families, pool.map(run_one, families)))
+    for family, r in results.items():
+        print(family, r, flush=True)
+    if argv:
+        return
+    body = (f"Generated by `python -m tests.families_report` with transformers {__version__}: every model type "
+            f"in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, one tiny random model each, prompt {len(PROMPT)} tokens + "
+            f"{NEW_TOKENS} new, greedy, checked token for token against `generate(do_sample=False)`. "
+            "Modes: `tree` verifies draft trees, `chain` one chain a step with rollback (recurrent layers), "
+            "`one row` plain decoding (the model's forward cannot continue its recurrent state over several "
+            "tokens). `oracle` drafts the true continuation with every other step's third token wrong, so "
+            "whole and cut drafts are both verified.\n\n" + table(results))
+    text = DOC.read_text()
+    text = re.sub(f"{re.escape(START)}.*{re.escape(END)}", lambda _: f"{START}\n{body}\n{END}", text, flags=re.S)
+    DOC.write_text(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
