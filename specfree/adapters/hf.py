@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
+from contextlib import contextmanager
 
 import torch
 from transformers import PreTrainedModel
@@ -280,22 +281,30 @@ class HFAdapter:
             self.rollback_s = time.perf_counter() - start
         self._step = None
 
+    @contextmanager
+    def _probing(self, what: str, fix: str):
+        """Run a probe on an empty cache and leave it empty; a forward the family's code rejects
+        refuses the model by name."""
+        self.reset()
+        try:
+            yield
+        except UnsupportedModelError:
+            raise
+        except Exception as exc:
+            raise UnsupportedModelError(
+                f"model family '{self.family}' cannot run {what} ({type(exc).__name__}: {exc}). {fix}") from exc
+        finally:
+            self.reset()
+
     @torch.inference_mode()
     def check_causal(self) -> None:
         """Refuse, by name, a model whose rows see the rows after them (an encoder loaded as a causal
         LM): a row's logits must not change when later tokens are appended."""
         ids = torch.arange(3, 8) % min(self.vocab_size, 1000)
-        try:
-            self.reset()
+        with self._probing("specfree's forward", "Use another model family."):
             whole = self._forward(ids, torch.arange(5), None)[:3]
             self.reset()
             first = self._forward(ids[:3], torch.arange(3), None)
-        except Exception as exc:  # the family's forward rejected our arguments
-            raise UnsupportedModelError(
-                f"model family '{self.family}' cannot run specfree's forward ({type(exc).__name__}: {exc}). "
-                "Use another model family.") from exc
-        finally:
-            self.reset()
         if not self._close(whole, first):
             raise UnsupportedModelError(
                 f"model family '{self.family}' is not causal: a row's logits change when later tokens are "
@@ -315,8 +324,7 @@ class HFAdapter:
         runs). If the model's multi-row forward does not continue its state, drafts cannot be
         verified at all: every step is then one row (plain decoding), with a warning."""
         ids = torch.arange(3, 10) % min(self.vocab_size, 1000)  # prefix a b c, chain d e f, then g
-        try:
-            self.reset()
+        with self._probing("specfree's forward", "Use another model family."):
             whole = self._forward(ids[:7], torch.arange(7), None)[3:]
             self.reset()
             self.prefill(ids[:3])
@@ -329,12 +337,6 @@ class HFAdapter:
             chain = self.forward(ids[3:6])
             self.commit([0, 1], rows=3)  # reject f: the state goes back to after e
             after_rollback = self.forward(ids[5:7])  # f again, then g
-        except Exception as exc:
-            raise UnsupportedModelError(
-                f"model family '{self.family}' cannot run specfree's forward ({type(exc).__name__}: {exc}). "
-                "Use another model family.") from exc
-        finally:
-            self.reset()
         if not self._close(torch.stack(singles), whole):
             raise UnsupportedModelError(
                 f"model family '{self.family}' does not keep its state in the cache specfree passes it "
@@ -360,20 +362,13 @@ class HFAdapter:
         vocab = min(self.vocab_size, 1000)
         ids = torch.arange(3, 8) % vocab  # prefix a b c, root d, siblings e f
         prefix, root, e, f = ids[:3], ids[3:4], ids[4:5], ids[4:5] + 1
-        try:
-            self.reset()
+        with self._probing("specfree's tree attention", "Use attn_implementation='sdpa' or 'eager', "
+                           "or another model family."):
             reference = self._forward(torch.cat([prefix, root, f]), torch.arange(5), None)[-1]
             self.reset()
             self.prefill(prefix)
             allowed = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
             tree = self.forward(torch.cat([root, e, f]), allowed, torch.tensor([3, 4, 4]))[-1]
-        except Exception as exc:  # the family's attention code rejected the mask itself
-            raise UnsupportedModelError(
-                f"model family '{self.family}' cannot run specfree's tree attention "
-                f"({type(exc).__name__}: {exc}). Use attn_implementation='sdpa' or 'eager', "
-                "or another model family.") from exc
-        finally:
-            self.reset()
         if not self._close(tree, reference):
             raise UnsupportedModelError(
                 f"model family '{self.family}' ignores custom 4D attention masks "
