@@ -111,13 +111,13 @@ class BenchSettings:
                              "transformers": transformers.__version__, "python": platform.python_version()}}
 
 
-def compiled_adapter(model, tokenizer, items, settings: BenchSettings) -> CompiledHFAdapter | None:
+def compiled_adapter(model, settings: BenchSettings, slots: int) -> CompiledHFAdapter | None:
     """The compiled adapter the strategies share (compile=auto or true), its graphs compiled up
-    front for enough KV slots for the longest prompt and its answers, so decode times hold no
-    compile; None for compile=false, or where compiling cannot or did not work (it warned)."""
+    front for ``slots`` KV slots, so decode times hold no compile; None for compile=false, or
+    where compiling cannot or did not work (it warned)."""
     if settings.compile == "false":
         return None
-    adapter = make_adapter(model, "true", cache_dir=settings.cache_dir, slots=kv_slots_needed(tokenizer, items, settings))
+    adapter = make_adapter(model, "true", cache_dir=settings.cache_dir, slots=slots)
     return adapter if isinstance(adapter, CompiledHFAdapter) else None
 
 
@@ -146,12 +146,13 @@ def run(cfg: Any, console: Console | None = None) -> int:
                                   cache_dir=settings.cache_dir, **settings.model_options)
     if settings.chat and not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"{settings.model}'s tokenizer has no chat template: set bench.chat=false")
-    compiled = compiled_adapter(model, tokenizer, items, settings)
+    slots = kv_slots_needed(tokenizer, items, settings)
+    compiled = compiled_adapter(model, settings, slots)
     systems = build_systems(model, tokenizer, settings.strategies, settings.baselines, settings.seed,
                             settings.packed_linears, compiled)
     for system in systems:
         if system.strategy == "hf_static_compiled":
-            system.static_slots = kv_slots_needed(tokenizer, items, settings)
+            system.static_slots = slots
     store.set_systems([system_meta(s) for s in systems])
     if compiled is not None:
         store.meta["compile_s"] = compiled.compile_s
