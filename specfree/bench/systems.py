@@ -83,12 +83,9 @@ class SpecfreeSystem:
         reg = reg or registry(build_plugin_manager())
         knobs = dict(knobs or {})
         component = reg.get("strategy", strategy)
-        built = dict(knobs)
-        if isinstance(knobs.get("pool"), (str, Mapping)):
-            node = {"name": knobs["pool"]} if isinstance(knobs["pool"], str) else dict(knobs["pool"])
-            built["pool"] = reg.make("pool", str(node.pop("name")), **node)
+        # A pool spec in knobs is built by Registry.make, like a hybrid member's.
         engine = Engine.from_model(model, tokenizer, strategy, packed_linears=packed_linears, compile="false",
-                                   adapter=adapter, **built)
+                                   adapter=adapter, **knobs)
         documented, actual = {}, {}
         for p in inspect.signature(component.factory).parameters.values():
             if p.default is not p.empty:
