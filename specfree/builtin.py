@@ -7,7 +7,7 @@ from specfree.hookspecs import hookimpl
 
 @hookimpl
 def specfree_register(registry) -> None:
-    from specfree.adapters.hf import HFAdapter
+    from specfree.adapters.compiled import make_adapter
     from specfree.masks.tree import tree_mask
     from specfree.pools.lru import LRUNGramPool
     from specfree.pools.prompt_index import suffix_array_pool
@@ -34,5 +34,5 @@ def specfree_register(registry) -> None:
     registry.add("pool", "suffix_array", suffix_array_pool)
     registry.add("verifier", "greedy", greedy)
     registry.add("verifier", "sampling", sampling)
-    registry.add("adapter", "hf", HFAdapter)
+    registry.add("adapter", "hf", make_adapter)  # eager HFAdapter, or compiled as `compile` says
     registry.add("mask", "tree", tree_mask)

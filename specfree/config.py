@@ -231,7 +231,7 @@ def build_strategy(cfg: DictConfig, reg: Registry):
 def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
     and mask builder are built first, so their mistakes show before the model spends seconds loading."""
-    from specfree.adapters.compiled import check_compile, make_adapter
+    from specfree.adapters.compiled import check_compile
     from specfree.adapters.loading import load_model
 
     check_compile(cfg.get("compile", "auto"))
@@ -247,10 +247,11 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
                                   revision=model_cfg.revision)
     # Passed only when set, so adapters from plugins need not know the knob.
     extra = {} if model_cfg.packed_linears is None else {"packed_linears": model_cfg.packed_linears}
-    if model_cfg.adapter == "hf":  # the built-in adapter, compiled or eager as `compile` says
-        adapter = make_adapter(model, cfg.get("compile", "auto"), cache_dir=cfg.cache_dir, **extra)
-    else:
-        adapter = reg.make("adapter", model_cfg.adapter, model=model, **extra)
+    # compile and cache_dir reach the adapters that take them (the built-in one), no others.
+    takes = reg.get("adapter", model_cfg.adapter).knobs
+    extra.update({k: v for k, v in (("compile", cfg.get("compile", "auto")), ("cache_dir", cfg.cache_dir))
+                  if k in takes})
+    adapter = reg.make("adapter", model_cfg.adapter, model=model, **extra)
     return {"adapter": adapter, "strategy": strategy, "verifier": verifier, "tokenizer": tokenizer,
             "mask_builder": mask_builder}
 
