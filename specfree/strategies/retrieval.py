@@ -7,12 +7,12 @@ yields the most frequent continuations as one draft tree.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specfree.errors import ConfigError, check_int
+from specfree.pools.prompt_index import suffix_array_pool
 from specfree.pools.suffix_array import SuffixArrayPool
 from specfree.strategies.base import Strategy
 from specfree.types import Proposal
@@ -51,19 +51,11 @@ def make_retrieval(datastore: str | None = None, max_nodes: int = 12, max_depth:
                               f"pool.path=PATH), got a {type(pool).__name__} pool")
         if datastore:
             raise ConfigError("retrieval: give strategy.datastore or a pool=suffix_array, not both")
-        return _with_query_lengths(pool, max_nodes, max_depth, max_query_length, min_query_length)
-    if not datastore:
+    elif not datastore:
         raise ConfigError("strategy=retrieval needs a datastore file: strategy.datastore=PATH "
                           "(build one with: python -m specfree datastore build input=CORPUS out=PATH)")
-    if not Path(datastore).expanduser().is_file():
-        raise ConfigError(f"datastore file not found: {datastore} "
-                          "(build one with: python -m specfree datastore build input=CORPUS out=PATH)")
-    pool = SuffixArrayPool.load(Path(datastore).expanduser())
-    return _with_query_lengths(pool, max_nodes, max_depth, max_query_length, min_query_length)
-
-
-def _with_query_lengths(pool: SuffixArrayPool, max_nodes: int, max_depth: int, max_query_length: int,
-                        min_query_length: int) -> RetrievalDrafter:
+    else:
+        pool = suffix_array_pool(datastore)  # the pool group's loader, with its file checks
     pool.max_query_length = check_int("retrieval.max_query_length", max_query_length, low=1)
     pool.min_query_length = check_int("retrieval.min_query_length", min_query_length, low=1,
                                       high=max_query_length)

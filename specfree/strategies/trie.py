@@ -8,9 +8,9 @@ so the engine gets better at text like what it produced before.
 
 from __future__ import annotations
 
-import numpy as np
-
 from typing import Any
+
+import numpy as np
 
 from specfree.errors import ConfigError, check_float, check_int
 from specfree.pools.trie import TriePool
