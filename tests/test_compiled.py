@@ -1,8 +1,9 @@
 """The compiled forward (adapters/compiled.py): lossless on static shapes, padding rows that
 change nothing, KV slots grown in tiers, the compile knob, and the eager fallback.
 
-Inductor compiles a handful of graphs here (two families, buckets 1/4/8); the other tests use
-dynamo's ``eager`` backend, which traces the same static-shape code without generating kernels.
+Inductor compiles a handful of steps here (AOTInductor packages for two families and
+torch.compile graphs for one, buckets 1/4/8); the other tests use dynamo's ``eager`` backend,
+which traces the same static-shape code without generating kernels.
 """
 
 from __future__ import annotations
@@ -25,19 +26,21 @@ from tests.test_lossless import prompts, strategy_specs
 from tests.tiny_models import reference_greedy, tiny_model
 
 COMPILED_FAMILIES = ("llama", "gpt2")  # grouped-query + RMSNorm + rotary; Conv1D + learned positions
+# (family, backend): packages for both families, torch.compile's Inductor (the GPU path's) for one
+COMPILED = (("llama", "aoti"), ("gpt2", "aoti"), ("llama", "inductor"))
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 REG = registry(build_plugin_manager())
 
 
 @pytest.fixture(scope="module")
 def compiled_adapters():
-    """One Inductor-compiled adapter per family, shared by the module's examples."""
+    """One compiled adapter per (family, backend), shared by the module's examples."""
     adapters = {}
-    for family in COMPILED_FAMILIES:
-        adapter = CompiledHFAdapter(tiny_model(family), buckets=(1, 4, 8), max_autotune=False)
+    for family, backend in COMPILED:
+        adapter = CompiledHFAdapter(tiny_model(family), buckets=(1, 4, 8), max_autotune=False, backend=backend)
         adapter.warm_up(progress=False)
         assert adapter.compiled, adapter.failure
-        adapters[family] = adapter
+        adapters[family, backend] = adapter
     return adapters
 
 
@@ -47,11 +50,11 @@ def engine_on(adapter, name, knobs, **sampling):
 
 
 @SETTINGS
-@given(family=st.sampled_from(COMPILED_FAMILIES), prompt=prompts(), spec=strategy_specs(),
-       max_new=st.integers(1, 40))
-def test_compiled_greedy_equals_transformers_generate(compiled_adapters, family, prompt, spec, max_new):
+@given(which=st.sampled_from(COMPILED), prompt=prompts(), spec=strategy_specs(), max_new=st.integers(1, 40))
+def test_compiled_greedy_equals_transformers_generate(compiled_adapters, which, prompt, spec, max_new):
     name, knobs = spec
-    adapter = compiled_adapters[family]
+    family, _ = which
+    adapter = compiled_adapters[which]
     result = engine_on(adapter, name, knobs).generate(prompt, max_new_tokens=max_new)
     assert result.tokens == reference_greedy(tiny_model(family), prompt, max_new)
     plain = engine_on(adapter, "autoregressive", {}).generate(prompt, max_new_tokens=max_new)
@@ -63,7 +66,7 @@ def test_compiled_greedy_equals_transformers_generate(compiled_adapters, family,
 @given(prompt=prompts(), spec=strategy_specs(), seed=st.integers(0, 2**31), temperature=st.floats(0.3, 1.5))
 def test_compiled_seeded_sampling_equals_autoregressive_sampling(compiled_adapters, prompt, spec, seed,
                                                                  temperature):
-    adapter = compiled_adapters["llama"]
+    adapter = compiled_adapters["llama", "aoti"]
     name, knobs = spec
     sampling = dict(do_sample=True, seed=seed, temperature=temperature)
     speculative = engine_on(adapter, name, knobs, **dict(sampling)).generate(prompt, 30)
@@ -72,11 +75,41 @@ def test_compiled_seeded_sampling_equals_autoregressive_sampling(compiled_adapte
 
 
 def test_check_mode_on_the_compiled_path(compiled_adapters):
-    engine = engine_on(compiled_adapters["gpt2"], "prompt_lookup", {})
+    engine = engine_on(compiled_adapters["gpt2", "aoti"], "prompt_lookup", {})
     prompt = [5, 6, 7, 8] * 4
     result = engine.generate(prompt, 24)
     verdict = check_against_baseline(engine, result, prompt, max_new_tokens=24)
     assert verdict.identical and verdict.baseline.tokens == result.tokens
+
+
+def test_packages_are_kept_and_loaded_by_the_next_adapter(compiled_adapters, tmp_path):
+    model = tiny_model("llama")
+    built = CompiledHFAdapter(model, buckets=(1, 4), max_autotune=False, package_dir=tmp_path)
+    assert not built.ready_without_compiling()
+    built.warm_up(progress=False)
+    assert (built.packages.built, built.packages.loaded) == (2, 0) and built.ready_without_compiling()
+    # A warm start, and on smaller KV tiers than the packages were exported at (the slot count is dynamic)
+    again = CompiledHFAdapter(model, buckets=(1, 4), max_autotune=False, package_dir=tmp_path, min_slots=16)
+    again.warm_up(progress=False)
+    prompt = [7, 8, 9, 10] * 3
+    assert Engine(again, REG.make("strategy", "prompt_lookup")).generate(prompt, 30).tokens == \
+        reference_greedy(model, prompt, 30)
+    assert again.slots == 64 and (again.packages.built, again.packages.loaded) == (0, 2)  # grew 16 -> 64
+    other = tiny_model("llama", seed=1)  # the same architecture, other weights: never their packages
+    assert not CompiledHFAdapter(other, buckets=(1, 4), max_autotune=False, package_dir=tmp_path,
+                                 check_tree_mask=False).ready_without_compiling()
+
+
+def test_a_damaged_package_warns_and_decodes_eagerly(tmp_path):
+    model = tiny_model("llama")
+    adapter = CompiledHFAdapter(model, buckets=(1,), max_autotune=False, package_dir=tmp_path)
+    path = adapter.packages.path(1)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a package")
+    prompt = [3, 4, 5] * 4
+    with pytest.warns(UserWarning, match="decoding continues on the eager path"):
+        tokens = Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 16).tokens
+    assert tokens == reference_greedy(model, prompt, 16) and not adapter.compiled
 
 
 def test_padding_rows_change_no_real_row():
@@ -156,6 +189,16 @@ def test_compile_knob_auto_uses_a_warm_compile_only(tmp_path):
     assert isinstance(make_adapter(model, True, **knobs), CompiledHFAdapter)
     assert isinstance(make_adapter(model, "auto", **knobs), CompiledHFAdapter)  # the last warm-up was quick
     assert type(make_adapter(model, "false", **knobs)) is HFAdapter
+
+
+def test_compile_knob_auto_uses_packages_already_on_disk(tmp_path):
+    model = tiny_model("gpt2")
+    knobs = dict(cache_dir=tmp_path, buckets=(1,), max_autotune=False, progress=False)
+    assert type(make_adapter(model, "auto", **knobs)) is HFAdapter  # nothing built here yet
+    assert make_adapter(model, "true", **knobs).packages.built == 1
+    warm = make_adapter(model, "auto", **knobs)
+    assert isinstance(warm, CompiledHFAdapter) and (warm.packages.built, warm.packages.loaded) == (0, 1)
+    assert list((tmp_path / "compiled").rglob("rows1.pt2"))
 
 
 def test_compile_knob_values():

@@ -151,7 +151,7 @@ def test_the_callers_model_keeps_its_own_linear_and_norm_layers_between_calls():
 
 
 def test_compiled_speculative_generate_equals_generate_and_compiles_once(tmp_path):
-    model = tiny_model("llama")  # buckets 1, 4, 8 were compiled by tests/test_compiled.py: Inductor's cache has them
+    model = tiny_model("llama")
     custom = speculative_generate("prompt_lookup", compile=True, cache_dir=tmp_path, num_candidates=2)
     other = torch.tensor([[9, 8, 7, 6] * 3 + [5]])
     first = model.generate(PROMPT, custom_generate=custom, max_new_tokens=24, pad_token_id=PAD)

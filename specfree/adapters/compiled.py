@@ -10,8 +10,11 @@ kernels per shape; a compiled graph serves one shape, so the shapes are made sta
 - keeping the accepted rows moves their KV down inside the static buffers and sets the fill
   length: the buffers never move, so a graph (or a CUDA graph) stays valid.
 
-On a GPU the same graphs run as CUDA graphs (``mode="reduce-overhead"``): written for, never run
-in this project so far. A compile that fails falls back, with one warning, to running the same
+Two ways to compile the same static steps. On a CPU, AOTInductor packages (``packaged.py``):
+built once per shape and model (minutes, the C++ GEMM template autotuned), kept on disk and
+loaded by a later process in about a second each. On a GPU, ``torch.compile`` with the graphs
+run as CUDA graphs (``mode="reduce-overhead"``): written for, never run in this project so far;
+``backend="inductor"`` also selects it on a CPU (each process compiles again). A compile that fails falls back, with one warning, to running the same
 static steps eagerly: slower, never wrong.
 
 The adapter works on its own copy of the model's module tree (parameters shared, not copied):
@@ -24,13 +27,15 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from specfree.adapters.hf import HFAdapter, verifies_chains
 from specfree.adapters.kv import growing_cache
+from specfree.adapters.packaged import PackageShelf
 from specfree.masks.bucketed import ROW_BUCKETS, bucket_for, pad_rows, static_mask
 
 MIN_SLOTS = 512  # KV slots of the first tier
@@ -44,7 +49,8 @@ def inductor_options(device: torch.device, max_autotune: bool) -> dict:
     ``max_autotune`` also lets Inductor's C++ GEMM template compete with the library kernels."""
     if device.type != "cpu":
         return {}
-    options = {"freezing": True}
+    # Autotuning prints a table per matrix shape to stderr unless told not to.
+    options = {"freezing": True, "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
     if max_autotune:
         options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"})
     return options
@@ -59,35 +65,49 @@ def shared_parameter_copy(model: torch.nn.Module) -> torch.nn.Module:
 class CompiledHFAdapter(HFAdapter):
     """``HFAdapter``'s interface (forward / prefill / commit / reset) over static shapes, compiled.
 
-    ``backend`` and ``max_autotune`` go to ``torch.compile`` (a graph per row bucket and KV tier;
-    rows beyond the last bucket run eagerly on the same static cache). ``max_autotune=None``
-    autotunes models of ``AUTOTUNE_MIN_PARAMS`` parameters or more: it benchmarks kernels for every
-    matrix shape, minutes of compiling that only large matrices repay.
+    A compiled step per row bucket (a package serves every KV tier; a torch.compile graph serves
+    one); rows beyond the last bucket run eagerly on the same static cache. ``backend``:
+    ``"aoti"`` (packages kept in ``package_dir``, a temporary folder when None), a
+    ``torch.compile`` backend, or ``"auto"``: packages on a CPU, ``"inductor"`` elsewhere.
+    ``max_autotune=None`` autotunes models of ``AUTOTUNE_MIN_PARAMS`` parameters or more: it
+    benchmarks kernels for every matrix shape, minutes of compiling that only large matrices repay.
     """
 
     def __init__(self, model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool | None = None,
-                 backend="inductor", min_slots: int = MIN_SLOTS,
+                 backend: str | Callable = "auto", min_slots: int = MIN_SLOTS, package_dir: str | Path | None = None,
                  check_tree_mask: bool = True, grouped_attention: bool = True):
         self.cache: Cache | None = None  # the static slots, made on first use (``_ensure_slots``)
+        self._kv: list[torch.Tensor] = []  # every layer's keys and values buffers, in order
+        self.packages: PackageShelf | None = None  # AOTInductor's steps, when that is the backend
         self._past = 0
         # Stock linear layers: Inductor replaces their kernels anyway, and must see plain matmuls.
         super().__init__(shared_parameter_copy(model), check_tree_mask=False, grouped_attention=grouped_attention,
                          packed_linears=False)
         self.buckets = tuple(sorted(set(buckets)))
         self.min_slots = min_slots
-        self.compile_s = 0.0  # wall time of the calls that compiled a new graph
+        self.compile_s = 0.0  # wall time of the calls that compiled (or loaded) a new graph
         self.failure: str | None = None  # why the compiled path was given up, if it was
         self._shapes_seen: set[tuple] = set()
         self._layer_shapes = self._probe_layer_shapes()
         self._step_start = 0
-        self._compiled_step = None
+        self._tracing_config: dict = {}
         if max_autotune is None:
             max_autotune = sum(p.numel() for p in model.parameters()) >= AUTOTUNE_MIN_PARAMS
-        self.options = {"backend": str(backend), "max_autotune": max_autotune}
-        if backend is not None:
+        if backend == "auto":  # packages need torch 2.6+ (aoti_compile_and_package)
+            packaged = self.device.type == "cpu" and hasattr(torch._inductor, "aoti_load_package")
+            backend = "aoti" if packaged else "inductor"
+        self.backend, self.max_autotune = backend, max_autotune
+        if backend == "aoti":
+            self.packages = PackageShelf(self.model, package_dir, max_autotune)
+            self._compiled_step = self._packaged_step
+        else:
             options = (inductor_options(self.device, max_autotune) or None) if backend == "inductor" else None
+            # Dynamo decides whether parameters become graph constants while tracing, from the global
+            # inductor config: freezing given only in ``options`` would leave the weights as inputs.
+            self._tracing_config = {"freezing": True} if options and options.get("freezing") else {}
             mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
-            self._compiled_step = torch.compile(self._model_step, backend=backend, dynamic=False, options=options, mode=mode)
+            self._compiled_step = torch.compile(self._model_step, backend=backend, dynamic=False, options=options,
+                                                mode=mode)
         if check_tree_mask:
             compiled, self._compiled_step = self._compiled_step, None  # the probe runs eagerly: no extra graphs
             try:
@@ -99,6 +119,20 @@ class CompiledHFAdapter(HFAdapter):
     @property
     def compiled(self) -> bool:
         return self._compiled_step is not None
+
+    @property
+    def options(self) -> dict:
+        """What decides this path's kernels (the cost curve cache keys on it). ``weights`` marks
+        curves measured since frozen weights reached dynamo (older ones ran unfrozen kernels)."""
+        return {"backend": str(self.backend), "max_autotune": self.max_autotune, "weights": "frozen"}
+
+    def describe(self) -> str:
+        """How the steps were compiled, for reports."""
+        buckets = "/".join(map(str, self.buckets))
+        if self.packages is not None:
+            return (f"AOTInductor packages for {buckets} rows ({self.packages.built} built, "
+                    f"{self.packages.loaded} loaded from {self.packages.folder})")
+        return f"torch.compile ({self.backend}) graphs for {buckets} rows over {self.slots} KV slots"
 
     # ---- the static cache ---------------------------------------------------------------
     @torch.inference_mode()
@@ -114,9 +148,7 @@ class CompiledHFAdapter(HFAdapter):
         capacity = self.cache.layers[0].max_cache_len if self.cache is not None else 0
         if needed <= capacity:
             return
-        slots = self.min_slots
-        while slots < needed:
-            slots *= 2
+        slots = self.tier(needed)
         layers = []
         for index, (key_shape, value_shape) in enumerate(self._layer_shapes):
             layer = StaticLayer(max_cache_len=slots)
@@ -129,7 +161,20 @@ class CompiledHFAdapter(HFAdapter):
                 layer.values[:, :, : self._past] = old.values[:, :, : self._past]
             layers.append(layer)
         self.cache = Cache(layers=layers)
+        self._kv = [t for layer in layers for t in (layer.keys, layer.values)]
         self._set_length(self._past)
+
+    def tier(self, needed: int) -> int:
+        """The slots of the smallest tier that holds ``needed``."""
+        slots = self.min_slots
+        while slots < needed:
+            slots *= 2
+        return slots
+
+    def ready_without_compiling(self, slots: int | None = None) -> bool:
+        """Whether every bucket's step for ``slots`` is already compiled on disk (packages only:
+        torch.compile's graphs are rebuilt by each process)."""
+        return self.packages is not None and self.packages.ready(list(self.buckets))
 
     @torch.inference_mode()
     def _set_length(self, length: int) -> None:
@@ -147,7 +192,9 @@ class CompiledHFAdapter(HFAdapter):
         return self.cache.layers[0].max_cache_len if self.cache is not None else 0
 
     def reset(self) -> None:
-        self._set_length(0)  # the buffers stay: graphs hold on to them
+        if self.packages is not None and self.slots > self.min_slots:
+            self.cache, self._kv = None, []  # packages take any tier: the next request starts small again
+        self._set_length(0)  # otherwise the buffers stay: torch.compile's graphs hold on to them
 
     # ---- steps --------------------------------------------------------------------------
     def _model_step(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
@@ -167,14 +214,15 @@ class CompiledHFAdapter(HFAdapter):
         past = self._past
         rows = tokens.numel()
         self._ensure_slots(past + rows)
-        mask = self._static_mask(allowed, past, positions)
         # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
         ids, pos = tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None]
         if self.compiled and rows in self.buckets:
+            mask = self._static_mask(allowed, past, positions)
             shape = (rows, self.slots)
             start = time.perf_counter()
             try:
-                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                with (torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT),
+                      torch._inductor.config.patch(self._tracing_config)):
                     logits = self._compiled_step(ids, pos, mask)
             except Exception as exc:  # any compiler failure: the same step, eagerly
                 self._give_up(exc)
@@ -185,9 +233,15 @@ class CompiledHFAdapter(HFAdapter):
                     self.compile_s += time.perf_counter() - start
                 self._past = past + rows
                 return logits[0]
-        logits = self._model_step(ids, pos, mask)
+        logits = self._model_step(ids, pos, self._static_mask(allowed, past, positions))
         self._past = past + rows
         return logits[0]
+
+    def _packaged_step(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
+        """``_model_step`` through the AOTInductor package for this shape (built or loaded once)."""
+        rows = ids.shape[1]
+        inputs = (ids, positions, mask, torch.arange(self._past, self._past + rows, device=self.device), self._kv)
+        return self.packages.get(rows, inputs)(*inputs)
 
     def _give_up(self, exc: Exception) -> None:
         self._compiled_step = None
@@ -247,8 +301,8 @@ class CompiledHFAdapter(HFAdapter):
     # ---- warming up ---------------------------------------------------------------------
     @torch.inference_mode()
     def warm_up(self, slots: int | None = None, progress: bool = True) -> float:
-        """Compile every bucket's graph for a cache of ``slots`` (default: the first tier) before
-        the first request; returns the seconds spent. Shows progress on stderr when asked."""
+        """Compile (or load) every bucket's step for a cache of ``slots`` (default: the first tier)
+        before the first request; returns the seconds spent. Shows progress on stderr when asked."""
         if not self.compiled:
             return 0.0
         start = time.perf_counter()
@@ -259,7 +313,9 @@ class CompiledHFAdapter(HFAdapter):
         with bar:
             task = bar.add_task("compiling the forward", total=len(sizes))
             for rows in sizes:
-                bar.update(task, description=f"compiling the forward for {rows} row{'s' * (rows > 1)}")
+                saved = self.packages is not None and self.packages.path(rows).is_file()
+                verb = "loading the compiled" if saved else "compiling the"
+                bar.update(task, description=f"{verb} forward for {rows} row{'s' * (rows > 1)}")
                 self.forward(torch.zeros(rows, dtype=torch.long))
                 self.commit([0], rows)
                 self.reset()
@@ -311,12 +367,11 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-def compiled_marker(model, cache_dir, **knobs) -> "Path":
+def compiled_marker(model, cache_dir, **knobs) -> Path:
     """The file that says this setup (model, device, dtype, threads, torch, knobs) compiled here
-    before, so Inductor's on-disk caches should be warm."""
+    before with torch.compile, so Inductor's on-disk caches should be warm."""
     import hashlib
     import json
-    from pathlib import Path
 
     params = sum(p.numel() for p in model.parameters())
     device = model.get_input_embeddings().weight.device
@@ -330,9 +385,10 @@ def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, c
                  progress: bool = True, slots: int | None = None, **compiled_knobs) -> HFAdapter:
     """The adapter for ``compile``: ``true`` compiles (minutes the first time on a machine, with
     progress shown; one warning and the eager adapter where it cannot or fails); ``auto`` does so
-    only where the last compile of the same setup on this machine was ready within
-    ``AUTO_READY_S`` (a warm start), else stays eager; ``false`` is the eager adapter. ``slots``:
-    the KV slots to compile for up front (larger tiers compile their own graphs when needed)."""
+    only where that is quick here (AOTInductor packages of this model already on disk, or a
+    torch.compile warm-up that last took at most ``AUTO_READY_S``), else stays eager; ``false`` is
+    the eager adapter. ``slots``: the KV slots to compile for up front (larger tiers compile their
+    own steps when needed). Packages and markers live under ``cache_dir``/compiled."""
     import json
     import logging
 
@@ -347,20 +403,28 @@ def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, c
         if choice == "true":
             warnings.warn(f"compile=true: {reason}; decoding on the eager path", stacklevel=3)
         return HFAdapter(model, **eager)
-    marker = compiled_marker(model, cache_dir or DEFAULT_CACHE, **compiled_knobs)
-    try:
-        ready_s = json.loads(marker.read_text())["warm_up_s"] if marker.is_file() else None
-    except (ValueError, KeyError, TypeError):
-        ready_s = None  # a damaged marker: as if never compiled
-    if choice == "auto" and (ready_s is None or ready_s > AUTO_READY_S):
+    folder = Path(cache_dir or DEFAULT_CACHE) / "compiled"
+    adapter = CompiledHFAdapter(model, package_dir=folder, **compiled_knobs)
+    marker = compiled_marker(model, folder.parent, **compiled_knobs)
+    quick = adapter.ready_without_compiling(slots) if adapter.packages else _marker_says_quick(marker)
+    if choice == "auto" and not quick:
         logging.getLogger("specfree").debug(
             "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
             "compile=true builds one (minutes the first time)")
         return HFAdapter(model, **eager)
-    adapter = CompiledHFAdapter(model, **compiled_knobs)
     seconds = adapter.warm_up(slots, progress=progress)
     if not adapter.compiled:  # it warned why
         return HFAdapter(model, **eager)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"warm_up_s": seconds, "buckets": list(adapter.buckets)}))
+    if adapter.packages is None:  # packages on disk speak for themselves
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"warm_up_s": seconds, "buckets": list(adapter.buckets)}))
     return adapter
+
+
+def _marker_says_quick(marker) -> bool:
+    import json
+
+    try:
+        return json.loads(marker.read_text())["warm_up_s"] <= AUTO_READY_S if marker.is_file() else False
+    except (ValueError, KeyError, TypeError):
+        return False  # a damaged marker: as if never compiled
