@@ -10,6 +10,7 @@ partial table and exits with 130; ``bench.resume=true`` continues the run.
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import signal
 import threading
@@ -106,9 +107,20 @@ class BenchSettings:
                 "repeats": self.repeats, "warmup": self.warmup, "chat": self.chat, "device": self.device,
                 "dtype": self.dtype, "threads": self.threads, "seed": self.seed, "baseline": BASELINE,
                 "packed_linears": self.packed_linears, "compile": self.compile,
-                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu": cpu_name(),
                 "versions": {"specfree": specfree.__version__, "torch": torch.__version__,
                              "transformers": transformers.__version__, "python": platform.python_version()}}
+
+
+def cpu_name() -> str:
+    """The CPU's model name as the OS reports it (speed numbers mean little without it)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} logical cores)"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} logical cores)"
 
 
 def compiled_adapter(model, settings: BenchSettings, slots: int) -> CompiledHFAdapter | None:
@@ -156,7 +168,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
     store.set_systems([system_meta(s) for s in systems])
     if compiled is not None:
         store.meta["compile_s"] = compiled.compile_s
-        store.meta["kv_slots"] = compiled.slots
+        store.meta["compiled_by"] = compiled.describe()
     engine = systems[0].engine
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 settings.chat)
@@ -248,9 +260,10 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
               f"warm-up: {meta.get('warmup')}, threads: {meta.get('threads')}"),
              ("speedup: tokens/s over the autoregressive baseline's tokens/s on the same prompts, interleaved "
               "in the same run; ranges are min–max over repeats"),
-             f"versions: {meta.get('versions')}; started {meta.get('started')} on {meta.get('host')}",
-             *([f"compiled forward (strategies and '{BASELINE}{COMPILED}'): compiled in {meta['compile_s']:.1f} s "
-                f"for {meta.get('kv_slots')} KV slots, not counted in any decode time"]
+             f"versions: {meta.get('versions')}; started {meta.get('started')} on {meta.get('host')}, "
+             f"CPU: {meta.get('cpu')}",
+             *([f"compiled forward (strategies and '{BASELINE}{COMPILED}'): {meta.get('compiled_by')}, ready in "
+                f"{meta['compile_s']:.1f} s, not counted in any decode time"]
                if meta.get("compile_s") is not None else []),
              *([f"hf_static_compiled: its compile happens in the warm-up, outside the timed runs"]
                if any(s.get("strategy") == "hf_static_compiled" for s in doc.get("systems", [])) else []),

@@ -183,4 +183,6 @@ def test_bench_compiled_rows(tiny_model_dir, prompts, tmp_path):
     assert all(r["error"] is None and r["identical"] is True for r in found)
     meta = json.loads((out / "bench.json").read_text())["meta"]
     assert meta["compile"] == "true" and meta["compile_s"] > 0
-    assert "compiled forward (strategies and 'autoregressive (compiled)'): compiled in" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "compiled forward (strategies and 'autoregressive (compiled)'): AOTInductor packages" in report
+    assert "CPU: " in report and meta["cpu"]
