@@ -1,13 +1,14 @@
 """Measure the compiled forward against the eager one on SmolLM2-135M (or another model).
 
-    PYTHONPATH=. python docs/bench/compile_forward.py --threads 2 --variants freeze autotune --out cf.json
+    PYTHONPATH=. python docs/bench/compile_forward.py --threads 2 --variants packages inductor --warm-start --out cf.json
 
-Per variant (``freeze``: Inductor with frozen weights; ``autotune``: plus max_autotune with its
-C++ GEMM template): seconds to compile each row bucket, the forward cost curve (1..32 rows at
-256 tokens of context, best of 5, sizes taking turns) beside the eager adapter's, greedy output
-of the compiled path against the eager path, and, with ``--warm-start``, the seconds a second
-process needs until its compiled path is ready (Inductor's on-disk caches warm). Also the
-memory stream bandwidth and the model's weight bytes: one row cannot beat bytes / bandwidth.
+Per variant (``packages``: AOTInductor packages, the CPU default, kept in ``--package-dir``;
+``inductor``: torch.compile with frozen weights and max_autotune): seconds to compile (or load)
+each row bucket, the forward cost curve (1..32 rows at 256 tokens of context, best of 5, sizes
+taking turns) beside the eager adapter's, greedy output of the compiled path against the eager
+path, and, with ``--warm-start``, the seconds a second process needs until its compiled path is
+ready. Also the memory bandwidth (a large read, and a large copy) and the model's weight bytes:
+one row cannot beat bytes / read bandwidth.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import torch
 
 from specfree.adapters.compiled import CompiledHFAdapter
 from specfree.adapters.hf import HFAdapter
-from specfree.adapters.loading import load_model
+from specfree.adapters.loading import DEFAULT_CACHE, load_model
+from specfree.bench.cli import cpu_name
 from specfree.cost import CostModel
 from specfree.engine import Engine
 from specfree.plugins import build_plugin_manager, registry
 
 SIZES = (1, 2, 4, 8, 16, 32)
-VARIANTS = {"freeze": dict(max_autotune=False), "autotune": dict(max_autotune=True)}
+VARIANTS = {"packages": dict(backend="aoti"), "inductor": dict(backend="inductor", max_autotune=True)}
 PROMPTS = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
            "Question: Tom has 3 apples and buys 5 more. How many apples does he have? Answer step by step."]
 
@@ -43,6 +45,17 @@ def stream_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
         b.copy_(a)
         best = min(best, time.perf_counter() - start)
     return 2 * a.numel() * 4 / best
+
+
+def read_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
+    """Bytes per second of a large reduction (reads only, like streaming weights), best of ``repeats``."""
+    a = torch.ones(megabytes * 2**20 // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - start)
+    return a.numel() * 4 / best
 
 
 def weight_bytes(model) -> int:
@@ -85,23 +98,26 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--warm-start", action="store_true", help="time a second process's warm start")
     parser.add_argument("--ready-only", help=argparse.SUPPRESS)  # the second process: warm up, print seconds
+    parser.add_argument("--package-dir", default=str(DEFAULT_CACHE / "compiled"),
+                        help="where packages are kept (the default is the one decode and bench use)")
     parser.add_argument("--out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model, tokenizer = load_model(args.model)
     if args.ready_only:
-        adapter = CompiledHFAdapter(model, **VARIANTS[args.ready_only])
+        adapter = CompiledHFAdapter(model, **knobs(args.ready_only, args.package_dir))
         adapter.warm_up(progress=False)
         print(json.dumps({"ready_s": time.perf_counter() - start, "warm_up_s": adapter.compile_s}))
         return
-    result = {"cpu": _cpu_name(), "threads": args.threads, "torch": torch.__version__,
-              "stream_GBps": round(stream_bandwidth() / 1e9, 1), "weight_MB": round(weight_bytes(model) / 1e6)}
-    result["floor_ms"] = round(1e3 * weight_bytes(model) / (result["stream_GBps"] * 1e9), 1)
+    result = {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
+              "read_GBps": round(read_bandwidth() / 1e9, 1), "copy_GBps": round(stream_bandwidth() / 1e9, 1),
+              "weight_MB": round(weight_bytes(model) / 1e6)}
+    result["floor_ms"] = round(1e3 * weight_bytes(model) / (result["read_GBps"] * 1e9), 1)
     print(json.dumps(result), flush=True)
     adapters = {"eager": HFAdapter(model)}
     for name in args.variants:
-        adapter = CompiledHFAdapter(model, **VARIANTS[name])
+        adapter = CompiledHFAdapter(model, **knobs(name, args.package_dir))
         per_bucket = {}
         for rows in adapter.buckets:  # one graph per bucket: time each compile
             before = adapter.compile_s
@@ -126,14 +142,8 @@ def main() -> None:
             json.dump(result, f, indent=1)
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        import platform
-
-        return platform.processor()
+def knobs(variant: str, package_dir: str) -> dict:
+    return {**VARIANTS[variant], **({"package_dir": package_dir} if variant == "packages" else {})}
 
 
 if __name__ == "__main__":
