@@ -12,11 +12,11 @@ kernels per shape; a compiled graph serves one shape, so the shapes are made sta
   length: the buffers never move, so a graph (or a CUDA graph) stays valid.
 
 Two ways to compile the same static steps. On a CPU, AOTInductor packages (``packaged.py``):
-built once per shape and model (minutes, the C++ GEMM template autotuned), kept on disk and
-loaded by a later process in about a second each. On a GPU, ``torch.compile`` with the graphs
+built once per row bucket and model (minutes, the C++ GEMM template autotuned), kept on disk and
+loaded by a later process in about two seconds each. On a GPU, ``torch.compile`` with the graphs
 run as CUDA graphs (``mode="reduce-overhead"``): written for, never run in this project so far;
-``backend="inductor"`` also selects it on a CPU (each process compiles again). A compile that fails falls back, with one warning, to running the same
-static steps eagerly: slower, never wrong.
+``backend="inductor"`` also selects it on a CPU (each process compiles again). A compile that
+fails falls back, with one warning, to running the same static steps eagerly: slower, never wrong.
 
 The adapter works on its own copy of the model's module tree (parameters shared, not copied):
 graphs are specialised to the modules they traced, and an eager engine over the same model may
