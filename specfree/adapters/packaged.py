@@ -112,9 +112,11 @@ class PackageShelf:
 
             self._temporary = tempfile.TemporaryDirectory(prefix="specfree-packages-")
             package_dir = self._temporary.name
-        # Packages hold kernels tuned for one thread count and torch build, and the weights themselves.
+        # Packages hold kernels tuned for one thread count, torch build and set of Inductor options,
+        # and the weights themselves.
+        options = sorted((PACKAGE_INDUCTOR_OPTIONS if autotune else SMALL_MODEL_OPTIONS).items())
         setup = f"{weights_fingerprint(model)}-{model.dtype}-{torch.get_num_threads()}t-torch{torch.__version__}"
-        self.folder = Path(package_dir) / hashlib.sha1(f"{setup}-{autotune}".encode()).hexdigest()[:16]
+        self.folder = Path(package_dir) / hashlib.sha1(f"{setup}-{options}".encode()).hexdigest()[:16]
         self.built = self.loaded = 0
         self._runners: dict[int, object] = {}
 
