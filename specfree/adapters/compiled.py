@@ -46,16 +46,38 @@ AUTOTUNE_MIN_PARAMS = 20_000_000
 RECOMPILE_LIMIT = 256
 
 
-def inductor_options(device: torch.device, max_autotune: bool) -> dict:
+def inductor_options(device: torch.device, max_autotune: bool, gemm_backends: str = "CPP,ATEN") -> dict:
     """Inductor settings. CPU: weights frozen into the graph (constant-folded and prepacked);
-    ``max_autotune`` also lets Inductor's C++ GEMM template compete with the library kernels."""
+    ``max_autotune`` also lets Inductor's C++ GEMM template compete with ``gemm_backends``."""
     if device.type != "cpu":
         return {}
     # Autotuning prints a table per matrix shape to stderr unless told not to.
     options = {"freezing": True, "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
     if max_autotune:
-        options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"})
+        options.update({"max_autotune": True, "max_autotune_gemm_backends": gemm_backends})
     return options
+
+
+def package_options(device: torch.device, max_autotune: bool) -> dict:
+    """Inductor settings of packages: the C++ GEMM template only. With ATen's kernels also in the
+    running, AOTInductor's autotuning picked oneDNN for every SmolLM2 linear, 30.7 ms a one-row
+    step against 21.4 ms."""
+    return inductor_options(device, max_autotune, gemm_backends="CPP")
+
+
+def resolve_backend(backend: str | Callable, device: torch.device) -> str | Callable:
+    """``"auto"``: packages on a CPU (torch 2.6+ has them), ``"inductor"`` elsewhere."""
+    if backend != "auto":
+        return backend
+    packaged = device.type == "cpu" and hasattr(torch._inductor, "aoti_load_package")
+    return "aoti" if packaged else "inductor"
+
+
+def resolve_autotune(max_autotune: bool | None, model: torch.nn.Module) -> bool:
+    """``None``: autotune models of ``AUTOTUNE_MIN_PARAMS`` parameters or more."""
+    if max_autotune is not None:
+        return max_autotune
+    return sum(p.numel() for p in model.parameters()) >= AUTOTUNE_MIN_PARAMS
 
 
 def shared_parameter_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -93,14 +115,11 @@ class CompiledHFAdapter(HFAdapter):
         self._layer_shapes = self._probe_layer_shapes()
         self._step_start = 0
         self._tracing_config: dict = {}
-        if max_autotune is None:
-            max_autotune = sum(p.numel() for p in model.parameters()) >= AUTOTUNE_MIN_PARAMS
-        if backend == "auto":  # packages need torch 2.6+ (aoti_compile_and_package)
-            packaged = self.device.type == "cpu" and hasattr(torch._inductor, "aoti_load_package")
-            backend = "aoti" if packaged else "inductor"
+        max_autotune = resolve_autotune(max_autotune, model)
+        backend = resolve_backend(backend, self.device)
         self.backend, self.max_autotune = backend, max_autotune
         if backend == "aoti":
-            self.packages = PackageShelf(self.model, package_dir, max_autotune)
+            self.packages = PackageShelf(self.model, package_dir, package_options(self.device, max_autotune))
             self._compiled_step = self._packaged_step
         else:
             options = (inductor_options(self.device, max_autotune) or None) if backend == "inductor" else None
@@ -178,10 +197,10 @@ class CompiledHFAdapter(HFAdapter):
             slots *= 2
         return slots
 
-    def ready_without_compiling(self, slots: int | None = None) -> bool:
-        """Whether every bucket's step for ``slots`` is already compiled on disk (packages only:
-        torch.compile's graphs are rebuilt by each process)."""
-        return self.packages is not None and self.packages.ready(list(self.buckets))
+    def ready_without_compiling(self) -> bool:
+        """Whether every bucket's step is already compiled on disk (packages only: torch.compile's
+        graphs are rebuilt by each process)."""
+        return self.packages is not None and self.packages.ready(self.buckets)
 
     @torch.inference_mode()
     def _set_length(self, length: int) -> None:
@@ -221,10 +240,10 @@ class CompiledHFAdapter(HFAdapter):
         past = self._past
         rows = tokens.numel()
         self._ensure_slots(past + rows)
+        mask = self._static_mask(allowed, past, positions)
         # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
         ids, pos = tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None]
         if self.compiled and rows in self.buckets:
-            mask = self._static_mask(allowed, past, positions)
             shape = (rows, self.slots)
             start = time.perf_counter()
             try:
@@ -240,7 +259,7 @@ class CompiledHFAdapter(HFAdapter):
                     self.compile_s += time.perf_counter() - start
                 self._past = past + rows
                 return logits[0]
-        logits = self._model_step(ids, pos, self._static_mask(allowed, past, positions))
+        logits = self._model_step(ids, pos, mask)
         self._past = past + rows
         return logits[0]
 
@@ -411,14 +430,13 @@ def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, c
             warnings.warn(f"compile=true: {reason}; decoding on the eager path", stacklevel=3)
         return HFAdapter(model, **eager)
     folder = Path(cache_dir or DEFAULT_CACHE) / "compiled"
-    adapter = CompiledHFAdapter(model, package_dir=folder, **compiled_knobs)
     marker = compiled_marker(model, folder.parent, **compiled_knobs)
-    quick = adapter.ready_without_compiling(slots) if adapter.packages else _marker_says_quick(marker)
-    if choice == "auto" and not quick:
+    if choice == "auto" and not _ready_without_compiling(model, folder, marker, compiled_knobs):
         logging.getLogger("specfree").debug(
             "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
             "compile=true builds one (minutes the first time)")
         return HFAdapter(model, **eager)
+    adapter = CompiledHFAdapter(model, package_dir=folder, **compiled_knobs)
     seconds = adapter.warm_up(slots, progress=progress)
     if not adapter.compiled:  # it warned why
         return HFAdapter(model, **eager)
@@ -428,9 +446,16 @@ def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, c
     return adapter
 
 
-def _marker_says_quick(marker) -> bool:
+def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict) -> bool:
+    """What ``CompiledHFAdapter.ready_without_compiling`` would say, without building the adapter
+    (its probes cost most of a second on SmolLM2, every eager start); for torch.compile, whether
+    the last warm-up took at most ``AUTO_READY_S``."""
     import json
 
+    device = model.get_input_embeddings().weight.device
+    if resolve_backend(knobs.get("backend", "auto"), device) == "aoti":
+        options = package_options(device, resolve_autotune(knobs.get("max_autotune"), model))
+        return PackageShelf(model, folder, options).ready(sorted(set(knobs.get("buckets", ROW_BUCKETS))))
     try:
         return json.loads(marker.read_text())["warm_up_s"] <= AUTO_READY_S if marker.is_file() else False
     except (ValueError, KeyError, TypeError):

@@ -15,16 +15,11 @@ name carries a fingerprint of them (``weights_fingerprint``).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from transformers.cache_utils import Cache, StaticLayer
-
-# Inductor's C++ GEMM template only: with ATen's kernels also in the running, AOTInductor's
-# autotuning picked oneDNN for every SmolLM2 linear, 30.7 ms a one-row step against 21.4 ms.
-PACKAGE_INDUCTOR_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP",
-                            "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
-SMALL_MODEL_OPTIONS = {"freezing": True}  # tiny models: autotuning costs minutes and repays nothing
 
 
 class SlotLayer(StaticLayer):
@@ -83,10 +78,9 @@ def slot_dynamic_shapes(example: tuple) -> tuple:
     return None, None, masks, None, [{2: slots}] * len(kv)
 
 
-def build_package(model: torch.nn.Module, example: tuple, path: Path, autotune: bool) -> None:
-    """Export ``SlotStep(model)`` at ``example``'s shapes (any slot count) and compile it into
-    the package ``path``."""
-    options = PACKAGE_INDUCTOR_OPTIONS if autotune else SMALL_MODEL_OPTIONS
+def build_package(model: torch.nn.Module, example: tuple, path: Path, options: dict) -> None:
+    """Export ``SlotStep(model)`` at ``example``'s shapes (any slot count) and compile it with
+    Inductor ``options`` into the package ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"partial-{path.name}")
     with torch.no_grad():
@@ -102,11 +96,12 @@ def load_package(path: Path):
 
 
 class PackageShelf:
-    """The packages of one model's steps: loaded from ``package_dir`` when there, else built and
-    kept there. ``package_dir=None`` builds into a temporary folder that goes with the shelf."""
+    """The packages of one model's steps, compiled with Inductor ``options``: loaded from
+    ``package_dir`` when there, else built and kept there. ``package_dir=None`` builds into a
+    temporary folder that goes with the shelf."""
 
-    def __init__(self, model: torch.nn.Module, package_dir: str | Path | None, autotune: bool):
-        self.model, self.autotune = model, autotune
+    def __init__(self, model: torch.nn.Module, package_dir: str | Path | None, options: dict):
+        self.model, self.options = model, options
         if package_dir is None:
             import tempfile
 
@@ -114,16 +109,15 @@ class PackageShelf:
             package_dir = self._temporary.name
         # Packages hold kernels tuned for one thread count, torch build and set of Inductor options,
         # and the weights themselves.
-        options = sorted((PACKAGE_INDUCTOR_OPTIONS if autotune else SMALL_MODEL_OPTIONS).items())
         setup = f"{weights_fingerprint(model)}-{model.dtype}-{torch.get_num_threads()}t-torch{torch.__version__}"
-        self.folder = Path(package_dir) / hashlib.sha1(f"{setup}-{options}".encode()).hexdigest()[:16]
+        self.folder = Path(package_dir) / hashlib.sha1(f"{setup}-{sorted(options.items())}".encode()).hexdigest()[:16]
         self.built = self.loaded = 0
         self._runners: dict[int, object] = {}
 
     def path(self, rows: int) -> Path:
         return self.folder / package_name(rows)
 
-    def ready(self, rows: list[int]) -> bool:
+    def ready(self, rows: Sequence[int]) -> bool:
         """Whether every one of these row counts is on disk (loading them takes seconds)."""
         return all(self.path(r).is_file() for r in rows)
 
@@ -133,7 +127,7 @@ class PackageShelf:
         if runner is None:
             path = self.path(rows)
             if not path.is_file():
-                build_package(self.model, example, path, self.autotune)
+                build_package(self.model, example, path, self.options)
                 self.built += 1
             else:
                 self.loaded += 1
