@@ -246,7 +246,7 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
                                   cache_dir=cfg.cache_dir, attn_implementation=model_cfg.attn_implementation,
                                   revision=model_cfg.revision)
     # Passed only when set, so adapters from plugins need not know the knob.
-    extra = {} if model_cfg.packed_linears is None else {"packed_linears": model_cfg.packed_linears}
+    extra = {} if model_cfg.linear_kernel == "few_row" else {"linear_kernel": model_cfg.linear_kernel}
     # compile and cache_dir reach the adapters that take them (the built-in one), no others.
     takes = reg.get("adapter", model_cfg.adapter).knobs
     extra.update({k: v for k, v in (("compile", cfg.get("compile", "auto")), ("cache_dir", cfg.cache_dir))

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specfree.adapters.packed import MAX_ROWS, MIN_ROWS, PackedLinear
+from specfree.kernels import linear_path
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -77,15 +77,14 @@ class CostModel:
         """Measure once per (model, device, dtype, threads, kernels); later engines read the file."""
         model = adapter.model
         params = sum(p.numel() for p in model.parameters())
-        # The layer classes name the kernels (packed linears, fused norms, ...), whichever were swapped in.
+        # The layer classes name the kernels (few-row linears, fused norms, ...), whichever were swapped in.
         classes = {type(m) for m in model.modules()}
         layers = sorted(f"{c.__module__}.{c.__qualname__}" for c in classes)
-        packed_rows = [MIN_ROWS, MAX_ROWS] if PackedLinear in classes else None  # which forwards use them
         kv = getattr(getattr(adapter.cache, "layer_class_to_replicate", None), "__name__", None)
         # The compiled path's curve is its own: padded buckets, Inductor's kernels.
         compiled = list(adapter.buckets) if getattr(adapter, "compiled", False) else None
         setup = [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
-                 torch.__version__, model.config._attn_implementation, layers, packed_rows, kv]
+                 torch.__version__, model.config._attn_implementation, layers, linear_path(model), kv]
         if compiled is not None:
             setup.append(["compiled", compiled, getattr(adapter, "options", None)])
         key = hashlib.sha1(json.dumps(setup).encode()).hexdigest()[:16]

@@ -82,9 +82,9 @@ class Engine:
 
     @classmethod
     def from_model(cls, model, tokenizer=None, strategy: str | Strategy = "prompt_lookup", *,
-                   cache_dir: str | None = None, packed_linears: bool | None = None, compile: str | bool = False,
+                   cache_dir: str | None = None, linear_kernel: str = "few_row", compile: str | bool = False,
                    adapter: HFAdapter | None = None, **knobs: Any) -> "Engine":
-        """Wrap an already loaded transformers model (``packed_linears``: see ``HFAdapter``).
+        """Wrap an already loaded transformers model (``linear_kernel``: see ``HFAdapter``).
 
         ``compile``: ``true`` runs a compiled forward (``adapters.compiled``; the first compile on
         a machine takes minutes), ``auto`` only where one compiled here before is ready within
@@ -105,7 +105,7 @@ class Engine:
         verifier = reg.make("verifier", "sampling" if sampling.pop("do_sample", False) else "greedy", **sampling)
         check_compile(compile)
         if adapter is None:
-            adapter = make_adapter(model, compile, packed_linears=packed_linears, cache_dir=cache_dir)
+            adapter = make_adapter(model, compile, linear_kernel=linear_kernel, cache_dir=cache_dir)
         return cls(adapter, strategy, verifier, tokenizer, cache_dir=cache_dir)
 
     @classmethod

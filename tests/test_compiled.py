@@ -1,7 +1,7 @@
 """The compiled forward (adapters/compiled.py): lossless on static shapes, padding rows that
 change nothing, KV slots grown in tiers, the compile knob, and the eager fallback.
 
-Inductor compiles a handful of steps here (AOTInductor packages for two families and
+Inductor compiles a handful of steps here (one AOTInductor package each for two families, and
 torch.compile graphs for one, buckets 1/4/8); the other tests use dynamo's ``eager`` backend,
 which traces the same static-shape code without generating kernels.
 """
@@ -82,29 +82,52 @@ def test_check_mode_on_the_compiled_path(compiled_adapters):
     assert verdict.identical and verdict.baseline.tokens == result.tokens
 
 
-def test_packages_are_kept_and_loaded_by_the_next_adapter(compiled_adapters, tmp_path):
+def test_one_package_is_kept_and_loaded_by_the_next_adapter(compiled_adapters, tmp_path):
     model = tiny_model("llama")
-    built = CompiledHFAdapter(model, buckets=(1, 4), max_autotune=False, package_dir=tmp_path)
+    built = CompiledHFAdapter(model, max_autotune=False, package_dir=tmp_path)
     assert not built.ready_without_compiling()
     built.warm_up(progress=False)
-    assert (built.packages.built, built.packages.loaded) == (2, 0) and built.ready_without_compiling()
-    # A warm start, and on smaller KV tiers than the packages were exported at (the slot count is dynamic)
-    again = CompiledHFAdapter(model, buckets=(1, 4), max_autotune=False, package_dir=tmp_path, min_slots=16,
-                              tier_step=16)
+    assert (built.packages.built, built.packages.loaded) == (1, 0) and built.ready_without_compiling()
+    # A warm start, and on smaller KV tiers than the package was exported at (the slot count is dynamic)
+    again = CompiledHFAdapter(model, max_autotune=False, package_dir=tmp_path, min_slots=16, tier_step=16)
     again.warm_up(progress=False)
     prompt = [7, 8, 9, 10] * 3
     assert Engine(again, REG.make("strategy", "prompt_lookup")).generate(prompt, 30).tokens == \
         reference_greedy(model, prompt, 30)
-    assert again.slots == 48 and (again.packages.built, again.packages.loaded) == (0, 2)  # grew 16 -> 48
-    other = tiny_model("llama", seed=1)  # the same architecture, other weights: never their packages
-    assert not CompiledHFAdapter(other, buckets=(1, 4), max_autotune=False, package_dir=tmp_path,
-                                 check_tree_mask=False).ready_without_compiling()
+    assert again.slots == 48 and (again.packages.built, again.packages.loaded) == (0, 1)  # grew 16 -> 48
+    assert again.compiled
+
+
+def test_a_package_reads_the_weights_of_the_model_it_runs(compiled_adapters, tmp_path):
+    """The package holds no weights: the same architecture with other weights loads it and
+    decodes with its own, and the package runs on the model's tensors, not a copy."""
+    built = CompiledHFAdapter(tiny_model("llama"), max_autotune=False, package_dir=tmp_path)
+    built.warm_up(progress=False)
+    other = tiny_model("llama", seed=1)
+    adapter = CompiledHFAdapter(other, max_autotune=False, package_dir=tmp_path)
+    assert adapter.ready_without_compiling()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 20).tokens == \
+        reference_greedy(other, prompt, 20)
+    assert (adapter.packages.built, adapter.packages.loaded) == (0, 1) and adapter.compiled
+    adapter.reset()
+    before = adapter.forward(torch.tensor([7]))
+    adapter.reset()
+    final_norm = other.model.norm.weight  # logits are linear in it
+    with torch.no_grad():
+        final_norm.mul_(2.0)  # the model's own tensor, changed in place: the package sees it
+    try:
+        after = adapter.forward(torch.tensor([7]))
+    finally:
+        with torch.no_grad():
+            final_norm.div_(2.0)
+    torch.testing.assert_close(after, 2 * before, rtol=1e-5, atol=1e-5)
 
 
 def test_a_damaged_package_warns_and_decodes_eagerly(tmp_path):
     model = tiny_model("llama")
-    adapter = CompiledHFAdapter(model, buckets=(1,), max_autotune=False, package_dir=tmp_path)
-    path = adapter.packages.path(1)
+    adapter = CompiledHFAdapter(model, max_autotune=False, package_dir=tmp_path)
+    path = adapter.packages.path
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a package")
     prompt = [3, 4, 5] * 4
@@ -194,12 +217,12 @@ def test_compile_knob_auto_uses_a_warm_compile_only(tmp_path):
 
 def test_compile_knob_auto_uses_packages_already_on_disk(tmp_path):
     model = tiny_model("gpt2")
-    knobs = dict(cache_dir=tmp_path, buckets=(1,), max_autotune=False, progress=False)
+    knobs = dict(cache_dir=tmp_path, max_autotune=False, progress=False)
     assert type(make_adapter(model, "auto", **knobs)) is HFAdapter  # nothing built here yet
     assert make_adapter(model, "true", **knobs).packages.built == 1
     warm = make_adapter(model, "auto", **knobs)
     assert isinstance(warm, CompiledHFAdapter) and (warm.packages.built, warm.packages.loaded) == (0, 1)
-    assert list((tmp_path / "compiled").rglob("rows1.pt2"))
+    assert list((tmp_path / "compiled").rglob("step.pt2"))
 
 
 def test_compile_knob_values():

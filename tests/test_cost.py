@@ -6,7 +6,7 @@ import numpy as np
 
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.norms import stock_norms
-from specfree.adapters.packed import mkl_packing_available, stock_linears
+from specfree.kernels import load_kernels, stock_linears
 from specfree.cost import CostModel
 from tests.tiny_models import tiny_model
 
@@ -35,10 +35,10 @@ def test_the_curve_is_measured_once_per_setup(tmp_path, monkeypatch):
     files = list((tmp_path / "costs").iterdir())
     files[0].write_text("{not json")  # a damaged file is measured again
     assert CostModel.cached(adapter, tmp_path).seconds.tolist() == [1.0, 3.5]
-    if mkl_packing_available():
+    if load_kernels() is not None:
         with stock_linears(model):  # other kernels, another curve
             CostModel.cached(adapter, tmp_path)
         assert len(measured) == 3 and len(list((tmp_path / "costs").iterdir())) == 2
     with stock_norms(model):  # transformers' norm layers: another curve
         CostModel.cached(adapter, tmp_path)
-    assert len(list((tmp_path / "costs").iterdir())) == (3 if mkl_packing_available() else 2)
+    assert len(list((tmp_path / "costs").iterdir())) == (3 if load_kernels() is not None else 2)

@@ -6,7 +6,7 @@ from specfree.adapters.attention import stock_attention
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.loading import load_model
 from specfree.adapters.norms import stock_norms
-from specfree.adapters.packed import stock_linears
+from specfree.kernels import stock_linears
 
 
 @contextlib.contextmanager

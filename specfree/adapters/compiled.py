@@ -7,20 +7,25 @@ kernels per shape; a compiled graph serves one shape, so the shapes are made sta
 - the KV cache is a set of preallocated slots (transformers' ``StaticLayer``, grown in tiers:
   ``min_slots`` * 2^k for torch.compile, steps of 256 for packages) and the mask spans all of
   them (``masks.bucketed.static_mask``);
-- a step's rows are padded up to a bucket (1, 2, 4, 8, 16, 32; ``masks.bucketed.pad_rows``);
+- for torch.compile, a step's rows are padded up to a bucket (1, 2, 4, 8, 16, 32;
+  ``masks.bucketed.pad_rows``); a package takes any row count up to ``packaged.MAX_ROWS``;
 - keeping the accepted rows moves their KV down inside the static buffers and sets the fill
   length: the buffers never move, so a graph (or a CUDA graph) stays valid.
 
-Two ways to compile the same static steps. On a CPU, AOTInductor packages (``packaged.py``):
-built once per row bucket and model (minutes, the C++ GEMM template autotuned), kept on disk and
-loaded by a later process in about two seconds each. On a GPU, ``torch.compile`` with the graphs
+The linear layers run specfree's few-row kernel (``specfree.kernels``), a custom op that the
+compiled code calls as it is, on the model's own weights: nothing is frozen or repacked, so the
+compiled path holds no second copy of the weights.
+
+Two ways to compile the same static steps. On a CPU, one AOTInductor package (``packaged.py``)
+for every row count and KV tier: built once per model architecture (about a minute), kept on
+disk and loaded by a later process in a second or two, its weights the model's own tensors. On a GPU, ``torch.compile`` with the graphs
 run as CUDA graphs (``mode="reduce-overhead"``): written for, never run in this project so far;
 ``backend="inductor"`` also selects it on a CPU (each process compiles again). A compile that
 fails falls back, with one warning, to running the same static steps eagerly: slower, never wrong.
 
 The adapter works on its own copy of the model's module tree (parameters shared, not copied):
 graphs are specialised to the modules they traced, and an eager engine over the same model may
-swap those (packed linear layers) at any time.
+swap those (linear layers, norms) at any time.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from specfree.adapters.hf import HFAdapter, verifies_chains
 from specfree.adapters.kv import growing_cache
-from specfree.adapters.packaged import PackageShelf
+from specfree.adapters.packaged import MAX_ROWS as PACKAGE_MAX_ROWS
+from specfree.adapters.packaged import StepPackage
+from specfree.kernels import linear_path
 from specfree.masks.bucketed import ROW_BUCKETS, bucket_for, pad_rows, static_mask
 
 MIN_SLOTS = 512  # KV slots of the first tier
@@ -46,10 +53,13 @@ AUTOTUNE_MIN_PARAMS = 20_000_000
 RECOMPILE_LIMIT = 256
 
 
-def inductor_options(device: torch.device, max_autotune: bool, gemm_backends: str = "CPP,ATEN") -> dict:
-    """Inductor settings. CPU: weights frozen into the graph (constant-folded and prepacked);
-    ``max_autotune`` also lets Inductor's C++ GEMM template compete with ``gemm_backends``."""
-    if device.type != "cpu":
+def inductor_options(device: torch.device, max_autotune: bool, gemm_backends: str = "CPP,ATEN",
+                     kernel_linears: bool = False) -> dict:
+    """Inductor settings. CPU with torch's linear layers: weights frozen into the graph
+    (constant-folded and prepacked); ``max_autotune`` also lets Inductor's C++ GEMM template
+    compete with ``gemm_backends``. With specfree's kernel the linear layers are not Inductor's,
+    and the weights stay the model's own: nothing to freeze or tune."""
+    if device.type != "cpu" or kernel_linears:
         return {}
     # Autotuning prints a table per matrix shape to stderr unless told not to.
     options = {"freezing": True, "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
@@ -58,11 +68,11 @@ def inductor_options(device: torch.device, max_autotune: bool, gemm_backends: st
     return options
 
 
-def package_options(device: torch.device, max_autotune: bool) -> dict:
-    """Inductor settings of packages: the C++ GEMM template only. With ATen's kernels also in the
-    running, AOTInductor's autotuning picked oneDNN for every SmolLM2 linear, 30.7 ms a one-row
-    step against 21.4 ms."""
-    return inductor_options(device, max_autotune, gemm_backends="CPP")
+def package_options() -> dict:
+    """Inductor settings of packages: none beyond the defaults. Their weights are the model's own
+    tensors (``packaged.load_package``), which rules out freezing, and with it Inductor's C++ GEMM;
+    the linear layers are specfree's kernel (or, where it cannot be built, ATen's)."""
+    return {}
 
 
 def resolve_backend(backend: str | Callable, device: torch.device) -> str | Callable:
@@ -99,14 +109,16 @@ class CompiledHFAdapter(HFAdapter):
 
     def __init__(self, model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool | None = None,
                  backend: str | Callable = "auto", min_slots: int = MIN_SLOTS, package_dir: str | Path | None = None,
-                 tier_step: int = PACKAGE_TIER_STEP, check_tree_mask: bool = True, grouped_attention: bool = True):
+                 tier_step: int = PACKAGE_TIER_STEP, check_tree_mask: bool = True, grouped_attention: bool = True,
+                 linear_kernel: str = "few_row", cache_dir: str | Path | None = None):
         self.cache: Cache | None = None  # the static slots, made on first use (``_ensure_slots``)
         self._kv: list[torch.Tensor] = []  # every layer's keys and values buffers, in order
-        self.packages: PackageShelf | None = None  # AOTInductor's steps, when that is the backend
+        self.packages: StepPackage | None = None  # AOTInductor's step, when that is the backend
         self._past = 0
-        # Stock linear layers: Inductor replaces their kernels anyway, and must see plain matmuls.
         super().__init__(shared_parameter_copy(model), check_tree_mask=False, grouped_attention=grouped_attention,
-                         packed_linears=False)
+                         linear_kernel=linear_kernel, cache_dir=cache_dir)
+        self.linears = linear_path(self.model)
+        kernel_linears = self.linears != "library"
         self.buckets = tuple(sorted(set(buckets)))
         self.min_slots, self.tier_step = min_slots, tier_step
         self.compile_s = 0.0  # wall time of the calls that compiled (or loaded) a new graph
@@ -119,10 +131,11 @@ class CompiledHFAdapter(HFAdapter):
         backend = resolve_backend(backend, self.device)
         self.backend, self.max_autotune = backend, max_autotune
         if backend == "aoti":
-            self.packages = PackageShelf(self.model, package_dir, package_options(self.device, max_autotune))
+            self.packages = StepPackage(self.model, package_dir, package_options(), self.linears)
             self._compiled_step = self._packaged_step
         else:
-            options = (inductor_options(self.device, max_autotune) or None) if backend == "inductor" else None
+            options = (inductor_options(self.device, max_autotune, kernel_linears=kernel_linears) or None) \
+                if backend == "inductor" else None
             # Dynamo decides whether parameters become graph constants while tracing, from the global
             # inductor config: freezing given only in ``options`` would leave the weights as inputs.
             self._tracing_config = {"freezing": True} if options and options.get("freezing") else {}
@@ -143,17 +156,20 @@ class CompiledHFAdapter(HFAdapter):
 
     @property
     def options(self) -> dict:
-        """What decides this path's kernels (the cost curve cache keys on it). ``weights`` marks
-        curves measured since frozen weights reached dynamo (older ones ran unfrozen kernels)."""
-        return {"backend": str(self.backend), "max_autotune": self.max_autotune, "weights": "frozen"}
+        """What decides this path's kernels (the cost curve cache keys on it)."""
+        return {"backend": str(self.backend), "max_autotune": self.max_autotune, "linears": self.linears,
+                "weights": "shared" if self.packages is not None or self.linears != "library" else "frozen"}
 
     def describe(self) -> str:
         """How the steps were compiled, for reports."""
-        buckets = "/".join(map(str, self.buckets))
+        linears = "specfree's few-row kernel" if self.linears != "library" else "torch's"
         if self.packages is not None:
-            return (f"AOTInductor packages for {buckets} rows ({self.packages.built} built, "
-                    f"{self.packages.loaded} loaded from {self.packages.folder})")
-        return f"torch.compile ({self.backend}) graphs for {buckets} rows over {self.slots} KV slots"
+            return (f"one AOTInductor package for 1-{PACKAGE_MAX_ROWS} rows ({self.packages.built} built, "
+                    f"{self.packages.loaded} loaded from {self.packages.folder}), linear layers {linears} "
+                    f"({self.linears}), weights shared with the model")
+        buckets = "/".join(map(str, self.buckets))
+        return (f"torch.compile ({self.backend}) graphs for {buckets} rows over {self.slots} KV slots, "
+                f"linear layers {linears} ({self.linears})")
 
     # ---- the static cache ---------------------------------------------------------------
     @torch.inference_mode()
@@ -198,9 +214,15 @@ class CompiledHFAdapter(HFAdapter):
         return slots
 
     def ready_without_compiling(self) -> bool:
-        """Whether every bucket's step is already compiled on disk (packages only: torch.compile's
-        graphs are rebuilt by each process)."""
-        return self.packages is not None and self.packages.ready(self.buckets)
+        """Whether the step is already compiled on disk (packages only: torch.compile's graphs are
+        rebuilt by each process)."""
+        return self.packages is not None and self.packages.ready()
+
+    def _compiles(self, rows: int) -> bool:
+        """Whether a step of ``rows`` (padded) rows runs compiled code."""
+        if not self.compiled:
+            return False
+        return rows <= PACKAGE_MAX_ROWS if self.packages is not None else rows in self.buckets
 
     @torch.inference_mode()
     def _set_length(self, length: int) -> None:
@@ -243,7 +265,7 @@ class CompiledHFAdapter(HFAdapter):
         mask = self._static_mask(allowed, past, positions)
         # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
         ids, pos = tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None]
-        if self.compiled and rows in self.buckets:
+        if self._compiles(rows):
             shape = (rows, self.slots)
             start = time.perf_counter()
             try:
@@ -264,10 +286,10 @@ class CompiledHFAdapter(HFAdapter):
         return logits[0]
 
     def _packaged_step(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
-        """``_model_step`` through the AOTInductor package for this shape (built or loaded once)."""
+        """``_model_step`` through the AOTInductor package (built or loaded once)."""
         rows = ids.shape[1]
         inputs = (ids, positions, mask, torch.arange(self._past, self._past + rows, device=self.device), self._kv)
-        return self.packages.get(rows, inputs)(*inputs)
+        return self.packages.get(_export_example(inputs))(*inputs)
 
     def _give_up(self, exc: Exception) -> None:
         self._compiled_step = None
@@ -300,7 +322,8 @@ class CompiledHFAdapter(HFAdapter):
             allowed = torch.ones(q, q, dtype=torch.bool).tril()
         if positions is None:
             positions = past + allowed.sum(-1) - 1
-        bucket = bucket_for(q, self.buckets) or q  # beyond the last bucket: eager, unpadded
+        # A package takes any row count; torch.compile a graph per bucket (beyond the last: eager).
+        bucket = q if self.packages is not None else bucket_for(q, self.buckets) or q
         tokens, allowed, positions = pad_rows(tokens.cpu(), allowed, positions.cpu(), bucket)
         self._step_start = past
         return self._run(tokens, positions, allowed)[:q]
@@ -334,14 +357,16 @@ class CompiledHFAdapter(HFAdapter):
         start = time.perf_counter()
         self.reset()
         self._ensure_slots(slots or self.min_slots)
-        sizes = list(self.buckets)
+        sizes = list(self.buckets) if self.packages is None else [2]  # a package serves every row count
         bar = _progress(progress)
         with bar:
             task = bar.add_task("compiling the forward", total=len(sizes))
             for rows in sizes:
-                saved = self.packages is not None and self.packages.path(rows).is_file()
-                verb = "loading the compiled" if saved else "compiling the"
-                bar.update(task, description=f"{verb} forward for {rows} row{'s' * (rows > 1)}")
+                if self.packages is not None:
+                    verb = "loading" if self.packages.ready() else "compiling (about a minute, once per model)"
+                    bar.update(task, description=f"{verb} the forward's package")
+                else:
+                    bar.update(task, description=f"compiling the forward for {rows} row{'s' * (rows > 1)}")
                 self.forward(torch.zeros(rows, dtype=torch.long))
                 self.commit([0], rows)
                 self.reset()
@@ -349,6 +374,17 @@ class CompiledHFAdapter(HFAdapter):
                     break
                 bar.advance(task)
         return time.perf_counter() - start
+
+
+def _export_example(inputs: tuple) -> tuple:
+    """``inputs`` of at least two rows: export leaves a dimension of size 1 static, and the
+    package must take any row count. Only shapes matter to the export."""
+    ids, positions, mask, slot_index, kv = inputs
+    if ids.shape[1] > 1:
+        return inputs
+    masks = {kind: m.repeat(1, 1, 2, 1) for kind, m in mask.items()} if isinstance(mask, dict) \
+        else mask.repeat(1, 1, 2, 1)
+    return ids.repeat(1, 2), positions.repeat(1, 2), masks, slot_index.repeat(2), kv
 
 
 def _progress(show: bool):
@@ -407,7 +443,7 @@ def compiled_marker(model, cache_dir, **knobs) -> Path:
     return Path(cache_dir) / "compiled" / f"{key}.json"
 
 
-def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, cache_dir=None,
+def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache_dir=None,
                  progress: bool = True, slots: int | None = None, **compiled_knobs) -> HFAdapter:
     """The adapter for ``compile``: ``true`` compiles (minutes the first time on a machine, with
     progress shown; one warning and the eager adapter where it cannot or fails); ``auto`` does so
@@ -421,7 +457,7 @@ def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, c
     from specfree.adapters.loading import DEFAULT_CACHE
 
     choice = check_compile(compile)
-    eager = dict(packed_linears=packed_linears) if packed_linears is not None else {}
+    eager = dict(linear_kernel=linear_kernel, cache_dir=cache_dir)
     if choice == "false":
         return HFAdapter(model, **eager)
     reason = unsupported_reason(model)
@@ -431,12 +467,14 @@ def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, c
         return HFAdapter(model, **eager)
     folder = Path(cache_dir or DEFAULT_CACHE) / "compiled"
     marker = compiled_marker(model, folder.parent, **compiled_knobs)
-    if choice == "auto" and not _ready_without_compiling(model, folder, marker, compiled_knobs):
+    if choice == "auto" and not _ready_without_compiling(model, folder, marker, compiled_knobs, linear_kernel,
+                                                         cache_dir):
         logging.getLogger("specfree").debug(
             "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
             "compile=true builds one (minutes the first time)")
         return HFAdapter(model, **eager)
-    adapter = CompiledHFAdapter(model, package_dir=folder, **compiled_knobs)
+    adapter = CompiledHFAdapter(model, package_dir=folder, linear_kernel=linear_kernel, cache_dir=cache_dir,
+                                **compiled_knobs)
     seconds = adapter.warm_up(slots, progress=progress)
     if not adapter.compiled:  # it warned why
         return HFAdapter(model, **eager)
@@ -446,7 +484,8 @@ def make_adapter(model, compile="auto", *, packed_linears: bool | None = None, c
     return adapter
 
 
-def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict) -> bool:
+def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, linear_kernel: str,
+                             cache_dir) -> bool:
     """What ``CompiledHFAdapter.ready_without_compiling`` would say, without building the adapter
     (its probes cost most of a second on SmolLM2, every eager start); for torch.compile, whether
     the last warm-up took at most ``AUTO_READY_S``."""
@@ -454,8 +493,11 @@ def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict) -> 
 
     device = model.get_input_embeddings().weight.device
     if resolve_backend(knobs.get("backend", "auto"), device) == "aoti":
-        options = package_options(device, resolve_autotune(knobs.get("max_autotune"), model))
-        return PackageShelf(model, folder, options).ready(sorted(set(knobs.get("buckets", ROW_BUCKETS))))
+        from specfree.kernels import load_kernels
+
+        isa = load_kernels(cache_dir) if linear_kernel == "few_row" else None  # built at most once, ~10 s
+        linears = f"few_row-{isa}" if isa else "library"
+        return StepPackage(model, folder, package_options(), linears).ready()
     try:
         return json.loads(marker.read_text())["warm_up_s"] <= AUTO_READY_S if marker.is_file() else False
     except (ValueError, KeyError, TypeError):

@@ -5,8 +5,8 @@ appending in place; no sliding-window layers, so cache index == position). After
 the accepted rows' KV is kept, by moving them down in place and cutting the tail: no second
 forward. Sliding-window layers keep their whole KV too; the mask hides what falls outside their
 window. Grouped-query models on the CPU run ``attention.grouped_sdpa_attention``, which spares
-masked steps a copy of the cache, fp32 linear layers on the CPU are packed once for MKL
-(``packed``), which spares few-row forwards repacking every weight, and Llama-style RMSNorm
+masked steps a copy of the cache, linear layers on the CPU run specfree's few-row kernel
+(``specfree.kernels``: a step's rows cost about what one row costs), and Llama-style RMSNorm
 layers run as one ``torch.rms_norm`` call (``norms``).
 
 Models whose layers keep a recurrent state (Mamba/SSM, linear attention) verify one chain per step
@@ -26,8 +26,8 @@ from transformers import PreTrainedModel
 from specfree.adapters import recurrent
 from specfree.adapters.attention import use_grouped_sdpa
 from specfree.adapters.norms import fuse_norms
-from specfree.adapters.packed import pack_linears, unpack_linears
 from specfree.errors import UnsupportedModelError
+from specfree.kernels import use_few_row_linears
 from specfree.masks.tree import additive_mask
 
 
@@ -64,9 +64,10 @@ class HFAdapter:
     name = "hf"
 
     def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True,
-                 packed_linears: bool | None = None):
-        """``packed_linears``: None packs fp32 CPU linear layers for MKL when memory allows
-        (``adapters.packed``), True packs whatever the free memory, False keeps them stock."""
+                 linear_kernel: str = "few_row", cache_dir: str | None = None):
+        """``linear_kernel``: ``"few_row"`` runs CPU linear layers through specfree's kernel
+        (``specfree.kernels``; built once under ``cache_dir``, the library's where it cannot be),
+        ``"library"`` keeps torch's ``F.linear``."""
         self.model = model.eval()
         self._embeddings = model.get_input_embeddings()
         config = model.config
@@ -74,10 +75,7 @@ class HFAdapter:
         self._use_maskable_attention()
         if grouped_attention:
             use_grouped_sdpa(model)  # same math, no per-step copy of the cache for masked rows
-        if packed_linears is False:
-            unpack_linears(model)
-        else:
-            pack_linears(model, force=bool(packed_linears))  # few-row forwards without repacking weights
+        self.kernel_linears = use_few_row_linears(model, linear_kernel, cache_dir)  # rows at one row's price
         fuse_norms(model)  # bit-identical, fewer dispatches per forward
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)

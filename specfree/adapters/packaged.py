@@ -1,21 +1,23 @@
 """Ahead-of-time compiled steps (AOTInductor packages): a compiled forward that a new process
 loads in about a second instead of compiling for minutes.
 
-One package serves one row count (a bucket) over any number of KV slots: it is exported with
-``torch.export`` from a small module (``SlotStep``) whose inputs are the token ids, their
-positions, the additive mask, the slots the new rows go to, and the KV buffers themselves, which
-it writes in place. The slot dimension is left dynamic (the matrix shapes, where the time goes,
-stay static), so one package serves every KV tier. The buffers are passed whole: a view of their
-first slots would not be contiguous, and export guards on the layout it traced.
+One package serves every step: it is exported with ``torch.export`` from a small module
+(``SlotStep``) whose inputs are the token ids, their positions, the additive mask, the slots the
+new rows go to, and the KV buffers themselves, which it writes in place. The row and slot
+dimensions are left dynamic, so one package serves every row count up to ``MAX_ROWS`` and every
+KV tier. The buffers are passed whole: a view of their first slots would not be contiguous, and
+export guards on the layout it traced.
 
-The weights are frozen into the package, so a package belongs to one set of weights: its folder
-name carries a fingerprint of them (``weights_fingerprint``).
+The weights are not in the package: it is built with ``package_constants_in_so=False`` and, once
+loaded, pointed at the model's own tensors (``load_constants(..., user_managed=True)``), so the
+process holds one copy of the weights however many packages or tiers it runs, and a package
+belongs to a model's architecture (its folder name fingerprints the config, the tensors' names,
+shapes and dtypes, and the kernels), not to one set of weights.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -53,83 +55,82 @@ class SlotStep(torch.nn.Module):
                           use_cache=True).logits
 
 
-def weights_fingerprint(model: torch.nn.Module, samples: int = 4096) -> str:
-    """A short hash of the model's weights: names, shapes and a strided sample of each tensor's
-    values (hashing every byte of a large model would take seconds)."""
-    digest = hashlib.sha1()
+MAX_ROWS = 64  # rows a package takes; more run eagerly on the same static cache
+
+
+def architecture_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of the model's architecture: its config and the name, shape and dtype of
+    every tensor (a package's code depends on these, not on the weights' values)."""
+    digest = hashlib.sha1(model.config.to_json_string(use_diff=False).encode())
     for name, tensor in model.state_dict().items():
-        flat = tensor.detach().reshape(-1)
-        step = max(1, flat.numel() // samples)
         digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        digest.update(flat[::step].float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
-def package_name(rows: int) -> str:
-    return f"rows{rows}.pt2"
-
-
-def slot_dynamic_shapes(example: tuple) -> tuple:
-    """``torch.export``'s dynamic_shapes for ``SlotStep``'s inputs: the slot dimension of the
-    mask(s) and of every KV buffer is free, everything else static."""
+def dynamic_shapes(example: tuple) -> tuple:
+    """``torch.export``'s dynamic_shapes for ``SlotStep``'s inputs: the row dimension (ids,
+    positions, mask, slot index) and the slot dimension (mask, every KV buffer) are free."""
     ids, positions, mask, slot_index, kv = example
+    rows = torch.export.Dim("rows", min=1, max=MAX_ROWS)
     slots = torch.export.Dim("slots", min=2, max=1 << 20)
-    masks = {kind: {3: slots} for kind in mask} if isinstance(mask, dict) else {3: slots}
-    return None, None, masks, None, [{2: slots}] * len(kv)
+    masks = {kind: {2: rows, 3: slots} for kind in mask} if isinstance(mask, dict) else {2: rows, 3: slots}
+    return {1: rows}, {1: rows}, masks, {0: rows}, [{2: slots}] * len(kv)
 
 
 def build_package(model: torch.nn.Module, example: tuple, path: Path, options: dict) -> None:
-    """Export ``SlotStep(model)`` at ``example``'s shapes (any slot count) and compile it with
-    Inductor ``options`` into the package ``path``."""
+    """Export ``SlotStep(model)`` at ``example``'s shapes (any row and slot count) and compile it
+    with Inductor ``options``, the weights left out, into the package ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"partial-{path.name}")
     with torch.no_grad():
-        program = torch.export.export(SlotStep(model), example, dynamic_shapes=slot_dynamic_shapes(example),
-                                      strict=False)
-        torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=options)
+        program = torch.export.export(SlotStep(model), example, dynamic_shapes=dynamic_shapes(example), strict=False)
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(partial),
+            inductor_configs={**options, "aot_inductor.package_constants_in_so": False})
     partial.replace(path)  # a package on disk is always whole: an interrupted build leaves only partial-*
 
 
-def load_package(path: Path):
-    """The callable in package ``path``: (ids, positions, mask, slot_index, kv) -> logits."""
-    return torch._inductor.aoti_load_package(str(path))
+def load_package(path: Path, model: torch.nn.Module):
+    """The callable in package ``path`` ((ids, positions, mask, slot_index, kv) -> logits), reading
+    ``model``'s own tensors as its weights (no copy)."""
+    runner = torch._inductor.aoti_load_package(str(path))
+    tensors = {**dict(SlotStep(model).named_buffers()), **SlotStep(model).state_dict(keep_vars=True)}
+    runner.load_constants({name: tensors[name].detach() for name in runner.get_constant_fqns()},
+                          check_full_update=True, user_managed=True)
+    return runner
 
 
-class PackageShelf:
-    """The packages of one model's steps, compiled with Inductor ``options``: loaded from
+class StepPackage:
+    """The package of one model's step, compiled with Inductor ``options``: loaded from
     ``package_dir`` when there, else built and kept there. ``package_dir=None`` builds into a
-    temporary folder that goes with the shelf."""
+    temporary folder that goes with it."""
 
-    def __init__(self, model: torch.nn.Module, package_dir: str | Path | None, options: dict):
+    def __init__(self, model: torch.nn.Module, package_dir: str | Path | None, options: dict, linears: str):
+        """``linears`` names the linear layers' kernels the step calls (``kernels.linear_path``)."""
         self.model, self.options = model, options
         if package_dir is None:
             import tempfile
 
             self._temporary = tempfile.TemporaryDirectory(prefix="specfree-packages-")
             package_dir = self._temporary.name
-        # Packages hold kernels tuned for one thread count, torch build and set of Inductor options,
-        # and the weights themselves.
-        setup = f"{weights_fingerprint(model)}-{model.dtype}-{torch.get_num_threads()}t-torch{torch.__version__}"
+        # Packages hold kernels built for one thread count, torch build and set of Inductor options.
+        setup = f"{architecture_fingerprint(model)}-{linears}-{torch.get_num_threads()}t-torch{torch.__version__}"
         self.folder = Path(package_dir) / hashlib.sha1(f"{setup}-{sorted(options.items())}".encode()).hexdigest()[:16]
+        self.path = self.folder / "step.pt2"
         self.built = self.loaded = 0
-        self._runners: dict[int, object] = {}
+        self._runner = None
 
-    def path(self, rows: int) -> Path:
-        return self.folder / package_name(rows)
+    def ready(self) -> bool:
+        """Whether the package is on disk (loading it takes a second or two)."""
+        return self.path.is_file()
 
-    def ready(self, rows: Sequence[int]) -> bool:
-        """Whether every one of these row counts is on disk (loading them takes seconds)."""
-        return all(self.path(r).is_file() for r in rows)
-
-    def get(self, rows: int, example: tuple):
-        """The runner for ``rows``; ``example`` inputs shape a build when none is on disk."""
-        runner = self._runners.get(rows)
-        if runner is None:
-            path = self.path(rows)
-            if not path.is_file():
-                build_package(self.model, example, path, self.options)
+    def get(self, example: tuple):
+        """The runner; ``example`` inputs shape a build when none is on disk."""
+        if self._runner is None:
+            if not self.path.is_file():
+                build_package(self.model, example, self.path, self.options)
                 self.built += 1
             else:
                 self.loaded += 1
-            runner = self._runners[rows] = load_package(path)
-        return runner
+            self._runner = load_package(self.path, self.model)
+        return self._runner

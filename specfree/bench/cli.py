@@ -60,7 +60,7 @@ class BenchSettings:
     seed: int | None = None
     cache_dir: str | None = None
     model_options: dict[str, Any] = field(default_factory=dict)  # attn_implementation, revision
-    packed_linears: bool | None = None  # the engines' adapter option (model.packed_linears)
+    linear_kernel: str = "few_row"  # the engines' linear layers (model.linear_kernel: few_row or library)
     compile: str = "auto"  # auto/true: strategies on the compiled forward, beside the eager baseline
 
     @classmethod
@@ -85,7 +85,7 @@ class BenchSettings:
         return cls(
             prompts=_absolute(bench["prompts"]), out=_absolute(out), model=_model_name(root.get("model")),
             model_options=_model_options(root.get("model")),
-            packed_linears=_packed_linears(root.get("model")),
+            linear_kernel=_linear_kernel_option(root.get("model")),
             strategies=strategies, baselines=baselines, format=bench.get("format") or "spec_bench",
             fields=dict(bench.get("fields") or {}), limit=bench.get("limit"), per_category=bench.get("per_category"),
             max_new_tokens=check_int("bench.max_new_tokens", bench.get("max_new_tokens", 128), low=1),
@@ -106,7 +106,7 @@ class BenchSettings:
                 "limit": self.limit, "per_category": self.per_category, "max_new_tokens": self.max_new_tokens,
                 "repeats": self.repeats, "warmup": self.warmup, "chat": self.chat, "device": self.device,
                 "dtype": self.dtype, "threads": self.threads, "seed": self.seed, "baseline": BASELINE,
-                "packed_linears": self.packed_linears, "compile": self.compile,
+                "linear_kernel": self.linear_kernel, "compile": self.compile,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu": cpu_name(),
                 "versions": {"specfree": specfree.__version__, "torch": torch.__version__,
                              "transformers": transformers.__version__, "python": platform.python_version()}}
@@ -161,7 +161,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
     slots = kv_slots_needed(tokenizer, items, settings)
     compiled = compiled_adapter(model, settings, slots)
     systems = build_systems(model, tokenizer, settings.strategies, settings.baselines, settings.seed,
-                            settings.packed_linears, compiled)
+                            settings.linear_kernel, compiled)
     for system in systems:
         if system.strategy == "hf_static_compiled":
             system.static_slots = slots
@@ -319,8 +319,8 @@ def _model_options(model: Any) -> dict[str, Any]:
     return {k: model[k] for k in ("attn_implementation", "revision") if model.get(k) is not None}
 
 
-def _packed_linears(model: Any) -> bool | None:
-    return model.get("packed_linears") if isinstance(model, Mapping) else None
+def _linear_kernel_option(model: Any) -> str:
+    return model.get("linear_kernel", "few_row") if isinstance(model, Mapping) else "few_row"
 
 
 def _check_greedy(verifier: Any) -> None:

@@ -47,17 +47,17 @@ COMPILED = " (compiled)"  # label suffix of the compiled autoregressive loop
 
 
 def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines: Sequence[SystemSpec],
-                  seed: int | None = None, packed_linears: bool | None = None, compiled=None) -> list[System]:
+                  seed: int | None = None, linear_kernel: str = "few_row", compiled=None) -> list[System]:
     """The (eager) autoregressive baseline first, then, given a ``compiled`` adapter, the compiled
     autoregressive loop, then the requested strategies (on ``compiled`` when given), then outside
     baselines. All of them share ``model``."""
     reg = registry(build_plugin_manager())
-    systems: list[System] = [SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, packed_linears)]
+    systems: list[System] = [SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, linear_kernel)]
     if compiled is not None:
         systems.append(SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, adapter=compiled,
                                             suffix=COMPILED))
     for spec in strategies:
-        system = SpecfreeSystem.build(model, tokenizer, spec.name, spec.knobs, seed, reg, packed_linears,
+        system = SpecfreeSystem.build(model, tokenizer, spec.name, spec.knobs, seed, reg, linear_kernel,
                                       adapter=compiled)
         if system.label != BASELINE:  # the baseline runs once, first
             systems.append(system)

@@ -76,7 +76,7 @@ class SpecfreeSystem:
     @classmethod
     def build(cls, model, tokenizer, strategy: str, knobs: dict[str, Any] | None = None,
               seed: int | None = None, reg: Registry | None = None,
-              packed_linears: bool | None = None, adapter=None, suffix: str = "") -> SpecfreeSystem:
+              linear_kernel: str = "few_row", adapter=None, suffix: str = "") -> SpecfreeSystem:
         """``knobs`` may hold ``pool`` as a pool config node ``{name, knobs...}`` (or a pool name).
         ``adapter``: a compiled adapter shared by the compiled systems (None: an eager one of its
         own); ``suffix`` is added to the label (`` (compiled)``)."""
@@ -84,7 +84,7 @@ class SpecfreeSystem:
         knobs = dict(knobs or {})
         component = reg.get("strategy", strategy)
         # A pool spec in knobs is built by Registry.make, like a hybrid member's.
-        engine = Engine.from_model(model, tokenizer, strategy, packed_linears=packed_linears, compile="false",
+        engine = Engine.from_model(model, tokenizer, strategy, linear_kernel=linear_kernel, compile="false",
                                    adapter=adapter, **knobs)
         documented, actual = {}, {}
         for p in inspect.signature(component.factory).parameters.values():

@@ -35,8 +35,9 @@ class ModelConfig:
     revision: str | None = None
     attn_implementation: str = "sdpa"
     adapter: str = "hf"  # a registered model adapter
-    # fp32 CPU linear layers packed once for MKL: null when memory allows, true always, false never
-    packed_linears: Optional[bool] = None
+    # CPU linear layers: few_row runs specfree's kernel (torch's F.linear where it cannot be built),
+    # library keeps torch's F.linear
+    linear_kernel: str = "few_row"
 
 
 @dataclass

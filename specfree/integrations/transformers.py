@@ -31,7 +31,7 @@ from transformers.generation import (
 from specfree.adapters.compiled import CompiledHFAdapter, check_compile, make_adapter
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.norms import fused_norms
-from specfree.adapters.packed import PackedLinear, packed_linears
+from specfree.kernels import few_row_linears
 from specfree.engine import Engine
 from specfree.errors import ConfigError, check_int
 from specfree.strategies.base import Strategy
@@ -89,7 +89,6 @@ class SpeculativeGenerate:
         self.strategy = strategy
         self.tokenizer = tokenizer
         self.seed = check_int("seed", seed, low=0)
-        self._packed: dict[int, PackedLinear] = {}  # the model's packed layers, installed only during calls
 
     def __repr__(self) -> str:
         return f"speculative_generate({self.strategy.name!r})"
@@ -118,7 +117,7 @@ class SpeculativeGenerate:
         # sampling) become the verifier's: each drafted position is judged on the same scores.
         processors = [_OnScoresDevice(logits_processor)] if logits_processor else []
         # The caller's model leaves with its own linear and norm layers: ours serve only this call.
-        with packed_linears(model, self._packed), fused_norms(model):
+        with few_row_linears(model, self.cache_dir), fused_norms(model):
             engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors,
                                                 adapter=self._adapter(model), **sampling)
             engine.watch(input_ids, criteria, generation_config.max_length)

@@ -1,0 +1,184 @@
+"""A few-row linear kernel for the CPU: ``y = x W^T + b`` at the cost of reading W once.
+
+A speculative step pushes 1 to 16 rows through every linear layer. Those products are bound by
+streaming the weights from memory, and the BLAS and oneDNN kernels torch ships pay much more
+than one read for 2 to 16 rows. ``specfree::linear`` (``few_row_linear.cpp``) reads each weight
+once per call whatever the row count, straight from the model's own ``[N, K]`` tensors (no packed
+copy), and gives each output row the same bits whatever the number of rows in the call.
+
+The operator is a torch custom op (``torch.library``), so eager code, ``torch.compile`` and
+AOTInductor packages all call the same code. It is built from its C++ source on first use (about
+10 s) with the C++ compiler Inductor needs anyway, and kept under ``~/.cache/specfree/kernels``.
+Where it cannot be built or the CPU lacks AVX2, ``load_kernels`` warns once and returns None, and
+``FewRowLinear`` runs the library's ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specfree.adapters.swap import swap_modules, swapped_modules
+
+SOURCE = Path(__file__).with_name("few_row_linear.cpp")
+MAX_ROWS = 16  # more rows go to the library's GEMM, inside the op
+ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
+BACKENDS = ("few_row", "library")  # "library": torch's F.linear, the fallback
+
+
+def kernel_dir(cache_dir: str | Path | None = None) -> Path:
+    """Where a build of this source for this torch lives: a new source or torch builds anew."""
+    key = hashlib.sha1(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    root = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "specfree"
+    return root / "kernels" / key
+
+
+def _registered() -> bool:
+    return hasattr(torch.ops, "specfree") and hasattr(torch.ops.specfree, "linear")
+
+
+def _build(folder: Path, progress: bool) -> None:
+    from torch.utils import cpp_extension
+
+    folder.mkdir(parents=True, exist_ok=True)
+    status = contextlib.nullcontext()
+    if progress and not (folder / "specfree_kernels.so").is_file():
+        from rich.console import Console
+
+        status = Console(stderr=True).status("building specfree's few-row linear kernel (first use, ~10 s)")
+    with status:
+        # -fopenmp: at::parallel_for's OpenMP loop is in the headers; torch's own libgomp serves it.
+        cpp_extension.load(name="specfree_kernels", sources=[str(SOURCE)], build_directory=str(folder),
+                           extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                           is_python_module=False, verbose=False)
+
+
+def load_kernels(cache_dir: str | Path | None = None, progress: bool = True) -> str | None:
+    """Build (first use) or load ``specfree::linear``; returns the code path this CPU runs
+    (``"avx512"`` or ``"avx2"``), or None with one warning where it cannot run here."""
+    if not _registered():
+        if not _cpu_has_avx2():
+            warnings.warn("specfree's few-row linear kernel needs a CPU with AVX2 and FMA; using torch's "
+                          "F.linear instead (slower for tree rows, same results)", stacklevel=2)
+            return None
+        try:
+            _build(kernel_dir(cache_dir), progress)
+        except Exception as exc:  # no compiler, no ninja, a compile error: the library path still works
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            warnings.warn(f"specfree's few-row linear kernel could not be built ({first}); using torch's "
+                          "F.linear instead (slower for tree rows, same results). Install a C++ compiler "
+                          "(g++) and the 'ninja' package to get it.", stacklevel=2)
+            return None
+        _register_fake()
+    return ISA_NAMES[int(torch.ops.specfree.best_isa())] if _registered() else None
+
+
+def _cpu_has_avx2() -> bool:
+    capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
+    return capability in ("AVX2", "AVX512")
+
+
+def _register_fake() -> None:
+    """Shapes for torch.compile and torch.export: one output row per input row, N columns."""
+    @torch.library.register_fake("specfree::linear")
+    def _(x, weight, bias, isa="auto"):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   isa: str = "auto") -> torch.Tensor:
+    """``F.linear`` through specfree's kernel (``load_kernels`` first). ``isa``: ``"auto"``,
+    ``"avx2"`` or ``"avx512"`` (the CPU must have it)."""
+    return torch.ops.specfree.linear(x, weight, bias, isa)
+
+
+class FewRowLinear(nn.Module):
+    """An ``nn.Linear`` (same parameters, shared, not copied) whose product runs
+    ``specfree::linear``. The state dict is the original's."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_parameter("weight", linear.weight)
+        self.register_parameter("bias", linear.bias)  # None registers as absent, as in nn.Linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        params = self._parameters  # 211 calls a SmolLM2 forward: skip nn.Module.__getattr__
+        weight = params["weight"]
+        if weight.requires_grad and torch.is_grad_enabled():  # the op has no backward
+            return F.linear(x, weight, params["bias"])
+        return torch.ops.specfree.linear(x, weight, params["bias"])
+
+    def to_linear(self) -> nn.Linear:
+        """A plain ``nn.Linear`` over the same parameters."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta",
+                           dtype=self.weight.dtype)
+        linear.weight, linear.bias = self.weight, self.bias
+        return linear
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _fits(module: nn.Module) -> bool:
+    # Exactly nn.Linear (subclasses may compute something else), fp32/bf16 on the CPU, no hooks
+    # (accelerate's offloading works through hooks).
+    return (type(module) is nn.Linear and module.weight.device.type == "cpu"
+            and module.weight.dtype in (torch.float32, torch.bfloat16) and not module._forward_hooks
+            and not module._forward_pre_hooks)
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"linear_kernel must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    return backend
+
+
+def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: str | Path | None = None) -> int:
+    """Swap the model's CPU ``nn.Linear`` layers for ``FewRowLinear`` (``backend="few_row"``, where
+    the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
+    the kernel."""
+    if check_backend(backend) == "library" or (any(_fits(m) for m in model.modules())
+                                                and load_kernels(cache_dir) is None):
+        library_linears(model)
+        return 0
+    swap_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None)
+    return sum(isinstance(m, FewRowLinear) for m in model.modules())
+
+
+def linear_path(model: nn.Module) -> str:
+    """Which kernel the model's linear layers run: ``"few_row-avx512"``, ``"few_row-avx2"`` or
+    ``"library"``."""
+    if any(isinstance(m, FewRowLinear) for m in model.modules()) and _registered():
+        return f"few_row-{ISA_NAMES[int(torch.ops.specfree.best_isa())]}"
+    return "library"
+
+
+def library_linears(model: nn.Module) -> int:
+    """Undo ``use_few_row_linears``; returns how many layers went back to ``nn.Linear``."""
+    return swap_modules(model, lambda m: m.to_linear() if isinstance(m, FewRowLinear) else None)
+
+
+@contextlib.contextmanager
+def stock_linears(model: nn.Module):
+    """Plain ``nn.Linear`` layers inside the block (for baselines that must be stock), then
+    specfree's again."""
+    with swapped_modules(model, lambda m: m.to_linear() if isinstance(m, FewRowLinear) else None):
+        yield model
+
+
+@contextlib.contextmanager
+def few_row_linears(model: nn.Module, cache_dir: str | Path | None = None):
+    """specfree's linear layers inside the block and the model's own after it, for callers that
+    borrow a model they do not own (nothing is copied either way)."""
+    if load_kernels(cache_dir) is None:
+        yield model
+        return
+    with swapped_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None):
+        yield model

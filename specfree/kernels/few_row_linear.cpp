@@ -1,0 +1,214 @@
+// specfree::linear -- y = x W^T + b for a few rows (the rows of a speculative step).
+//
+// Few-row products are bound by streaming W from memory, not by arithmetic: the aim is to read
+// every weight exactly once per call whatever the row count, and to do the FMAs while it streams.
+// W stays in the model's own layout ([N, K], K contiguous), so no packed copy exists: each thread
+// takes a contiguous range of output columns and walks NB rows of W side by side (NB streams),
+// with the activations of MB rows in registers. Each output (m, n) is one vector accumulator
+// summed over K in order, then reduced the same way, whatever the row count: every row of the
+// result has the same bits as a one-row call (batch invariance).
+//
+// Two code paths, chosen at run time from the CPU's flags: AVX-512 (16 lanes) and AVX2 + FMA
+// (8 lanes). They round differently from each other; within one process one path is used.
+// Weights fp32 or bf16 (widened in registers); activations and accumulation fp32.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <string>
+
+namespace {
+
+#ifndef PF_BLOCKS
+#define PF_BLOCKS 1
+#endif
+
+constexpr int64_t kMaxRows = 16;  // more rows go to the library's GEMM (compute bound there)
+
+enum class Isa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
+
+Isa best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  return Isa::kNone;
+}
+
+// ---------------------------------------------------------------- AVX2 + FMA: 8 lanes
+#define SPECFREE_AVX2 __attribute__((target("avx2,fma")))
+
+SPECFREE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+SPECFREE_AVX2 inline __m256 load8(const at::BFloat16* p) {
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+SPECFREE_AVX2 inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// ---------------------------------------------------------------- AVX-512: 16 lanes
+#define SPECFREE_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
+
+SPECFREE_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+SPECFREE_AVX512 inline __m512 load16(const at::BFloat16* p) {
+  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+SPECFREE_AVX512 inline float sum16(__m512 v) {
+  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float widen(float v) { return v; }
+inline float widen(at::BFloat16 v) { return static_cast<float>(v); }
+
+// The tail of K past the last full vector, and the bias, added in one fixed order per output.
+template <typename W>
+inline float finish(float sum, const float* x, const W* w, int64_t from, int64_t k, const W* bias, int64_t n) {
+  for (int64_t i = from; i < k; ++i) sum += x[i] * widen(w[i]);
+  return bias ? sum + widen(bias[n]) : sum;
+}
+
+// One block: MB rows of x against NB rows of w, over all of K. The NB weight vectors of a step
+// are loaded once and meet every row's activations. Registers: MB*NB accumulators + NB + 1.
+// The next block's weights are prefetched a block ahead: W's rows are short (K floats), too
+// short for the hardware prefetcher to settle on before each one ends.
+#define SPECFREE_BLOCK(ATTR, NAME, VEC, LANES, ZERO, LOAD, FMA, SUM)                                \
+  template <int MB, int NB, typename W>                                                           \
+  ATTR void NAME(const float* x, int64_t ldx, const W* w, int64_t k, const W* bias, int64_t n0,   \
+                 float* y, int64_t ldy, bool prefetch) {                                          \
+    VEC acc[MB][NB];                                                                              \
+    for (int m = 0; m < MB; ++m)                                                                  \
+      for (int j = 0; j < NB; ++j) acc[m][j] = ZERO();                                            \
+    const int64_t full = k - k % LANES;                                                           \
+    const W* ahead = w + PF_BLOCKS * NB * k;                                                                  \
+    for (int64_t i = 0; i < full; i += LANES) {                                                   \
+      VEC ws[NB];                                                                                 \
+      for (int j = 0; j < NB; ++j) ws[j] = LOAD(w + j * k + i);                                   \
+      if (prefetch && (i * sizeof(W)) % 64 == 0)                                                  \
+        for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(ahead + j * k + i), _MM_HINT_T0); \
+      for (int m = 0; m < MB; ++m) {                                                              \
+        VEC xv = LOAD(x + m * ldx + i);                                                           \
+        for (int j = 0; j < NB; ++j) acc[m][j] = FMA(xv, ws[j], acc[m][j]);                       \
+      }                                                                                           \
+    }                                                                                             \
+    for (int m = 0; m < MB; ++m)                                                                  \
+      for (int j = 0; j < NB; ++j)                                                                \
+        y[m * ldy + n0 + j] = finish(SUM(acc[m][j]), x + m * ldx, w + j * k, full, k, bias, n0 + j); \
+  }
+
+SPECFREE_BLOCK(SPECFREE_AVX2 __attribute__((always_inline)) inline, block_avx2, __m256, 8,
+               _mm256_setzero_ps, load8, _mm256_fmadd_ps, sum8)
+SPECFREE_BLOCK(SPECFREE_AVX512 __attribute__((always_inline)) inline, block_avx512, __m512, 16,
+               _mm512_setzero_ps, load16, _mm512_fmadd_ps, sum16)
+
+// Columns [n_begin, n_end) for MB rows: NB columns at a time, then single columns.
+#define SPECFREE_COLUMNS(ATTR, NAME, BLOCK)                                                          \
+  template <int MB, int NB, typename W>                                                              \
+  ATTR void NAME(const float* x, const W* w, int64_t k, const W* bias, int64_t n_begin, int64_t n_end, \
+                 float* y, int64_t ldy) {                                                            \
+    int64_t n = n_begin;                                                                             \
+    for (; n + NB <= n_end; n += NB) BLOCK<MB, NB>(x, k, w + n * k, k, bias, n, y, ldy, n + (PF_BLOCKS + 1) * NB <= n_end); \
+    for (; n < n_end; ++n) BLOCK<MB, 1>(x, k, w + n * k, k, bias, n, y, ldy, false);                  \
+  }
+
+SPECFREE_COLUMNS(SPECFREE_AVX2, columns_avx2, block_avx2)
+SPECFREE_COLUMNS(SPECFREE_AVX512, columns_avx512, block_avx512)
+
+// Every row of a call in one pass over the weights, as far as the registers allow: AVX2 has
+// 16 vector registers (up to 8 accumulators here), AVX-512 32 (up to 16). Rows past that take
+// further passes over the same block of W, from cache.
+template <typename W>
+void columns(Isa isa, const float* x, int64_t m_rows, const W* w, int64_t k, const W* bias, int64_t n_begin,
+             int64_t n_end, float* y, int64_t ldy) {
+  const int64_t rows_per_pass = isa == Isa::kAvx512 ? 16 : 8;
+  for (int64_t m = 0; m < m_rows; m += rows_per_pass) {
+    const float* xm = x + m * k;
+    float* ym = y + m * ldy;
+#define SPECFREE_CASE(MB, NB2, NB512)                                                                 \
+  case MB:                                                                                            \
+    if (isa == Isa::kAvx512) columns_avx512<MB, NB512, W>(xm, w, k, bias, n_begin, n_end, ym, ldy);   \
+    else columns_avx2<MB, NB2, W>(xm, w, k, bias, n_begin, n_end, ym, ldy);                           \
+    break;
+    switch (std::min(rows_per_pass, m_rows - m)) {
+      SPECFREE_CASE(1, 8, 8) SPECFREE_CASE(2, 4, 8) SPECFREE_CASE(3, 2, 4) SPECFREE_CASE(4, 2, 4)
+      SPECFREE_CASE(5, 1, 3) SPECFREE_CASE(6, 1, 2) SPECFREE_CASE(7, 1, 2) SPECFREE_CASE(8, 1, 2)
+      SPECFREE_CASE(9, 1, 1) SPECFREE_CASE(10, 1, 1) SPECFREE_CASE(11, 1, 1) SPECFREE_CASE(12, 1, 1)
+      SPECFREE_CASE(13, 1, 1) SPECFREE_CASE(14, 1, 1) SPECFREE_CASE(15, 1, 1) SPECFREE_CASE(16, 1, 1)
+    }
+#undef SPECFREE_CASE
+  }
+}
+
+constexpr int64_t kColumnsPerTask = 64;  // a thread's share is a contiguous run of W's rows
+
+template <typename W>
+void run(Isa isa, const float* x, int64_t m, const W* w, int64_t n, int64_t k, const W* bias, float* y) {
+  at::parallel_for(0, (n + kColumnsPerTask - 1) / kColumnsPerTask, 1, [&](int64_t begin, int64_t end) {
+    const int64_t n_begin = begin * kColumnsPerTask, n_end = std::min(n, end * kColumnsPerTask);
+    columns<W>(isa, x, m, w, k, bias, n_begin, n_end, y, n);
+  });
+}
+
+Isa parse_isa(const std::string& name) {
+  const Isa best = best_isa();
+  Isa asked = best;
+  if (name == "avx2") asked = Isa::kAvx2;
+  else if (name == "avx512") asked = Isa::kAvx512;
+  else TORCH_CHECK(name == "auto", "specfree::linear: isa must be auto, avx2 or avx512, not ", name);
+  TORCH_CHECK(static_cast<int>(asked) <= static_cast<int>(best) && asked != Isa::kNone,
+              "specfree::linear: this CPU cannot run the ", name, " code path");
+  return asked;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  c10::string_view isa_name) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "specfree::linear runs on the CPU");
+  TORCH_CHECK(weight.dim() == 2 && x.size(-1) == weight.size(1), "specfree::linear: shapes ", x.sizes(),
+              " and ", weight.sizes(), " do not multiply");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
+              "specfree::linear: weights must be float32 or bfloat16");
+  const int64_t k = weight.size(1), n = weight.size(0), m = x.numel() / std::max<int64_t>(k, 1);
+  auto out_sizes = x.sizes().vec();
+  out_sizes.back() = n;
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (m > kMaxRows || k == 0) {  // the library's GEMM runs near the compute peak for many rows
+    return at::linear(x, weight.to(x.scalar_type()), has_bias ? std::optional<at::Tensor>(bias->to(x.scalar_type())) : std::nullopt);
+  }
+  const Isa isa = parse_isa(std::string(isa_name));
+  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  const at::Tensor w = weight.contiguous();
+  at::Tensor b;
+  if (has_bias) b = bias->to(weight.scalar_type()).contiguous();
+  at::Tensor y = at::empty({m, n}, x32.options());
+  if (weight.scalar_type() == at::kFloat)
+    run<float>(isa, x32.data_ptr<float>(), m, w.data_ptr<float>(), n, k, has_bias ? b.data_ptr<float>() : nullptr,
+               y.data_ptr<float>());
+  else
+    run<at::BFloat16>(isa, x32.data_ptr<float>(), m, w.data_ptr<at::BFloat16>(), n, k,
+                      has_bias ? b.data_ptr<at::BFloat16>() : nullptr, y.data_ptr<float>());
+  return y.view(out_sizes).to(x.scalar_type());
+}
+
+
+at::Tensor isa_code() { return at::scalar_tensor(static_cast<int64_t>(best_isa()), at::kLong); }
+
+}  // namespace
+
+TORCH_LIBRARY(specfree, m) {
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias, str isa='auto') -> Tensor");
+  m.def("best_isa() -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specfree, CPU, m) { m.impl("linear", &linear); }
+TORCH_LIBRARY_IMPL(specfree, CompositeExplicitAutograd, m) { m.impl("best_isa", &isa_code); }
