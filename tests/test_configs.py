@@ -198,18 +198,20 @@ def test_engine_from_config_with_a_local_model(tiny_llama_dir):
     assert engine.generate(prompt, 12).tokens == plain.generate(prompt, 12).tokens
 
 
-def test_model_packed_linears_reaches_the_adapter(tiny_llama_dir):
-    from specfree.adapters.packed import PackedLinear
+def test_model_linear_kernel_reaches_the_adapter(tiny_llama_dir):
+    from specfree.kernels import FewRowLinear, load_kernels
 
-    def packed(overrides):
+    def few_row(overrides):
         engine = Engine.from_config(overrides=["model=local", f"model.path={tiny_llama_dir}", *overrides])
-        return any(isinstance(m, PackedLinear) for m in engine.adapter.model.modules())
+        return any(isinstance(m, FewRowLinear) for m in engine.adapter.model.modules())
 
-    assert packed([]) and packed(["model.packed_linears=true"])  # fp32 on the CPU: packed when memory allows
-    assert not packed(["model.packed_linears=false"])
-    settings = BenchSettings.from_config({"model": {"name": "smollm2", "packed_linears": False},
+    assert few_row([]) == few_row(["model.linear_kernel=few_row"]) == (load_kernels() is not None)
+    assert not few_row(["model.linear_kernel=library"])
+    with pytest.raises(ConfigError, match="linear_kernel must be one of few_row, library"):
+        Engine.from_config(overrides=["model=local", f"model.path={tiny_llama_dir}", "model.linear_kernel=mkl"])
+    settings = BenchSettings.from_config({"model": {"name": "smollm2", "linear_kernel": "library"},
                                           "bench": {"prompts": "p.jsonl", "out": "out"}})
-    assert settings.packed_linears is False and "packed_linears" not in settings.model_options
+    assert settings.linear_kernel == "library" and "linear_kernel" not in settings.model_options
 
 
 def test_a_hub_model_without_network_fails_at_once(monkeypatch):

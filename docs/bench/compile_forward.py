@@ -1,11 +1,15 @@
 """Measure the compiled forward against the eager one on SmolLM2-135M (or another model).
 
-    PYTHONPATH=. python docs/bench/compile_forward.py --threads 2 --variants packages inductor --warm-start --out cf.json
+    PYTHONPATH=. python docs/bench/compile_forward.py --threads 2 --variants packages inductor --warm-start \
+        --inductor-gemm --out cf.json
 
-Per variant (``packages``: AOTInductor packages, the CPU default, kept in ``--package-dir``;
-``inductor``: torch.compile with frozen weights and max_autotune): seconds to compile (or load)
-each row bucket, the forward cost curve (1..32 rows at 256 tokens of context, best of 5, sizes
-taking turns) beside the eager adapter's, greedy output of the compiled path against the eager
+First the model's linear layers alone (``specfree.kernels.measure``): ms per pass over all of them
+for 1..16 rows, with torch's BLAS, oneDNN with packed weights, specfree's few-row kernel (each
+code path this CPU runs) and, with ``--inductor-gemm``, Inductor's C++ GEMM with frozen weights.
+Then per variant (``packages``: the AOTInductor package, the CPU default, kept in
+``--package-dir``; ``inductor``: torch.compile): seconds to compile (or load) the steps, the
+forward cost curve (1..32 rows at 256 tokens of context, best of 5, sizes taking turns) beside
+the eager adapter's (with torch's linear layers and with the kernel), greedy output of the compiled path against the eager
 path, and, with ``--warm-start``, the seconds a second process needs until its compiled path is
 ready. Also the memory bandwidth (a large read, and a large copy) and the model's weight bytes:
 one row cannot beat bytes / read bandwidth.
@@ -27,6 +31,8 @@ from specfree.adapters.loading import DEFAULT_CACHE, load_model
 from specfree.bench.cli import cpu_name
 from specfree.cost import CostModel
 from specfree.engine import Engine
+from specfree.kernels import stock_linears
+from specfree.kernels.measure import linear_curves
 from specfree.plugins import build_plugin_manager, registry
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -67,12 +73,17 @@ def weight_bytes(model) -> int:
     return total
 
 
-def curves(adapters: dict, rounds: int = 2) -> dict:
-    """Each adapter's cost curve, the adapters taking turns ``rounds`` times; the best per size."""
+def curves(adapters: dict, model, rounds: int = 2) -> dict:
+    """Each adapter's cost curve, the adapters taking turns ``rounds`` times; the best per size.
+    ``"eager, library linears"`` is the eager adapter with torch's linear layers swapped back in."""
     best: dict[str, list[float]] = {}
     for _ in range(rounds):
         for name, adapter in adapters.items():
-            c = CostModel.measure(adapter, sizes=SIZES)
+            if name == "eager, library linears":
+                with stock_linears(model):
+                    c = CostModel.measure(adapter, sizes=SIZES)
+            else:
+                c = CostModel.measure(adapter, sizes=SIZES)
             best[name] = [min(a, b) for a, b in zip(best.get(name, c.seconds), c.seconds)]
     return {name: dict(zip(SIZES, (round(1e3 * s, 2) for s in secs))) for name, secs in best.items()}
 
@@ -100,6 +111,8 @@ def main() -> None:
     parser.add_argument("--ready-only", help=argparse.SUPPRESS)  # the second process: warm up, print seconds
     parser.add_argument("--package-dir", default=str(DEFAULT_CACHE / "compiled"),
                         help="where packages are kept (the default is the one decode and bench use)")
+    parser.add_argument("--inductor-gemm", action="store_true",
+                        help="also time Inductor's C++ GEMM on the linear layers (compiles per row count)")
     parser.add_argument("--out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -115,11 +128,14 @@ def main() -> None:
               "weight_MB": round(weight_bytes(model) / 1e6)}
     result["floor_ms"] = round(1e3 * weight_bytes(model) / (result["read_GBps"] * 1e9), 1)
     print(json.dumps(result), flush=True)
-    adapters = {"eager": HFAdapter(model)}
+    result["linear_curves_ms"] = linear_curves(model, inductor=args.inductor_gemm)
+    print(json.dumps({"linear_curves_ms": result["linear_curves_ms"]}), flush=True)
+    eager = HFAdapter(model)
+    adapters = {"eager, library linears": eager, "eager": eager}
     for name in args.variants:
         adapter = CompiledHFAdapter(model, **knobs(name, args.package_dir))
         per_bucket = {}
-        for rows in adapter.buckets:  # one graph per bucket: time each compile
+        for rows in (adapter.buckets if adapter.packages is None else (2,)):  # a graph per bucket, one package
             before = adapter.compile_s
             adapter.forward(torch.zeros(rows, dtype=torch.long))
             adapter.reset()
@@ -129,7 +145,7 @@ def main() -> None:
         adapters[name] = adapter
         result[f"{name}_output"] = same_output(model, tokenizer, adapter)
         print(json.dumps({f"{name}_output": result[f"{name}_output"]}), flush=True)
-    result["curves_ms"] = curves(adapters)
+    result["curves_ms"] = curves(adapters, model)
     print(json.dumps({"curves_ms": result["curves_ms"]}), flush=True)
     if args.warm_start:
         for name in args.variants:

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
-from specfree.bench.plots import write_plots
+from specfree.bench.plots import cost_curve_plot, write_plots
 from specfree.bench.prompts import load_prompts
 from specfree.bench.report import markdown, rich_table, wide_console
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
@@ -54,6 +54,7 @@ class BenchSettings:
     resume: bool = False
     chat: bool = True
     markdown: bool = False
+    cost_curves: bool = True  # the linear layers' and the forward's cost curves, measured before the runs
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None
@@ -92,7 +93,8 @@ class BenchSettings:
             repeats=check_int("bench.repeats", bench.get("repeats", 1), low=1),
             warmup=check_int("bench.warmup", bench.get("warmup", 1), low=0),
             resume=bool(bench.get("resume", False)), chat=bool(bench.get("chat", True)),
-            markdown=bool(bench.get("markdown", False)), device=str(root.get("device") or "cpu"),
+            markdown=bool(bench.get("markdown", False)), cost_curves=bool(bench.get("cost_curves", True)),
+            device=str(root.get("device") or "cpu"),
             dtype=str(root.get("dtype") or "float32"), threads=root.get("threads"), seed=root.get("seed"),
             cache_dir=root.get("cache_dir"), compile=check_compile("auto" if root.get("compile") is None else root.get("compile")))
 
@@ -121,6 +123,28 @@ def cpu_name() -> str:
     except OSError:
         pass
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} logical cores)"
+
+
+def cost_curves(model, eager, compiled) -> dict[str, Any]:
+    """ms per pass over the model's linear layers alone (torch's kernels against specfree's), and
+    per forward at 256 tokens of context: eager with torch's linear layers, eager with the kernel,
+    compiled. What decides how large a draft can pay on this machine."""
+    from specfree.cost import CostModel
+    from specfree.kernels import linear_path, stock_linears
+    from specfree.kernels.measure import linear_curves
+
+    def forward(adapter) -> dict[int, float]:
+        curve = CostModel.measure(adapter, context=256)
+        return {int(r): round(1e3 * s, 2) for r, s in zip(curve.rows, curve.seconds)}
+
+    forwards = {}
+    with stock_linears(model):
+        forwards["eager, library linears"] = forward(eager)
+    if linear_path(model) != "library":
+        forwards[f"eager, {linear_path(model)}"] = forward(eager)
+    if compiled is not None:
+        forwards[f"compiled, {compiled.linears}"] = forward(compiled)
+    return {"linear_curves_ms": linear_curves(model), "forward_curves_ms": forwards}
 
 
 def compiled_adapter(model, settings: BenchSettings, slots: int) -> CompiledHFAdapter | None:
@@ -169,6 +193,9 @@ def run(cfg: Any, console: Console | None = None) -> int:
     if compiled is not None:
         store.meta["compile_s"] = compiled.compile_s
         store.meta["compiled_by"] = compiled.describe()
+    if settings.cost_curves and not settings.resume:
+        with Console(stderr=True).status("measuring the cost curves of the linear layers and the forward"):
+            store.meta.update(cost_curves(model, systems[0].engine.adapter, compiled))
     engine = systems[0].engine
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 settings.chat)
@@ -265,6 +292,12 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
              *([f"compiled forward (strategies and '{BASELINE}{COMPILED}'): {meta.get('compiled_by')}, ready in "
                 f"{meta['compile_s']:.1f} s, not counted in any decode time"]
                if meta.get("compile_s") is not None else []),
+             *(f"linear layers alone, ms per pass ({', '.join(map(str, curve))} rows): {name} "
+               f"{' / '.join(f'{v:.1f}' for v in curve.values())}"
+               for name, curve in (meta.get("linear_curves_ms") or {}).items()),
+             *(f"forward at 256 tokens of context, ms ({', '.join(map(str, curve))} rows): {name} "
+               f"{' / '.join(f'{v:.1f}' for v in curve.values())}"
+               for name, curve in (meta.get("forward_curves_ms") or {}).items()),
              *([f"hf_static_compiled: its compile happens in the warm-up, outside the timed runs"]
                if any(s.get("strategy") == "hf_static_compiled" for s in doc.get("systems", [])) else []),
              *(f"failed: prompt {pid} on {', '.join(dict.fromkeys(names))}: {error}"
@@ -272,6 +305,7 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
     text = markdown(rows, title, notes)
     (folder / "report.md").write_text(text, encoding="utf-8")
     write_plots(rows, doc.get("systems", []), folder, doc["meta"].get("baseline", BASELINE))
+    cost_curve_plot(meta, folder / "cost_curves.png")
     if as_markdown:
         console.print(text, markup=False, highlight=False)
     else:

@@ -90,6 +90,31 @@ def sweep_lines(rows: Sequence[Row], systems_meta: Sequence[dict], path: Path,
     return _save(fig, path)
 
 
+def cost_curve_plot(meta: dict, path: Path) -> Path | None:
+    """Two panels from a run's meta: ms per pass over the linear layers alone, and per forward,
+    against the rows in the call (log-scaled rows)."""
+    panels = [(key, title) for key, title in (("linear_curves_ms", "linear layers alone"),
+                                              ("forward_curves_ms", "whole forward, 256 tokens of context"))
+              if meta.get(key)]
+    if not panels:
+        return None
+    fig = Figure(figsize=(5.5 * len(panels), 4.5))
+    for i, (key, title) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        for name, curve in meta[key].items():
+            rows = [int(r) for r in curve]
+            ax.plot(rows, list(curve.values()), marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(rows, [str(r) for r in rows])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("rows in the call")
+        ax.set_ylabel("ms")
+        ax.set_title(title, fontsize="medium")
+        _legend_below(ax, len(meta[key]))
+    fig.suptitle(meta.get("cpu") or "", fontsize="small")
+    return _save(fig, path)
+
+
 def write_plots(rows: Sequence[Row], systems_meta: Sequence[dict], folder: str | Path,
                 baseline: str = BASELINE) -> list[Path]:
     folder = Path(folder)

@@ -56,6 +56,7 @@ class BenchConfig:
     out: str | None = None
     chat: bool = True
     markdown: bool = False
+    cost_curves: bool = True
 
 
 @dataclass

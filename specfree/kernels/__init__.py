@@ -136,7 +136,9 @@ def _fits(module: nn.Module) -> bool:
 
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
-        raise ValueError(f"linear_kernel must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        from specfree.errors import ConfigError
+
+        raise ConfigError(f"linear_kernel must be one of {', '.join(BACKENDS)}, not {backend!r}")
     return backend
 
 

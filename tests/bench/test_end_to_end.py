@@ -146,13 +146,13 @@ def test_transformers_baselines_run_as_shipped_on_the_shared_model():
     from specfree.adapters.attention import GROUPED_SDPA
     from specfree.adapters.hf import HFAdapter
     from specfree.adapters.norms import FusedRMSNorm
-    from specfree.adapters.packed import PackedLinear
+    from specfree.kernels import FewRowLinear, load_kernels
     from tests.tiny_models import EOS, tiny_model
 
     model = tiny_model("llama")
     HFAdapter(model)  # a specfree engine over the shared model switches it to its CPU kernels
     assert model.config._attn_implementation == GROUPED_SDPA
-    assert isinstance(model.lm_head, PackedLinear)
+    assert isinstance(model.lm_head, FewRowLinear) == (load_kernels() is not None)
     norm = model.model.norm.original  # transformers' own
     seen = []
     handle = model.model.layers[0].self_attn.register_forward_pre_hook(
@@ -164,7 +164,8 @@ def test_transformers_baselines_run_as_shipped_on_the_shared_model():
         handle.remove()
     assert seen and set(seen) == {("sdpa", torch.nn.Linear, type(norm))}
     assert model.config._attn_implementation == GROUPED_SDPA  # the engines get theirs back
-    assert isinstance(model.lm_head, PackedLinear) and isinstance(model.model.norm, FusedRMSNorm)
+    assert isinstance(model.lm_head, FewRowLinear) == (load_kernels() is not None)
+    assert isinstance(model.model.norm, FusedRMSNorm)
 
 
 def test_bench_compiled_rows(tiny_model_dir, prompts, tmp_path):
@@ -184,5 +185,10 @@ def test_bench_compiled_rows(tiny_model_dir, prompts, tmp_path):
     meta = json.loads((out / "bench.json").read_text())["meta"]
     assert meta["compile"] == "true" and meta["compile_s"] > 0
     report = (out / "report.md").read_text()
-    assert "compiled forward (strategies and 'autoregressive (compiled)'): AOTInductor packages" in report
+    assert "compiled forward (strategies and 'autoregressive (compiled)'): one AOTInductor package" in report
     assert "CPU: " in report and meta["cpu"]
+    # the cost curves: the linear layers alone (torch's kernels and specfree's) and the forward, each path
+    assert "blas" in meta["linear_curves_ms"] and len(meta["linear_curves_ms"]["blas"]) == 5
+    assert any(name.startswith("compiled") for name in meta["forward_curves_ms"])
+    assert "linear layers alone, ms per pass (1, 2, 4, 8, 16 rows): blas " in report
+    assert (out / "cost_curves.png").stat().st_size > 0

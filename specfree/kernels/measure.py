@@ -1,0 +1,115 @@
+"""Cost curves of a model's linear layers alone, kernel against library, in one process.
+
+A pass runs every linear layer of the model once (SmolLM2-135M: 211 products over 538 MB of
+weights), with ``rows`` rows of activations each: what a forward of that many rows spends in
+its products. Variants:
+
+- ``blas``: ``F.linear`` as torch ships it (MKL or OpenBLAS);
+- ``onednn_packed``: oneDNN with each weight packed once (``torch.ops.mkldnn._linear_pointwise``),
+  where torch has it; the packed copies exist only during the measurement;
+- ``few_row-avx2`` / ``few_row-avx512``: specfree's kernel, each code path this CPU runs;
+- ``inductor_cpp``: Inductor's C++ GEMM template with frozen weights (optional: it compiles a
+  graph per row count, minutes for a real model).
+
+Rows take turns within each round, rounds repeat, and the best pass per (variant, rows) is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specfree.kernels import FewRowLinear, load_kernels
+
+ROWS = (1, 2, 4, 8, 16)
+
+
+def model_linears(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(weight, bias) of every linear layer, the shared LM head once."""
+    seen, out = set(), []
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, FewRowLinear)) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            out.append((module.weight.detach(), None if module.bias is None else module.bias.detach()))
+    return out
+
+
+def _onednn(layers) -> Callable | None:
+    reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    if reorder is None or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        packed = {id(w): reorder(w.float()) for w, _ in layers}
+        probe_w, probe_b = layers[0]
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, probe_w.shape[1]), packed[id(probe_w)], probe_b,
+                                           "none", [], "")
+    except RuntimeError:
+        return None
+    return lambda x, w, b: torch.ops.mkldnn._linear_pointwise(x, packed[id(w)], b, "none", [], "")
+
+
+class _Stack(nn.Module):
+    """Every layer once, each on the activations of its own width (what Inductor compiles)."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.linears = nn.ModuleList()
+        for weight, bias in layers:
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+            linear.weight = nn.Parameter(weight, requires_grad=False)
+            if bias is not None:
+                linear.bias = nn.Parameter(bias, requires_grad=False)
+            self.linears.append(linear)
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        return [linear(inputs[str(linear.in_features)]) for linear in self.linears]
+
+
+def _inductor_passes(layers, rows: Sequence[int]) -> dict[int, Callable]:
+    stack = _Stack(layers)
+    options = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP",
+               "autotune_num_choices_displayed": 0}
+    passes = {}
+    for m in rows:
+        compiled = torch.compile(stack, options=options, dynamic=False)
+        inputs = {str(w.shape[1]): torch.randn(m, w.shape[1]) for w, _ in layers}
+        with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+            compiled(inputs)  # compiles
+        passes[m] = lambda compiled=compiled, inputs=inputs: compiled(inputs)
+    return passes
+
+
+def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5, inductor: bool = False,
+                  progress: Callable[[str], None] | None = None) -> dict[str, dict[int, float]]:
+    """Milliseconds per pass over the model's linear layers, per variant and row count."""
+    layers = model_linears(model)
+    variants: dict[str, Callable] = {"blas": lambda x, w, b: F.linear(x, w, b)}
+    onednn = _onednn(layers)
+    if onednn is not None:
+        variants["onednn_packed"] = onednn
+    isa = load_kernels(progress=False)
+    for path in (["avx2", "avx512"] if isa == "avx512" else ["avx2"] if isa else []):
+        variants[f"few_row-{path}"] = lambda x, w, b, path=path: torch.ops.specfree.linear(x, w, b, path)
+    activations = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, _ in layers} for m in rows}
+    passes: dict[str, dict[int, Callable]] = {}
+    for name, fn in variants.items():
+        passes[name] = {m: (lambda fn=fn, xs=activations[m]: [fn(xs[w.shape[1]], w, b) for w, b in layers])
+                        for m in rows}
+    if inductor:
+        if progress:
+            progress("compiling Inductor's C++ GEMM for each row count")
+        passes["inductor_cpp"] = _inductor_passes(layers, rows)
+    best = {name: {m: float("inf") for m in rows} for name in passes}
+    with torch.no_grad():
+        for round_ in range(rounds + 1):  # round 0 warms up
+            for m in rows:
+                for name, per_rows in passes.items():
+                    start = time.perf_counter()
+                    per_rows[m]()
+                    if round_:
+                        best[name][m] = min(best[name][m], time.perf_counter() - start)
+    return {name: {m: round(1e3 * s, 2) for m, s in per_rows.items()} for name, per_rows in best.items()}
