@@ -163,3 +163,35 @@ def test_where_a_forward_keeps_batch_invariance():
         assert torch.equal(torch.cat(steps, dim=1), seen[name][0]), name
     assert not torch.equal(torch.cat(seen["o_proj"][1:], dim=1), seen["o_proj"][0])  # after attention
     torch.testing.assert_close(torch.stack(alone), chain, rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_compiler_one_warning_and_the_library_path(tmp_path):
+    """A fresh process with no C++ compiler on its PATH and no kernel built: one warning, torch's
+    F.linear, and the same greedy tokens as transformers."""
+    script = (
+        "import warnings, sys\n"
+        "from specfree.kernels import load_kernels, linear_path\n"
+        "from specfree.adapters.hf import HFAdapter\n"
+        "from specfree import Engine\n"
+        "from specfree.plugins import build_plugin_manager, registry\n"
+        "from tests.tiny_models import tiny_model, reference_greedy\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    adapter = HFAdapter(tiny_model('llama'), cache_dir={str(tmp_path)!r})\n"
+        "messages = [str(w.message) for w in caught if 'few-row linear kernel' in str(w.message)]\n"
+        "assert len(messages) == 1 and 'no C++ compiler found' in messages[0], messages\n"
+        "assert adapter.kernel_linears == 0 and linear_path(adapter.model) == 'library'\n"
+        "engine = Engine(adapter, registry(build_plugin_manager()).make('strategy', 'prompt_lookup'))\n"
+        "prompt = [3, 4, 5] * 4\n"
+        "assert engine.generate(prompt, 16).tokens == reference_greedy(tiny_model('llama'), prompt, 16)\n"
+        "print('ok')\n")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root,
+                         env={**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(root)})
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+    assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind

@@ -8,7 +8,8 @@ copy), and gives each output row the same bits whatever the number of rows in th
 
 The operator is a torch custom op (``torch.library``), so eager code, ``torch.compile`` and
 AOTInductor packages all call the same code. It is built from its C++ source on first use (about
-10 s) with the C++ compiler Inductor needs anyway, and kept under ``~/.cache/specfree/kernels``.
+10 s, one compiler call) with the C++ compiler Inductor needs anyway, and kept under
+``~/.cache/specfree/kernels/<hash of the source and torch version>``.
 Where it cannot be built or the CPU lacks AVX2, ``load_kernels`` warns once and returns None, and
 ``FewRowLinear`` runs the library's ``F.linear``.
 """
@@ -43,20 +44,48 @@ def _registered() -> bool:
     return hasattr(torch.ops, "specfree") and hasattr(torch.ops.specfree, "linear")
 
 
-def _build(folder: Path, progress: bool) -> None:
+LIBRARY = "specfree_kernels.so"
+
+
+def _compile_command(compiler: str, source: Path, out: Path) -> list[str]:
+    """One compiler call: the op's source against torch's headers and libraries (no build tool)."""
     from torch.utils import cpp_extension
 
+    abi = int(torch.compiled_with_cxx11_abi())
+    return [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *(f"-I{path}" for path in cpp_extension.include_paths()), str(source), "-o", str(out),
+            *(f"-L{path}" for path in cpp_extension.library_paths()), "-lc10", "-ltorch", "-ltorch_cpu",
+            # -fopenmp: at::parallel_for's OpenMP loop lives in the headers; torch's own libgomp serves it
+            *(f"-Wl,-rpath,{path}" for path in cpp_extension.library_paths())]
+
+
+def _build(folder: Path, progress: bool) -> Path:
+    """The op's shared library in ``folder``, compiled there first if missing; written whole or not
+    at all (an interrupted build leaves no library behind)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    library = folder / LIBRARY
+    if library.is_file():
+        return library
+    compiler = next((shutil.which(c) for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found")
     folder.mkdir(parents=True, exist_ok=True)
     status = contextlib.nullcontext()
-    if progress and not (folder / "specfree_kernels.so").is_file():
+    if progress:
         from rich.console import Console
 
         status = Console(stderr=True).status("building specfree's few-row linear kernel (first use, ~10 s)")
-    with status:
-        # -fopenmp: at::parallel_for's OpenMP loop is in the headers; torch's own libgomp serves it.
-        cpp_extension.load(name="specfree_kernels", sources=[str(SOURCE)], build_directory=str(folder),
-                           extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                           is_python_module=False, verbose=False)
+    with status, tempfile.TemporaryDirectory(dir=folder) as scratch:
+        partial = Path(scratch) / LIBRARY
+        run = subprocess.run(_compile_command(compiler, SOURCE, partial), capture_output=True, text=True)
+        if run.returncode != 0:
+            error = next((line for line in run.stderr.splitlines() if "error" in line), run.stderr.strip()[:200])
+            raise RuntimeError(f"{Path(compiler).name} failed: {error}")
+        partial.replace(library)
+    return library
 
 
 def load_kernels(cache_dir: str | Path | None = None, progress: bool = True) -> str | None:
@@ -68,12 +97,12 @@ def load_kernels(cache_dir: str | Path | None = None, progress: bool = True) -> 
                           "F.linear instead (slower for tree rows, same results)", stacklevel=2)
             return None
         try:
-            _build(kernel_dir(cache_dir), progress)
-        except Exception as exc:  # no compiler, no ninja, a compile error: the library path still works
+            torch.ops.load_library(str(_build(kernel_dir(cache_dir), progress)))
+        except Exception as exc:  # no compiler, a compile error, a damaged library: the library path still works
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             warnings.warn(f"specfree's few-row linear kernel could not be built ({first}); using torch's "
                           "F.linear instead (slower for tree rows, same results). Install a C++ compiler "
-                          "(g++) and the 'ninja' package to get it.", stacklevel=2)
+                          "(g++) to get it.", stacklevel=2)
             return None
         _register_fake()
     return ISA_NAMES[int(torch.ops.specfree.best_isa())] if _registered() else None
