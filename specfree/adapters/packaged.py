@@ -18,6 +18,7 @@ shapes and dtypes, and the kernels), not to one set of weights.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -58,10 +59,19 @@ class SlotStep(torch.nn.Module):
 MAX_ROWS = 64  # rows a package takes; more run eagerly on the same static cache
 
 
+# Config entries that describe where a model came from or what callers ask of it, not the
+# computation a package holds (save_pretrained, for one, fills in architectures and dtype).
+NOT_ARCHITECTURE = {"architectures", "dtype", "torch_dtype", "transformers_version", "name_or_path", "use_cache",
+                    "output_attentions", "output_hidden_states", "return_dict"}
+
+
 def architecture_fingerprint(model: torch.nn.Module) -> str:
     """A short hash of the model's architecture: its config and the name, shape and dtype of
     every tensor (a package's code depends on these, not on the weights' values)."""
-    digest = hashlib.sha1(model.config.to_json_string(use_diff=False).encode())
+    config = {key: value for key, value in model.config.to_diff_dict().items()
+              if key not in NOT_ARCHITECTURE and not key.startswith("_")}
+    config["attention"] = model.config._attn_implementation  # which attention code was traced
+    digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in model.state_dict().items():
         digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
     return digest.hexdigest()[:16]
