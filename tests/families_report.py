@@ -219,7 +219,8 @@ def main(argv: list[str]) -> None:
             "`chain, own mask` one chain a step under the model's own causal mask (recurrent layers, with "
             "rollback; chunked attention; a forward that rejects or ignores a custom mask); `no KV cache`: "
             "the whole sequence runs again each step; `one row` plain decoding (the model's forward cannot "
-            "continue its recurrent state over several tokens). `oracle` drafts the true continuation with every other step's third token wrong, so "
+            "continue its recurrent state over several tokens). `oracle` drafts the true continuation with every "
+            "other step's third token wrong, so "
             "whole and cut drafts are both verified.\n\n" + table(results))
     text = DOC.read_text()
     text = re.sub(f"{re.escape(START)}.*{re.escape(END)}", lambda _: f"{START}\n{body}\n{END}", text, flags=re.S)

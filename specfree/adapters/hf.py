@@ -232,7 +232,8 @@ class HFAdapter:
             if allowed is None:
                 allowed = torch.ones(q, q, dtype=torch.bool).tril()
             mask = self._mask(allowed, past, positions)
-        if self.chain_only and self.cache_kind != "growing" and self.keeps_cache and q > 1:  # one row is always kept whole
+        recurrent_chain = self.chain_only and self.cache_kind != "growing" and self.keeps_cache
+        if recurrent_chain and q > 1:  # one row is always kept whole
             if not causal:
                 raise ValueError("a model with recurrent layers verifies one chain per step, not a tree")
             self._step = (recurrent.snapshot(self.cache, self.cache_kind, past), tokens, positions)

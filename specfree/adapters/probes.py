@@ -60,8 +60,8 @@ def probing(adapter, what: str, fix: str):
     except UnsupportedModelError:
         raise
     except Exception as exc:
-        raise UnsupportedModelError(
-            f"model family '{adapter.family}' cannot run {what} ({type(exc).__name__}: {one_line(exc)}). {fix}") from exc
+        cause = f"{type(exc).__name__}: {one_line(exc)}"
+        raise UnsupportedModelError(f"model family '{adapter.family}' cannot run {what} ({cause}). {fix}") from exc
     finally:
         adapter.reset()
 
