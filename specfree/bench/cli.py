@@ -170,6 +170,8 @@ def run(cfg: Any, console: Console | None = None) -> int:
         store.meta["compile_s"] = compiled.compile_s
         store.meta["compiled_by"] = compiled.describe()
     engine = systems[0].engine
+    describe = getattr(engine.adapter, "describe_verification", None)  # trees, or chains and why
+    store.meta["verification"] = describe() if describe is not None else None
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 settings.chat)
 
@@ -265,6 +267,7 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
              *([f"compiled forward (strategies and '{BASELINE}{COMPILED}'): {meta.get('compiled_by')}, ready in "
                 f"{meta['compile_s']:.1f} s, not counted in any decode time"]
                if meta.get("compile_s") is not None else []),
+             *([f"drafts verified: {meta['verification']}"] if meta.get("verification") else []),
              *([f"hf_static_compiled: its compile happens in the warm-up, outside the timed runs"]
                if any(s.get("strategy") == "hf_static_compiled" for s in doc.get("systems", [])) else []),
              *(f"failed: prompt {pid} on {', '.join(dict.fromkeys(names))}: {error}"
