@@ -418,7 +418,9 @@ def plugins(args: list[str], console: Console | None = None) -> int:
     if args:
         raise ConfigError("usage: python -m specfree plugins")
     reg = registry(build_plugin_manager())
-    table = Table("kind", "name", "from", "hybrid member", "knobs (config defaults)", title="registered components")
+    table = Table("kind", "name", "from", "hybrid member", "knobs (config defaults)", title="registered components",
+                  caption="adapters choose per model, when they wrap it, how drafts are verified: draft trees, or "
+                          "one chain a step where its forward cannot take a tree mask (decode and bench say which)")
     for kind in KINDS:
         for name in reg.names(kind):
             component = reg.get(kind, name)
