@@ -130,11 +130,15 @@ def test_engine_from_pretrained_says_the_same_line(broken):
     assert_one_line(str(info.value), broken)
 
 
-@pytest.mark.parametrize("broken", ["tokenizer not json", "tokenizer unreadable"], indirect=True)
+@pytest.mark.parametrize("broken", ["tokenizer not json", "tokenizer unreadable", "config field of the wrong type"],
+                         indirect=True)
 def test_load_tokenizer_says_the_same_line(broken):
     with pytest.raises(ModelLoadError) as info:
         load_tokenizer(str(broken))
+    with pytest.raises(ModelLoadError) as whole_model:
+        load_model(str(broken))
     assert_one_line(str(info.value), broken)
+    assert str(info.value) == str(whole_model.value)  # the same stage named, config or tokenizer
 
 
 @pytest.mark.parametrize("broken", ["weights garbage", "config field of the wrong shape", "tokenizer not json"],

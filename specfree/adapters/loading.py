@@ -110,13 +110,12 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
             tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
             model = _from_pretrained(folder, None, torch_dtype, attn_implementation, revision)
         return model.to(torch_device).eval(), tokenizer
-    with boundary(f"read the model config {Path(folder) / 'config.json'}", CONFIG_FIX):
-        if not os.path.lexists(Path(folder) / "config.json"):
-            # Said up front: transformers would first fail on the tokenizer, with a message about sentencepiece.
-            raise ModelLoadError(f"could not load a causal LM from {folder}: it has no config.json. A model folder "
-                                 "holds config.json, the weights and the tokenizer files: give such a folder, or a "
-                                 ".gguf file")
-        config = AutoConfig.from_pretrained(folder, revision=revision)
+    if not _has_config(folder):
+        # Said up front: transformers would first fail on the tokenizer, with a message about sentencepiece.
+        raise ModelLoadError(f"could not load a causal LM from {folder}: it has no config.json. A model folder "
+                             "holds config.json, the weights and the tokenizer files: give such a folder, or a "
+                             ".gguf file")
+    config = _read_config(folder, revision)
     tokenizer = _local_tokenizer(folder, revision)
     with boundary(f"load the weights in {folder}", WEIGHTS_FIX):
         model = _from_pretrained(folder, config, torch_dtype, attn_implementation, revision)
@@ -126,6 +125,16 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
 def _is_folder(source: str | Path) -> bool:
     with boundary(f"read {source}", "give a readable model folder, a .gguf file or a hub id"):
         return Path(str(source)).is_dir()
+
+
+def _has_config(folder) -> bool:
+    with boundary(f"read {folder}", "give a readable model folder, a .gguf file or a hub id"):
+        return os.path.lexists(Path(folder) / "config.json")  # present but unreadable: the next read says why
+
+
+def _read_config(folder, revision=None):
+    with boundary(f"read the model config {Path(folder) / 'config.json'}", CONFIG_FIX):
+        return AutoConfig.from_pretrained(folder, revision=revision)
 
 
 def _local_tokenizer(folder, revision=None):
@@ -212,6 +221,8 @@ def load_tokenizer(name_or_path: str, cache_dir: str | Path | None = None):
     """Just the tokenizer of ``name_or_path`` (same resolution as ``load_model``)."""
     source = resolve_source(name_or_path, cache_dir)
     if _is_folder(source):
+        if _has_config(source):  # AutoTokenizer reads it too: a broken one is named as such
+            _read_config(source)
         return _local_tokenizer(source)
     with from_the_hub(name_or_path):
         return AutoTokenizer.from_pretrained(source)
