@@ -198,3 +198,16 @@ def test_a_cache_dir_that_cannot_be_written_is_one_line(tmp_path):
     assert_one_line(str(info.value), not_a_folder)
     assert str(info.value).endswith(loading.CACHE_FIX)
     assert not_a_folder.read_text() == "a file where the cache should be"
+
+
+@pytest.mark.parametrize("hub_id", ["a/b/c/d", "an id with spaces", "--x"])
+def test_a_malformed_hub_id_is_one_line(hub_id, monkeypatch):
+    from huggingface_hub import constants
+
+    from specfree.adapters.loading import check_hub_reachable
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # so the hub's cache is asked about the id
+    with pytest.raises(ModelLoadError) as info:
+        check_hub_reachable(hub_id)
+    message = str(info.value)
+    assert "\n" not in message and f"'{hub_id}'" in message and message.endswith(loading.HUB_FIX)
