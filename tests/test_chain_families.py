@@ -128,3 +128,20 @@ def test_decode_says_when_a_model_verifies_chains(tmp_path, monkeypatch, capsys)
     result = json.loads((tmp_path / "r.json").read_text())
     assert err[0] == result["verification"] == HFAdapter(tiny_model("bloom")).describe()
     assert "bloom: verifies one chain a step" in err[0]
+
+
+class CacheBlindLlama(transformers.LlamaForCausalLM):
+    """Takes a cache argument but drops it: causal, yet no cached forward continues the prefix."""
+
+    def forward(self, input_ids=None, past_key_values=None, **kwargs):
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+def test_a_model_that_fails_trees_and_chains_is_refused_with_both_reasons():
+    from specfree import UnsupportedModelError
+    from tests.tiny_models import CONFIGS
+
+    model = CacheBlindLlama(CONFIGS["llama"]()).eval()
+    with pytest.raises(UnsupportedModelError, match=r"^model family 'llama' .*, and its chains fail too: model "
+                                                    r"family 'llama' does not keep its state in the cache"):
+        HFAdapter(model)

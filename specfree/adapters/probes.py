@@ -41,13 +41,17 @@ def choose_verification(adapter) -> None:
     tree_failure = tree_mask_failure(adapter)
     if tree_failure is None:
         return
-    own_mask = not honours_custom_masks(adapter)
-    adapter.use_chains(own_mask=own_mask, why=tree_failure)
-    try:
-        check_chain(adapter)
-    except UnsupportedModelError as chain_refusal:
-        raise UnsupportedModelError(f"model family '{adapter.family}' {tree_failure}, and its chains fail too: "
-                                    f"{chain_refusal}") from chain_refusal
+    # specfree's own mask where the model honours one (it keeps masking sliding windows), else none
+    modes = [False, True] if honours_custom_masks(adapter) else [True]
+    for own_mask in modes:
+        adapter.use_chains(own_mask=own_mask, why=tree_failure)
+        try:
+            check_chain(adapter)
+            return
+        except UnsupportedModelError as refusal:
+            chain_refusal = refusal
+    raise UnsupportedModelError(f"model family '{adapter.family}' {tree_failure}, and its chains fail too: "
+                                f"{chain_refusal}") from chain_refusal
 
 
 @contextmanager
