@@ -11,10 +11,10 @@ layers run as one ``torch.rms_norm`` call (``norms``).
 
 Models whose layers keep a recurrent state (Mamba/SSM, linear attention) verify one chain per step
 and roll their state back after the verdict (``recurrent``); ``chain_only`` tells the engine. So do
-models whose forward rejects or ignores a custom 4D mask (ALiBi families, some encoder-decoder
-decoders), under their own causal mask, and models without a KV cache (GPT-1), which run the whole
-sequence each step. Which mode a model gets is found by probe forwards when it is wrapped (``probes``);
-``verification`` and ``describe()`` say which.
+models whose forward cannot verify a tree (it rejects or ignores a custom 4D mask or the position
+ids: ALiBi families, some encoder-decoder decoders), under specfree's causal mask or their own, and
+models without a KV cache (GPT-1, RWKV), which run the whole sequence each step. Probe forwards
+choose the mode when a model is wrapped (``probes``); ``verification`` and ``describe()`` say which.
 """
 
 from __future__ import annotations
