@@ -186,12 +186,13 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
 
 def write_atomically(folder: Path, write) -> None:
     """``write(tmp)`` fills a temporary folder beside ``folder``, which then takes its place in one
-    rename; on any failure the temporary folder is removed and ``folder`` is left as it was."""
+    rename; if ``write`` fails, the temporary folder is removed and ``folder`` is left as it was. An
+    entry already at ``folder`` (an incomplete one from an older specfree) is replaced whole."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
         write(tmp)
-        if folder.is_dir():  # an incomplete entry (no weights): replaced, never merged
+        if folder.is_dir():  # replaced, never merged
             shutil.rmtree(folder)
         os.replace(tmp, folder)  # atomic: a half-written cache never looks complete
     finally:
