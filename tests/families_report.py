@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import warnings
+from datetime import date
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -220,8 +221,10 @@ def main(argv: list[str]) -> None:
             "rollback; chunked attention; a forward that rejects or ignores a custom mask); `no KV cache`: "
             "the whole sequence runs again each step; `one row` plain decoding (the model's forward cannot "
             "continue its recurrent state over several tokens). `oracle` drafts the true continuation with every "
-            "other step's third token wrong, so "
-            "whole and cut drafts are both verified.\n\n" + table(results))
+            "other step's third token wrong, so whole and cut drafts are both verified."
+            + (f" `--update` reran {len(families)} of these families on {date.today()} (the others are from "
+               "the last full run)." if update else "")
+            + "\n\n" + table(results))
     text = DOC.read_text()
     text = re.sub(f"{re.escape(START)}.*{re.escape(END)}", lambda _: f"{START}\n{body}\n{END}", text, flags=re.S)
     DOC.write_text(text)
