@@ -41,7 +41,7 @@ SMALL = dict(
     intermediate_size_mlp=64, dense_intermediate_size=64,
     moe_intermediate_size=32, shared_expert_intermediate_size=32, shared_experts_intermediate_size=32,
     shared_intermediate_size=32, moe_shared_expert_intermediate_size=32, expert_ffn_hidden_size=32,
-    num_hidden_layers=4, n_layer=4, num_layers=4, decoder_layers=4,
+    num_hidden_layers=4, n_layer=4, num_layers=4, decoder_layers=4, encoder_layers=4,
     num_attention_heads=4, n_head=4, num_heads=4, decoder_attention_heads=4, num_key_value_heads=2, num_kv_heads=2,
     head_dim=8, attention_head_dim=8, kv_channels=8, attention_head_size=8,
     qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, kv_lora_rank=16, q_lora_rank=16, o_lora_rank=16,
@@ -222,8 +222,8 @@ def main(argv: list[str]) -> None:
             "the whole sequence runs again each step; `one row` plain decoding (the model's forward cannot "
             "continue its recurrent state over several tokens). `oracle` drafts the true continuation with every "
             "other step's third token wrong, so whole and cut drafts are both verified."
-            + (f" `--update` reran {len(families)} of these families on {date.today()} (the others are from "
-               "the last full run)." if update else "")
+            + (f" Some rows were rerun with `--update` after the last full run, the latest on {date.today()}."
+               if update else "")
             + "\n\n" + table(results))
     text = DOC.read_text()
     text = re.sub(f"{re.escape(START)}.*{re.escape(END)}", lambda _: f"{START}\n{body}\n{END}", text, flags=re.S)
