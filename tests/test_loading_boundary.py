@@ -75,6 +75,18 @@ def weights_of_another_shape(folder: Path):
     shutil.copy(other / "model.safetensors", folder / "model.safetensors")
 
 
+def weights_without(count: int):
+    """Weights files that lack tensors the config needs (transformers would fill them at random)."""
+    def edit(folder: Path):
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(folder / "model.safetensors")
+        for name in sorted(tensors)[:count]:
+            del tensors[name]
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return edit
+
+
 BROKEN = {
     "config not json": write("config.json", "{not json"),
     "config empty": write("config.json", ""),
@@ -92,6 +104,8 @@ BROKEN = {
     "weights missing": remove("model.safetensors"),
     "weights unreadable": symlink_loop("model.safetensors"),
     "weights of another shape": weights_of_another_shape,
+    "weights lacking a tensor": weights_without(1),
+    "weights lacking most tensors": weights_without(10),
     "tokenizer not json": write("tokenizer.json", "{"),
     "tokenizer json but not a tokenizer": write("tokenizer.json", '{"model": 5}'),
     "tokenizer config not json": write("tokenizer_config.json", "<xml/>"),
@@ -141,16 +155,17 @@ def test_load_tokenizer_says_the_same_line(broken):
     assert str(info.value) == str(whole_model.value)  # the same stage named, config or tokenizer
 
 
-@pytest.mark.parametrize("broken", ["weights garbage", "config field of the wrong shape", "tokenizer not json"],
+@pytest.mark.parametrize("broken", ["weights garbage", "weights lacking a tensor", "weights of another shape",
+                                    "config field of the wrong shape", "tokenizer not json"],
                          indirect=True)
 @pytest.mark.parametrize("command", ["decode", "bench"])
-def test_the_cli_exits_non_zero_with_one_line(broken, command, tmp_path, monkeypatch, capsys):
+def test_the_cli_exits_non_zero_with_one_line(broken, command, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)  # Hydra's run folders
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["the cat"]}) + "\n")
     args = {"decode": ["prompt=the cat"], "bench": [f"bench.prompts={prompts}", f"bench.out={tmp_path / 'out'}"]}
     code = cli_main([command, "model=local", f"model.path={broken}", "compile=false", *args[command]])
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err  # the file descriptor: whatever a library's logger prints counts too
     assert code != 0 and err.count("\n") == 1 and err.startswith("error: could not ")
     assert_one_line(err.removeprefix("error: ").rstrip("\n"), broken)
 
@@ -211,3 +226,17 @@ def test_a_malformed_hub_id_is_one_line(hub_id, monkeypatch):
         check_hub_reachable(hub_id)
     message = str(info.value)
     assert "\n" not in message and f"'{hub_id}'" in message and message.endswith(loading.HUB_FIX)
+
+
+def test_weights_with_tensors_the_model_does_not_use_load_with_a_warning(tiny_llama_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["extra_head.weight"] = next(iter(tensors.values())).clone()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match=r"1 tensors in the weights files are not used by the model "
+                                         r"\(extra_head.weight\); ignored"):
+        model, _ = load_model(str(folder))
+    assert model.config.model_type == "llama"

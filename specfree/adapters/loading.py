@@ -157,13 +157,49 @@ def from_the_hub(name: str):
 
 
 def _from_pretrained(folder, config, dtype, attn_implementation, revision):
-    kwargs = dict(dtype=dtype, revision=revision, **({"config": config} if config is not None else {}))
+    """The model, or one ``ModelLoadError`` line when its weights lack tensors or hold tensors of other
+    shapes (transformers would fill or refuse them after logging a table of its own, which the line
+    replaces: transformers logs only errors meanwhile)."""
+    kwargs = dict(dtype=dtype, revision=revision, output_loading_info=True, ignore_mismatched_sizes=True,
+                  **({"config": config} if config is not None else {}))
+    with transformers_errors_only():
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attn_implementation,
+                                                               **kwargs)
+        except ValueError as exc:
+            if not (attn_implementation == "sdpa" and "scaled_dot_product_attention" in str(exc)):
+                raise
+            model, info = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", **kwargs)
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = sorted(info.get("mismatched_keys") or [])
+    if missing or mismatched:
+        found = [f"{len(missing)} tensors the config needs are not in them ({_first(missing)})"] if missing else []
+        found += [f"{len(mismatched)} have other shapes than the config gives ("
+                  + _first([f"{name} {tuple(ours)} vs {tuple(theirs)}" for name, ours, theirs in mismatched])
+                  + ")"] if mismatched else []
+        raise ModelLoadError(f"could not load the weights in {folder}: {'; '.join(found)}. {WEIGHTS_FIX}")
+    unused = sorted(info.get("unexpected_keys") or [])
+    if unused:
+        warnings.warn(f"{folder}: {len(unused)} tensors in the weights files are not used by the model "
+                      f"({_first(unused)}); ignored", stacklevel=3)
+    return model
+
+
+def _first(names: list[str], count: int = 3) -> str:
+    return ", ".join(names[:count]) + (f" and {len(names) - count} more" if len(names) > count else "")
+
+
+@contextmanager
+def transformers_errors_only():
+    """transformers logs only errors inside the block (its verbosity as it was after)."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
-        return AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attn_implementation, **kwargs)
-    except ValueError as exc:
-        if attn_implementation == "sdpa" and "scaled_dot_product_attention" in str(exc):
-            return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", **kwargs)
-        raise
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
