@@ -236,7 +236,7 @@ def test_weights_with_tensors_the_model_does_not_use_load_with_a_warning(tiny_ll
     tensors = load_file(folder / "model.safetensors")
     tensors["extra_head.weight"] = next(iter(tensors.values())).clone()
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    with pytest.warns(UserWarning, match=r"1 tensors in the weights files are not used by the model "
+    with pytest.warns(UserWarning, match=r"1 tensor in the weights files not used by the model "
                                          r"\(extra_head.weight\); ignored"):
         model, _ = load_model(str(folder))
     assert model.config.model_type == "llama"

@@ -173,16 +173,20 @@ def _from_pretrained(folder, config, dtype, attn_implementation, revision):
     missing = sorted(info.get("missing_keys") or [])
     mismatched = sorted(info.get("mismatched_keys") or [])
     if missing or mismatched:
-        found = [f"{len(missing)} tensors the config needs are not in them ({_first(missing)})"] if missing else []
-        found += [f"{len(mismatched)} have other shapes than the config gives ("
-                  + _first([f"{name} {tuple(ours)} vs {tuple(theirs)}" for name, ours, theirs in mismatched])
-                  + ")"] if mismatched else []
+        found = [f"they lack {_count(missing)} the config needs ({_first(missing)})"] if missing else []
+        found += [f"they hold {_count(mismatched)} of other shapes than the config gives ("
+                  + _first([f"{name}: {tuple(theirs)} there, {tuple(ours)} in the config"
+                            for name, theirs, ours in mismatched]) + ")"] if mismatched else []
         raise ModelLoadError(f"could not load the weights in {folder}: {'; '.join(found)}. {WEIGHTS_FIX}")
     unused = sorted(info.get("unexpected_keys") or [])
     if unused:
-        warnings.warn(f"{folder}: {len(unused)} tensors in the weights files are not used by the model "
+        warnings.warn(f"{folder}: {_count(unused)} in the weights files not used by the model "
                       f"({_first(unused)}); ignored", stacklevel=3)
     return model
+
+
+def _count(items: list) -> str:
+    return f"{len(items)} tensor{'s' if len(items) != 1 else ''}"
 
 
 def _first(names: list[str], count: int = 3) -> str:
