@@ -215,8 +215,9 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
         folder = cache_dir / "gguf" / f"{path.stem}-{key}"
         if (folder / "model.safetensors").is_file():
             return folder
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        with transformers_errors_only():  # no table of its own before specfree's line
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         if tokenizer.chat_template is None:
             tokenizer.chat_template = gguf_chat_template(path)
     with boundary(f"write the dequantized model of {path} to {folder}", CACHE_FIX):
