@@ -56,7 +56,7 @@ SMALL = dict(
     expert_layer_period=2, expert_layer_offset=1,
     bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3,
 )
-WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size")
+WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
 def tiny_config(model_type: str):
@@ -78,6 +78,8 @@ def tiny_config(model_type: str):
         kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
     if default.get("model_type") in ("mamba2",):  # its head_dim is the SSM head's: expand * hidden = heads * dim
         kwargs["head_dim"] = 16
+    if isinstance(default.get("attention_types"), list):  # GPT-Neo: [[kinds, repeats]] must cover the 4 layers
+        kwargs["attention_types"] = [[["global", "local"], 2]]
     try:
         config = cls(**kwargs)
     except Exception:
