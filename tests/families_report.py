@@ -47,7 +47,7 @@ SMALL = dict(
     qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, kv_lora_rank=16, q_lora_rank=16, o_lora_rank=16,
     max_position_embeddings=512, n_positions=512, n_ctx=512, max_seq_len=512, seq_length=512,
     num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2,
-    n_group=1, topk_group=1,
+    n_group=1, topk_group=1, moe_k=2, num_experts_per_token=2, attn_layer_indices=[1, 3],
     linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
     linear_head_dim=8, state_size=8, mamba_d_state=8, ssm_state_size=8, mamba_n_heads=4, mamba_num_heads=4,
     mamba_d_head=16, mamba_head_dim=16, mamba_d_ssm=64, n_groups=1, mamba_n_groups=1, chunk_size=16,
