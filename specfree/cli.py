@@ -219,6 +219,9 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
 
     hf_logging.disable_progress_bar()  # a weight-loading bar would land between prompt and answer
     engine = Engine(**engine_parts(cfg, reg))
+    verification = verification_line(engine.adapter)
+    if verification and getattr(engine.adapter, "chain_only", False):  # trees are the rule; say so when not
+        err.print(Text(verification, style="yellow"))
     chat = bool(cfg.chat and getattr(engine.tokenizer, "chat_template", None))
     ids = engine.encode(prompt, chat=chat)
     run_kwargs = {"max_new_tokens": cfg.max_new_tokens, "stop": list(cfg.stop), "seed": cfg.seed,
@@ -245,6 +248,7 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     wall = time.perf_counter() - start
     partial = {"tokens": tokens, "drafted": drafted, "steps": steps, "wall": wall}
     result = _result(cfg, prompt, ids, generation, partial, knobs(cfg.strategy), engine.tokenizer)
+    result["verification"] = verification
     line = Text(summary_line(result))
     line.highlight_regex(r"\d+ drafted", "green")  # the legend for the coloured tokens above
     err.print(line)
@@ -319,6 +323,12 @@ def read_stdin() -> str:
     except UnicodeError:
         raise not_text from None
     return text
+
+
+def verification_line(adapter) -> str | None:
+    """How the adapter verifies drafts on this model (trees, or one chain a step and why), where it says."""
+    describe = getattr(adapter, "describe_verification", None)  # an adapter from a plugin may lack it
+    return describe() if describe is not None else None
 
 
 def summary_line(result: dict) -> str:
@@ -408,7 +418,9 @@ def plugins(args: list[str], console: Console | None = None) -> int:
     if args:
         raise ConfigError("usage: python -m specfree plugins")
     reg = registry(build_plugin_manager())
-    table = Table("kind", "name", "from", "hybrid member", "knobs (config defaults)", title="registered components")
+    table = Table("kind", "name", "from", "hybrid member", "knobs (config defaults)", title="registered components",
+                  caption="adapters choose per model, when they wrap it, how drafts are verified: draft trees, or "
+                          "one chain a step where its forward cannot take a tree mask (decode and bench say which)")
     for kind in KINDS:
         for name in reg.names(kind):
             component = reg.get(kind, name)

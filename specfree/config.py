@@ -232,7 +232,7 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
     and mask builder are built first, so their mistakes show before the model spends seconds loading."""
     from specfree.adapters.compiled import check_compile
-    from specfree.adapters.loading import load_model
+    from specfree.adapters.loading import check_hub_reachable, load_model
 
     check_compile(cfg.get("compile", "auto"))
     strategy = build_strategy(cfg, reg)
@@ -256,25 +256,3 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
             "mask_builder": mask_builder}
 
 
-def check_hub_reachable(source: str, revision: str | None = None) -> None:
-    """Fail at once, not after a minute of download retries, when a hub model that is not cached
-    cannot be fetched because the hub's host does not even resolve (no network)."""
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    from specfree.adapters.loading import EMBEDDED
-
-    local = source in EMBEDDED or source.endswith(".gguf") or Path(source).expanduser().exists()
-    if local or constants.HF_HUB_OFFLINE:
-        return  # offline mode fails fast by itself
-    if isinstance(try_to_load_from_cache(source, "config.json", revision=revision), str):
-        return
-    try:
-        socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname, 443)
-    except OSError:
-        raise ModelLoadError(
-            f"could not load {source!r}: it is not a local folder, a .gguf file or in the Hugging Face "
-            f"cache, and the hub cannot be reached (no network). Download it elsewhere and pass its "
-            f"folder with model=local model.path=DIR, or use the embedded model: model=smollm2") from None

@@ -3,6 +3,7 @@ write the verdicts into docs/families.md: identical to ``generate`` / refused (w
 
     python -m tests.families_report            # all families, 2 worker processes, ~10-20 minutes
     python -m tests.families_report llama mamba  # some families, printed only
+    python -m tests.families_report --update bloom mpt  # rerun some families, their rows rewritten in place
 
 Not run by CI (slow). Each family runs in its own process with a time limit. A tiny config is made
 by shrinking the family's default config (sizes named in ``SMALL``); a family whose tiny model cannot
@@ -16,6 +17,7 @@ import re
 import subprocess
 import sys
 import warnings
+from datetime import date
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,13 +41,13 @@ SMALL = dict(
     intermediate_size_mlp=64, dense_intermediate_size=64,
     moe_intermediate_size=32, shared_expert_intermediate_size=32, shared_experts_intermediate_size=32,
     shared_intermediate_size=32, moe_shared_expert_intermediate_size=32, expert_ffn_hidden_size=32,
-    num_hidden_layers=4, n_layer=4, num_layers=4, decoder_layers=4,
+    num_hidden_layers=4, n_layer=4, num_layers=4, decoder_layers=4, encoder_layers=4,
     num_attention_heads=4, n_head=4, num_heads=4, decoder_attention_heads=4, num_key_value_heads=2, num_kv_heads=2,
     head_dim=8, attention_head_dim=8, kv_channels=8, attention_head_size=8,
     qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, kv_lora_rank=16, q_lora_rank=16, o_lora_rank=16,
     max_position_embeddings=512, n_positions=512, n_ctx=512, max_seq_len=512, seq_length=512,
     num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2,
-    n_group=1, topk_group=1,
+    n_group=1, topk_group=1, moe_k=2, num_experts_per_token=2, attn_layer_indices=[1, 3],
     linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
     linear_head_dim=8, state_size=8, mamba_d_state=8, ssm_state_size=8, mamba_n_heads=4, mamba_num_heads=4,
     mamba_d_head=16, mamba_head_dim=16, mamba_d_ssm=64, n_groups=1, mamba_n_groups=1, chunk_size=16,
@@ -54,7 +56,7 @@ SMALL = dict(
     expert_layer_period=2, expert_layer_offset=1,
     bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3,
 )
-WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size")
+WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
 def tiny_config(model_type: str):
@@ -76,6 +78,8 @@ def tiny_config(model_type: str):
         kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
     if default.get("model_type") in ("mamba2",):  # its head_dim is the SSM head's: expand * hidden = heads * dim
         kwargs["head_dim"] = 16
+    if isinstance(default.get("attention_types"), list):  # GPT-Neo: [[kinds, repeats]] must cover the 4 layers
+        kwargs["attention_types"] = [[["global", "local"], 2]]
     try:
         config = cls(**kwargs)
     except Exception:
@@ -110,6 +114,9 @@ def try_family(model_type: str) -> dict:
             model = transformers.AutoModelForCausalLM.from_config(tiny_config(model_type))
         model.eval()
         model.generation_config.pad_token_id = 0
+        # generate would force EOS as the last token (encoder-decoder configs); specfree's Engine has no
+        # such processor, and this report checks verification, not generation-config processors
+        model.generation_config.forced_eos_token_id = None
     except Exception as exc:
         return dict(verdict="not tested", why=f"no tiny model: {type(exc).__name__}: {_short(exc)}")
     try:
@@ -128,7 +135,8 @@ def try_family(model_type: str) -> dict:
         except Exception as exc:
             return dict(verdict="error", why=f"wrapping: {type(exc).__name__}: {_short(exc)}")
         adapter = engine.adapter
-        mode = "one row" if adapter.max_chain == 0 else "chain" if adapter.chain_only else "tree"
+        mode = "one row" if adapter.max_chain == 0 else adapter.verification
+        mode += "" if adapter.keeps_cache else ", no KV cache"
         try:
             result = engine.generate(PROMPT, NEW_TOKENS, ignore_eos=True)
         except Exception as exc:
@@ -161,15 +169,31 @@ def run_one(model_type: str) -> dict:
     return json.loads(lines[-1])
 
 
+def how(r: dict) -> str:
+    text = r.get("how") or (f"{r['mode']}: {', '.join(r['strategies'])}" if r["verdict"] == "identical" else r["why"])
+    return text.replace("|", "/")
+
+
 def table(results: dict[str, dict]) -> str:
     order = {"different": 0, "error": 1, "identical": 2, "refused": 3, "not tested": 4}
     counts = {v: sum(r["verdict"] == v for r in results.values()) for v in order}
-    lines = [", ".join(f"{n} {v}" for v, n in counts.items() if n) + f" (of {len(results)}).", "",
+    modes = [how(r).split(":")[0].split(" (")[0] for r in results.values() if r["verdict"] == "identical"]
+    kinds = {kind: sum(m.startswith(kind) for m in modes) for kind in ("tree", "chain", "one row")}
+    lines = [", ".join(f"{n} {v}" for v, n in counts.items() if n) + f" (of {len(results)}). Identical: "
+             + ", ".join(f"{n} {kind}" for kind, n in kinds.items() if n) + " verified"
+             + f" ({sum('custom mask' in m for m in modes)} of the chains under specfree's causal mask, "
+             f"{sum('no KV cache' in m for m in modes)} without a KV cache).", "",
              "| family | verdict | how / why |", "|---|---|---|"]
     for family, r in sorted(results.items(), key=lambda kv: (order[kv[1]["verdict"]], kv[0])):
-        how = (f"{r['mode']}: {', '.join(r['strategies'])}" if r["verdict"] == "identical" else r["why"])
-        lines.append(f"| `{family}` | {r['verdict']} | {how.replace('|', '/')} |")
+        lines.append(f"| `{family}` | {r['verdict']} | {how(r)} |")
     return "\n".join(lines)
+
+
+def rows_in_doc() -> dict[str, dict]:
+    """The table now in docs/families.md, as {family: {verdict, how}}."""
+    body = DOC.read_text().split(START)[1].split(END)[0]
+    return {family: dict(verdict=verdict, how=text) for family, verdict, text
+            in re.findall(r"^\| `([^`]+)` \| ([a-z ]+) \| (.*) \|$", body, flags=re.M)}
 
 
 def main(argv: list[str]) -> None:
@@ -179,20 +203,30 @@ def main(argv: list[str]) -> None:
     from transformers import __version__
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    update = argv[:1] == ["--update"]
+    argv = argv[1:] if update else argv
     families = argv or list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     with ThreadPoolExecutor(2) as pool:
         results = dict(zip(families, pool.map(run_one, families)))
     for family, r in results.items():
         print(family, r, flush=True)
-    if argv:
+    if argv and not update:
         return
+    if update:
+        results = {**rows_in_doc(), **results}
     body = (f"Generated by `python -m tests.families_report` with transformers {__version__}: every model type "
             f"in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, one tiny random model each, prompt {len(PROMPT)} tokens + "
             f"{NEW_TOKENS} new, greedy, checked token for token against `generate(do_sample=False)`. "
-            "Modes: `tree` verifies draft trees, `chain` one chain a step with rollback (recurrent layers), "
-            "`one row` plain decoding (the model's forward cannot continue its recurrent state over several "
-            "tokens). `oracle` drafts the true continuation with every other step's third token wrong, so "
-            "whole and cut drafts are both verified.\n\n" + table(results))
+            "Modes, as the wrap-time probes chose them: `tree` verifies draft trees; `chain, custom mask` "
+            "one chain a step under specfree's causal 4D mask (the model takes a mask but not a tree); "
+            "`chain, own mask` one chain a step under the model's own causal mask (recurrent layers, with "
+            "rollback; chunked attention; a forward that rejects or ignores a custom mask); `no KV cache`: "
+            "the whole sequence runs again each step; `one row` plain decoding (the model's forward cannot "
+            "continue its recurrent state over several tokens). `oracle` drafts the true continuation with every "
+            "other step's third token wrong, so whole and cut drafts are both verified."
+            + (f" Some rows were rerun with `--update` after the last full run, the latest on {date.today()}."
+               if update else "")
+            + "\n\n" + table(results))
     text = DOC.read_text()
     text = re.sub(f"{re.escape(START)}.*{re.escape(END)}", lambda _: f"{START}\n{body}\n{END}", text, flags=re.S)
     DOC.write_text(text)

@@ -121,16 +121,6 @@ def test_a_model_whose_rows_see_later_rows_is_refused_by_name():
     HFAdapter(roberta(is_decoder=True))  # the same family as a decoder is causal and passes
 
 
-def test_model_whose_forward_takes_no_cache_we_can_pass_is_refused_by_name():
-    config = transformers.RwkvConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
-                                     intermediate_size=64, context_length=64)
-    torch.manual_seed(0)
-    rwkv = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(UnsupportedModelError, match="model family 'rwkv' does not keep its state in the cache "
-                                                    r"specfree passes it \(cache_params\)"):
-        HFAdapter(rwkv)
-
-
 def test_sparse_top_k_attention_is_refused_by_name():
     from tests.families_report import tiny_config
 

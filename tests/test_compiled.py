@@ -232,3 +232,16 @@ def test_compile_knob_values():
         check_compile("fast")
     with pytest.raises(ConfigError, match="compile must be auto, true or false"):
         Engine.from_model(tiny_model("llama"), None, "prompt_lookup", compile=2)
+
+
+def test_compile_true_on_a_chain_verified_model_warns_and_decodes_eagerly(tmp_path):
+    from tests.tiny_models import CHAIN_CONFIGS
+
+    family = "bloom" if "bloom" in CHAIN_CONFIGS else next(iter(CHAIN_CONFIGS))
+    model = tiny_model(family)
+    with pytest.warns(UserWarning, match="verifies chains"):
+        adapter = make_adapter(model, "true", cache_dir=tmp_path, progress=False)
+    assert type(adapter) is HFAdapter and adapter.chain_only
+    prompt = [3, 4, 5] * 4
+    assert Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 12).tokens == \
+        reference_greedy(model, prompt, 12)

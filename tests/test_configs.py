@@ -13,9 +13,9 @@ import pytest
 from omegaconf import MISSING, OmegaConf
 
 from specfree import ConfigError, Engine
+from specfree.adapters.loading import check_hub_reachable
 from specfree.config import (
     build_strategy,
-    check_hub_reachable,
     compose,
     group_options,
     knob_fields,

@@ -44,22 +44,6 @@ def test_one_window_for_every_layer_past_the_window():
     assert engine.generate(PROMPT, 12).tokens == reference_greedy(model, PROMPT, 12)
 
 
-@pytest.mark.parametrize("config, family, reason", [
-    # ALiBi attention (Bloom, Falcon-RW) builds its bias from a 2D padding mask and rejects a 4D one.
-    (lambda: transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **COMMON), "bloom",
-     "cannot run specfree's tree attention"),
-    (lambda: transformers.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True,
-                                       **COMMON), "falcon", "cannot run specfree's tree attention"),
-    # MPT adds its own causal ALiBi bias and ignores the mask, so siblings would see each other.
-    (lambda: transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, max_seq_len=512, **COMMON), "mpt",
-     "ignores custom 4D attention masks"),
-])
-def test_families_that_cannot_take_a_tree_mask_are_refused(config, family, reason):
-    model = transformers.AutoModelForCausalLM.from_config(config()).eval()
-    with pytest.raises(UnsupportedModelError, match=f"model family '{family}' {reason}"):
-        HFAdapter(model)
-
-
 def test_flash_attention_is_detected():
     assert ignores_custom_masks("flash_attention_2") and ignores_custom_masks("flash_attention_3")
     assert ignores_custom_masks("kernels-community/flash-attn2")

@@ -103,10 +103,38 @@ RECURRENT_CONFIGS = {
 }
 RECURRENT_FAMILIES = sorted(RECURRENT_CONFIGS)
 
+# Attention families whose forward cannot verify a draft tree (verified one chain a step, chosen by
+# ``adapters/probes.py``): ALiBi families that reject a 4D mask (Bloom, Falcon-RW), one that builds
+# its ALiBi bias from key indices rather than position ids (MPT), decoders of encoder-decoder models
+# that derive positions from the cache length (TrOCR, BlenderbotSmall, Marian), and GPT-1 and RWKV,
+# which keep no KV cache. ``generate`` would force EOS as the last token where the config names
+# ``forced_eos_token_id`` (specfree's Engine has no such processor), so the configs name none.
+# (Their caches are sized by the encoder layers: as many as the decoder.)
+ENCODER_DECODER_LAYERS = dict(d_model=32, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=64,
+                              encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
+                              max_position_embeddings=512, forced_eos_token_id=None)
+CHAIN_CONFIGS = {
+    "bloom": lambda: transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **COMMON),
+    "falcon_alibi": lambda: transformers.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                      alibi=True, max_position_embeddings=512, **COMMON),
+    "mpt": lambda: transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, max_seq_len=512, **COMMON),
+    "openai-gpt": lambda: transformers.OpenAIGPTConfig(n_embd=32, n_layer=2, n_head=4, n_positions=512, **COMMON),
+    "trocr": lambda: transformers.TrOCRConfig(d_model=32, decoder_layers=2, decoder_attention_heads=4,
+                                              decoder_ffn_dim=64, max_position_embeddings=512, **COMMON),
+    "blenderbot-small": lambda: transformers.BlenderbotSmallConfig(**ENCODER_DECODER_LAYERS, **COMMON),
+    # RWKV keeps its state in a `state` argument, not in a cache specfree can pass: like GPT-1, the
+    # whole sequence runs again each step
+    "rwkv": lambda: transformers.RwkvConfig(hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                                            intermediate_size=64, context_length=512, **COMMON),
+    "marian": lambda: transformers.MarianConfig(decoder_vocab_size=VOCAB, decoder_start_token_id=PAD,
+                                                **ENCODER_DECODER_LAYERS, **COMMON),
+}
+CHAIN_FAMILIES = sorted(CHAIN_CONFIGS)
+
 
 @functools.cache
 def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
-    config = (CONFIGS.get(family) or RECURRENT_CONFIGS[family])()
+    config = (CONFIGS.get(family) or RECURRENT_CONFIGS.get(family) or CHAIN_CONFIGS[family])()
     try:
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")

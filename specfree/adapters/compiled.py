@@ -473,8 +473,16 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
             "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
             "compile=true builds one (minutes the first time)")
         return HFAdapter(model, **eager)
-    adapter = CompiledHFAdapter(model, package_dir=folder, linear_kernel=linear_kernel, cache_dir=cache_dir,
-                                **compiled_knobs)
+    from specfree.errors import UnsupportedModelError
+
+    try:
+        adapter = CompiledHFAdapter(model, package_dir=folder, linear_kernel=linear_kernel, cache_dir=cache_dir,
+                                    **compiled_knobs)
+    except UnsupportedModelError:  # no tree mask: the eager adapter's probes choose how it verifies chains
+        if choice == "true":
+            warnings.warn("compile=true: this model verifies chains, which run on the eager path only; "
+                          "decoding on the eager path", stacklevel=3)
+        return HFAdapter(model, **eager)
     seconds = adapter.warm_up(slots, progress=progress)
     if not adapter.compiled:  # it warned why
         return HFAdapter(model, **eager)

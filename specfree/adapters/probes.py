@@ -1,0 +1,177 @@
+"""Probe forwards run once when a model is wrapped, and the choice they make: how its drafts are verified.
+
+- ``tree``: draft trees under specfree's 4D mask (siblings hidden from each other).
+- ``chain, custom mask``: one chain a step, under specfree's causal 4D mask; for a model that takes a
+  4D mask but fails the tree probe, so specfree still masks its sliding windows.
+- ``chain, own mask``: one chain a step with no mask passed; the model's own causal mask over the
+  new rows is exactly right for a chain. Recurrent and chunked-attention models, models without a
+  KV cache, and models that reject or ignore a custom 4D mask (ALiBi families, some decoders of
+  encoder-decoder models) run so.
+
+Each probe compares logits against plain causal forwards; a model that fails every mode is refused
+with an ``UnsupportedModelError`` naming its family and the reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+
+import torch
+
+from specfree.errors import UnsupportedModelError, one_line
+
+TREE = "tree"
+CHAIN_CUSTOM_MASK = "chain, custom mask"
+CHAIN_OWN_MASK = "chain, own mask"
+
+MODES = {
+    TREE: "draft trees under specfree's 4D attention mask",
+    CHAIN_CUSTOM_MASK: "one chain a step under specfree's causal 4D mask",
+    CHAIN_OWN_MASK: "one chain a step under the model's own causal mask",
+}
+
+
+def choose_verification(adapter) -> None:
+    """Probe ``adapter``'s model and set how it verifies (``adapter.verification``), or refuse it."""
+    check_causal(adapter)
+    if adapter.chain_only:  # its layers cannot branch (recurrent state, chunked attention, no KV cache)
+        check_chain(adapter)
+        return
+    tree_failure = tree_mask_failure(adapter)
+    if tree_failure is None:
+        return
+    # specfree's own mask where the model honours one (it keeps masking sliding windows), else none
+    modes = [False, True] if honours_custom_masks(adapter) else [True]
+    for own_mask in modes:
+        adapter.use_chains(own_mask=own_mask, why=tree_failure)
+        try:
+            check_chain(adapter)
+            return
+        except UnsupportedModelError as refusal:
+            chain_refusal = refusal
+    raise UnsupportedModelError(f"model family '{adapter.family}' {tree_failure}, and its chains fail too: "
+                                f"{chain_refusal}") from chain_refusal
+
+
+@contextmanager
+def probing(adapter, what: str, fix: str):
+    """Run a probe on an empty cache and leave it empty; a forward the family's code rejects
+    refuses the model by name."""
+    adapter.reset()
+    try:
+        yield
+    except UnsupportedModelError:
+        raise
+    except Exception as exc:
+        cause = f"{type(exc).__name__}: {one_line(exc)}"
+        raise UnsupportedModelError(f"model family '{adapter.family}' cannot run {what} ({cause}). {fix}") from exc
+    finally:
+        adapter.reset()
+
+
+def close(adapter, ours: torch.Tensor, reference: torch.Tensor) -> bool:
+    scale = reference.float().abs().max().clamp(min=1.0)
+    tol = 1e-3 if adapter.dtype == torch.float32 else 5e-2
+    return bool(((ours.float() - reference.float()).abs().max() / scale) <= tol)
+
+
+def _ids(adapter, n: int) -> torch.Tensor:
+    return torch.arange(3, 3 + n) % min(adapter.vocab_size, 1000)
+
+
+@torch.inference_mode()
+def check_causal(adapter) -> None:
+    """Refuse, by name, a model whose rows see the rows after them (an encoder loaded as a causal
+    LM): a row's logits must not change when later tokens are appended."""
+    ids = _ids(adapter, 5)
+    with probing(adapter, "specfree's forward", "Use another model family."):
+        whole = adapter._forward(ids, torch.arange(5), None)[:3]
+        adapter.reset()
+        first = adapter._forward(ids[:3], torch.arange(3), None)
+    if not close(adapter, whole, first):
+        raise UnsupportedModelError(
+            f"model family '{adapter.family}' is not causal: a row's logits change when later tokens are "
+            "appended (bidirectional attention, e.g. an encoder loaded with is_decoder=False), so "
+            "speculative rows would see the future and give wrong output. Load it as a decoder "
+            "(is_decoder=True) or use a causal model family.")
+
+
+@torch.inference_mode()
+def tree_mask_failure(adapter) -> str | None:
+    """Why the model cannot verify trees (a phrase following its family's name), or None.
+
+    Two sibling rows must not see each other: the second sibling's logits must equal a plain
+    forward over its own prefix.
+    """
+    ids = _ids(adapter, 5)  # prefix a b c, root d, siblings e f
+    prefix, root, e, f = ids[:3], ids[3:4], ids[4:5], ids[4:5] + 1
+    try:
+        with probing(adapter, "specfree's tree attention", ""):
+            reference = adapter._forward(torch.cat([prefix, root, f]), torch.arange(5), None)[-1]
+            adapter.reset()
+            adapter.prefill(prefix)
+            allowed = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+            tree = adapter.forward(torch.cat([root, e, f]), allowed, torch.tensor([3, 4, 4]))[-1]
+    except UnsupportedModelError as refusal:
+        return str(refusal).removeprefix(f"model family '{adapter.family}' ").rstrip(". ")
+    if not close(adapter, tree, reference):
+        return (f"ignores custom 4D attention masks or position ids (attn_implementation="
+                f"{adapter.model.config._attn_implementation!r}): a draft row's logits differ from a plain "
+                "forward over its own prefix")
+    return None
+
+
+@torch.inference_mode()
+def honours_custom_masks(adapter) -> bool:
+    """Whether a custom 4D mask changes what a row sees: hiding the row before the last one from it
+    must change its logits (a model that ignores or rejects masks gives the plain causal logits)."""
+    ids = _ids(adapter, 3)
+    positions = torch.arange(3)
+    hidden = torch.ones(3, 3, dtype=torch.bool).tril()
+    hidden[2, 1] = False
+    try:
+        with probing(adapter, "a custom mask", ""):
+            causal = adapter._forward(ids, positions, None)[-1]
+            adapter.reset()
+            masked = adapter._forward(ids, positions, adapter._mask(hidden, 0, positions))[-1]
+    except UnsupportedModelError:
+        return False
+    return not close(adapter, masked, causal)
+
+
+@torch.inference_mode()
+def check_chain(adapter) -> None:
+    """A chain of rows after a cached prefix, and the cache cut (or the state rolled back) to part
+    of it, must give the logits of one row at a time (what ``generate`` runs). If the model's
+    multi-row forward does not continue its state, drafts cannot be verified at all: every step is
+    then one row (plain decoding), with a warning."""
+    ids = _ids(adapter, 7)  # prefix a b c, chain d e f, then g
+    with probing(adapter, "specfree's forward", "Use another model family."):
+        whole = adapter._forward(ids[:7], torch.arange(7), None)[3:]
+        adapter.reset()
+        adapter.prefill(ids[:3])
+        singles = []
+        for i in range(3, 7):
+            singles.append(adapter.forward(ids[i : i + 1])[-1])
+            adapter.commit([0], rows=1)
+        adapter.reset()
+        adapter.prefill(ids[:3])
+        chain = adapter.forward(ids[3:6])
+        adapter.commit([0, 1], rows=3)  # reject f: the cache goes back to after e
+        after_rollback = adapter.forward(ids[5:7])  # f again, then g
+    family = adapter.family
+    if not close(adapter, torch.stack(singles), whole):
+        raise UnsupportedModelError(
+            f"model family '{family}' does not keep its state in the cache specfree passes it "
+            f"({adapter._cache_argument}): one token at a time after a cached prefix differs from a forward over "
+            "the whole sequence. Use another model family.")
+    if not close(adapter, chain, torch.stack(singles[:3])):
+        adapter.max_chain = 0
+        warnings.warn(f"model family '{family}': this transformers version's forward does not carry "
+                      "the recurrent state through several new tokens at once, so drafts cannot be checked; "
+                      "decoding one token per step (plain speed, same output)", stacklevel=4)
+    elif not close(adapter, after_rollback, torch.stack(singles[2:4])):
+        raise UnsupportedModelError(
+            f"model family '{family}' keeps state that specfree cannot roll back (a rejected draft "
+            "would change later output). Use another model family.")
