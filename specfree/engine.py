@@ -19,8 +19,9 @@ from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
 from specfree.masks.tree import Layout, build_layout
+from specfree.pricing import AcceptanceModel, Pricer, as_proposed
 from specfree.strategies.base import Outcome, Strategy
-from specfree.tree import DraftTree, merge
+from specfree.tree import DraftTree
 from specfree.types import AuxBlock, Generation, StepRecord
 from specfree.verifiers import GreedyVerifier
 
@@ -46,34 +47,63 @@ class Chunk:
 
 # Lays out one step's rows: (tree, aux rows, root position) -> tokens, positions, mask.
 MaskBuilder = Callable[[DraftTree, "AuxBlock | None", int], Layout]
+DEFAULT_STRATEGY = "hybrid"  # the strategy that measures best on `bench`
+
+
+def window_logits(parts: list, kept: list[int], logits: torch.Tensor, first: int) -> list | None:
+    """Per aux block of the proposal: its rows' logits (stacked after the tree's ``first`` rows), or
+    None for a block pricing left out."""
+    if not parts:
+        return None
+    out = []
+    for index, (_, block) in enumerate(parts):
+        if index in kept:
+            out.append(logits[first : first + len(block)])
+            first += len(block)
+        else:
+            out.append(None)
+    return out
 
 
 class Engine:
+    """``priced`` (the default): every step keeps only the drafted rows that raise expected tokens
+    per second on the measured cost curve (``specfree.pricing``); False runs the strategy exactly
+    at its knobs. ``adapt_costs`` folds live forward times into the curve (tracks machine drift,
+    at the price of step counts that vary from run to run). ``costs``: a cost curve to use instead
+    of the measured one; ``acceptance``: statistics to start from (and keep learning into)."""
+
     def __init__(self, adapter: HFAdapter, strategy: Strategy, verifier=None, tokenizer=None,
-                 cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None):
+                 cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None, *,
+                 priced: bool = True, adapt_costs: bool = False, costs: CostModel | None = None,
+                 acceptance: AcceptanceModel | None = None):
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
         self.tokenizer = tokenizer
         self.mask_builder = mask_builder or build_layout
         strategy.setup(adapter.vocab_size, adapter.max_length)
-        if getattr(strategy, "wants_costs", False) and getattr(strategy, "costs", None) is None:
-            # Sizing drafts needs the forward cost curve: measured once, then read from the cache.
-            strategy.costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
-        # Folding live step times into the curve tracks machine drift, at the price of step
-        # counts that vary from run to run; strategies opt in.
-        self._costs = strategy.costs if getattr(strategy, "adapt_costs", False) else None
+        if (priced or adapt_costs) and costs is None:
+            # Pricing needs the forward cost curve: measured once, then read from the cache.
+            costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
+        self.costs = costs
+        self.pricer = Pricer(costs, acceptance) if priced else None
+        self._costs = costs if adapt_costs else None
         self.eos_ids = self._eos_ids()
+
+    @property
+    def priced(self) -> bool:
+        return self.pricer is not None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, model: str = "smollm2", strategy: str = "prompt_lookup", *,
+    def from_pretrained(cls, model: str = "smollm2", strategy: str = DEFAULT_STRATEGY, *,
                         device: str = "cpu", dtype: str = "float32", cache_dir: str | None = None,
                         compile: str | bool = "auto", **knobs: Any) -> "Engine":
         """Load ``model`` (embedded name, .gguf, folder or hub id) and build an engine.
 
         ``knobs`` holds sampling settings (do_sample, temperature, top_k, top_p,
-        repetition_penalty, seed) and the strategy's own knobs. ``compile``: see ``from_model``.
+        repetition_penalty, seed), ``priced``/``adapt_costs`` (see ``Engine``) and the strategy's
+        own knobs. ``compile``: see ``from_model``.
         """
         from specfree.adapters.loading import load_model
 
@@ -81,15 +111,18 @@ class Engine:
         return cls.from_model(hf_model, tokenizer, strategy, cache_dir=cache_dir, compile=compile, **knobs)
 
     @classmethod
-    def from_model(cls, model, tokenizer=None, strategy: str | Strategy = "prompt_lookup", *,
+    def from_model(cls, model, tokenizer=None, strategy: str | Strategy = DEFAULT_STRATEGY, *,
                    cache_dir: str | None = None, packed_linears: bool | None = None, compile: str | bool = False,
-                   adapter: HFAdapter | None = None, **knobs: Any) -> "Engine":
+                   adapter: HFAdapter | None = None, priced: bool = True, adapt_costs: bool = False,
+                   costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
+                   **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model (``packed_linears``: see ``HFAdapter``).
 
         ``compile``: ``true`` runs a compiled forward (``adapters.compiled``; the first compile on
         a machine takes minutes), ``auto`` only where one compiled here before is ready within
         seconds, ``false`` (the default here; ``from_pretrained`` and configs default to ``auto``) never.
         ``adapter``: one built before for this model (a compiled one is reused, not recompiled).
+        ``priced``, ``adapt_costs``, ``costs``, ``acceptance``: see ``Engine``.
         """
         from specfree.adapters.compiled import check_compile, make_adapter
         from specfree.plugins import build_plugin_manager, registry
@@ -106,7 +139,8 @@ class Engine:
         check_compile(compile)
         if adapter is None:
             adapter = make_adapter(model, compile, packed_linears=packed_linears, cache_dir=cache_dir)
-        return cls(adapter, strategy, verifier, tokenizer, cache_dir=cache_dir)
+        return cls(adapter, strategy, verifier, tokenizer, cache_dir=cache_dir, priced=priced,
+                   adapt_costs=adapt_costs, costs=costs, acceptance=acceptance)
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":
@@ -192,8 +226,11 @@ class Engine:
         if seed is not None and hasattr(verifier, "seed"):
             verifier = copy.copy(verifier)
             verifier.seed = seed
-        adapter, strategy = self.adapter, self.strategy
+        adapter, strategy, pricer = self.adapter, self.strategy, self.pricer
         chain_only = getattr(adapter, "chain_only", False)  # an adapter from a plugin may lack it
+        max_chain = getattr(adapter, "max_chain", None)
+        # A cut chain puts recurrent states back and replays the kept rows: pricing counts that.
+        rollback = chain_only and getattr(adapter, "cache_kind", "growing") != "growing"
         limit = min(len(ids) + max_new_tokens, adapter.max_length)
         buffer = np.zeros(limit, dtype=np.int64)  # committed ids; the last one is the root
         buffer[: len(ids)] = ids
@@ -212,13 +249,18 @@ class Engine:
         try:
             while stop_reason is None:
                 t0 = time.perf_counter()
-                context = buffer[:n]
-                proposal = strategy.propose(context, max_depth=limit - n - 1)
-                tree = merge(int(context[-1]), zip(proposal.candidates, proposal.candidate_sources()),
-                             budget=adapter.max_length, max_depth=limit - n - 1)
-                aux = proposal.aux
-                if chain_only:  # recurrent layers cannot branch: one chain, no auxiliary rows
-                    tree, aux = tree.chain(adapter.max_chain), None
+                context, depth = buffer[:n], limit - n - 1
+                proposal = strategy.propose(context, max_depth=depth)
+                if pricer is not None:  # the rows worth their cost; chain-only models: one chain
+                    chain_depth = depth if not chain_only or max_chain is None else min(depth, max_chain)
+                    plan = pricer.plan(int(context[-1]), proposal, max_depth=chain_depth, chain=chain_only,
+                                       rollback=rollback)
+                else:  # exactly what the strategy asked for
+                    plan = as_proposed(int(context[-1]), proposal, max_depth=depth, budget=adapter.max_length,
+                                       chain=chain_only, max_chain=max_chain)
+                tree, parts = plan.tree, proposal.aux_parts()
+                aux = AuxBlock.stack([parts[i][1] for i in plan.windows],
+                                     [parts[i][0] for i in plan.windows]) if plan.windows else None
                 t1 = time.perf_counter()
                 layout = self.mask_builder(tree, aux, n - 1)
                 t2 = time.perf_counter()
@@ -246,7 +288,10 @@ class Engine:
                         break
                 strategy.observe(Outcome(tree, verdict, buffer[:n],
                                          logits[layout.num_tree :] if aux is not None else None,
-                                         logits[: layout.num_tree]))
+                                         logits[: layout.num_tree], window_logits(parts, plan.windows, logits,
+                                                                                  layout.num_tree)))
+                if pricer is not None:
+                    pricer.observe(proposal, plan, verdict.tokens, len(verdict.path))
                 t5 = time.perf_counter()
                 accepted = min(len(verdict.path), emitted)
                 steps.append(StepRecord(
@@ -254,7 +299,7 @@ class Engine:
                     draft_s=t1 - t0, mask_s=t2 - t1, forward_s=t3 - t2, verify_s=t4 - t3, other_s=t5 - t4,
                     sources=dict(Counter(tree.sources[node] for node in verdict.path[:accepted])),
                     extra=strategy.stats() if not chain_only
-                    else {**strategy.stats(), "rollback_s": adapter.rollback_s}))
+                    else {**strategy.stats(), "rollback_s": adapter.rollback_s}, offered=plan.offered))
                 if stop_reason is None and n >= limit:
                     stop_reason = "max_new_tokens" if len(new_tokens) >= max_new_tokens else "context_length"
                 if stop_reason and detok is not None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specfree.conf.messages import config_error
-from specfree.conf.schema import knob_fields, node_schema
+from specfree.conf.schema import STEP_KNOBS, knob_fields, node_schema
 from specfree.errors import ConfigError
 from specfree.registry import Registry, takes_pool_object
 
@@ -43,6 +43,10 @@ def checked_knobs(reg: Registry, kind: str, node: Mapping[str, Any], where: str,
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     given = {k: v for k, v in node.items() if k != "name"}
+    step = sorted(set(given) & set(STEP_KNOBS) - set(knob_fields(component))) if kind == "strategy" else []
+    if step:
+        raise ConfigError(f"{where} ({name}): {step[0]} sets how the whole step runs, not one member: set it on "
+                          f"the strategy that holds this one (strategy.{step[0]}=...)")
     pool = given.pop("pool", None) if takes_pool_object(component) else None
     fields = knob_fields(component)
     values = {**{k: v for k, v in dict(defaults).items() if k in fields}, **given}
@@ -54,6 +58,8 @@ def checked_knobs(reg: Registry, kind: str, node: Mapping[str, Any], where: str,
         message = str(config_error(exc)).removeprefix(f"{kind}.")
         raise ConfigError(f"{where} ({name}): {message}") from None
     knobs.pop("name")
+    for knob in set(STEP_KNOBS) - set(fields) if kind == "strategy" else ():
+        knobs.pop(knob, None)
     if pool is not None:
         knobs["pool"] = pool
     return knobs
