@@ -51,15 +51,13 @@ def checked_knobs(reg: Registry, kind: str, node: Mapping[str, Any], where: str,
     fields = knob_fields(component)
     values = {**{k: v for k, v in dict(defaults).items() if k in fields}, **given}
     try:
-        checked = OmegaConf.merge(OmegaConf.create({kind: OmegaConf.structured(node_schema(component))}),
+        checked = OmegaConf.merge(OmegaConf.create({kind: OmegaConf.structured(node_schema(component, False))}),
                                   {kind: {"name": name, **values}})
         knobs = OmegaConf.to_container(checked[kind], throw_on_missing=True)
     except Exception as exc:
         message = str(config_error(exc)).removeprefix(f"{kind}.")
         raise ConfigError(f"{where} ({name}): {message}") from None
     knobs.pop("name")
-    for knob in set(STEP_KNOBS) - set(fields) if kind == "strategy" else ():
-        knobs.pop(knob, None)
     if pool is not None:
         knobs["pool"] = pool
     return knobs

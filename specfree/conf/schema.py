@@ -152,11 +152,12 @@ def _plain_default(value: Any) -> Any:
     return value
 
 
-def node_schema(component: Component) -> type:
-    """A dataclass ``{name, knobs...}`` for one registered component: its Hydra config node."""
+def node_schema(component: Component, step_knobs: bool = True) -> type:
+    """A dataclass ``{name, knobs...}`` for one registered component: its Hydra config node (a
+    strategy's with the ``STEP_KNOBS``, unless ``step_knobs`` is False: a hybrid's member)."""
     specs = [("name", str, component.name)]
     fields = knob_fields(component)
-    if component.kind == "strategy":
+    if component.kind == "strategy" and step_knobs:
         fields.update({k: v for k, v in STEP_KNOBS.items() if k not in fields})
     for knob, (kind, default) in fields.items():
         if isinstance(default, (list, dict)):
