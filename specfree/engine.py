@@ -19,7 +19,7 @@ from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
 from specfree.masks.tree import Layout, build_layout
-from specfree.pricing import AcceptanceModel, Pricer, as_proposed
+from specfree.pricing import AcceptanceModel, Plan, Pricer, as_proposed
 from specfree.strategies.base import Outcome, Strategy
 from specfree.tree import DraftTree
 from specfree.types import AuxBlock, Generation, StepRecord
@@ -48,21 +48,6 @@ class Chunk:
 # Lays out one step's rows: (tree, aux rows, root position) -> tokens, positions, mask.
 MaskBuilder = Callable[[DraftTree, "AuxBlock | None", int], Layout]
 DEFAULT_STRATEGY = "hybrid"  # the strategy that measures best on `bench`
-
-
-def window_logits(parts: list, kept: list[int], logits: torch.Tensor, first: int) -> list | None:
-    """Per aux block of the proposal: its rows' logits (stacked after the tree's ``first`` rows), or
-    None for a block pricing left out."""
-    if not parts:
-        return None
-    out = []
-    for index, (_, block) in enumerate(parts):
-        if index in kept:
-            out.append(logits[first : first + len(block)])
-            first += len(block)
-        else:
-            out.append(None)
-    return out
 
 
 class Engine:
@@ -226,11 +211,8 @@ class Engine:
         if seed is not None and hasattr(verifier, "seed"):
             verifier = copy.copy(verifier)
             verifier.seed = seed
-        adapter, strategy, pricer = self.adapter, self.strategy, self.pricer
+        adapter, strategy = self.adapter, self.strategy
         chain_only = getattr(adapter, "chain_only", False)  # an adapter from a plugin may lack it
-        max_chain = getattr(adapter, "max_chain", None)
-        # A cut chain puts recurrent states back and replays the kept rows: pricing counts that.
-        rollback = chain_only and getattr(adapter, "cache_kind", "growing") != "growing"
         limit = min(len(ids) + max_new_tokens, adapter.max_length)
         buffer = np.zeros(limit, dtype=np.int64)  # committed ids; the last one is the root
         buffer[: len(ids)] = ids
@@ -249,18 +231,10 @@ class Engine:
         try:
             while stop_reason is None:
                 t0 = time.perf_counter()
-                context, depth = buffer[:n], limit - n - 1
-                proposal = strategy.propose(context, max_depth=depth)
-                if pricer is not None:  # the rows worth their cost; chain-only models: one chain
-                    chain_depth = depth if not chain_only or max_chain is None else min(depth, max_chain)
-                    plan = pricer.plan(int(context[-1]), proposal, max_depth=chain_depth, chain=chain_only,
-                                       rollback=rollback)
-                else:  # exactly what the strategy asked for
-                    plan = as_proposed(int(context[-1]), proposal, max_depth=depth, budget=adapter.max_length,
-                                       chain=chain_only, max_chain=max_chain)
-                tree, parts = plan.tree, proposal.aux_parts()
-                aux = AuxBlock.stack([parts[i][1] for i in plan.windows],
-                                     [parts[i][0] for i in plan.windows]) if plan.windows else None
+                context = buffer[:n]
+                proposal = strategy.propose(context, max_depth=limit - n - 1)
+                plan = self._plan(int(context[-1]), proposal, max_depth=limit - n - 1)  # the rows to run
+                tree, aux = plan.tree, plan.aux
                 t1 = time.perf_counter()
                 layout = self.mask_builder(tree, aux, n - 1)
                 t2 = time.perf_counter()
@@ -288,10 +262,9 @@ class Engine:
                         break
                 strategy.observe(Outcome(tree, verdict, buffer[:n],
                                          logits[layout.num_tree :] if aux is not None else None,
-                                         logits[: layout.num_tree], window_logits(parts, plan.windows, logits,
-                                                                                  layout.num_tree)))
-                if pricer is not None:
-                    pricer.observe(proposal, plan, verdict.tokens, len(verdict.path))
+                                         logits[: layout.num_tree], plan.aux_logits(logits)))
+                if self.pricer is not None:
+                    self.pricer.observe(proposal, plan, verdict.tokens, len(verdict.path))
                 t5 = time.perf_counter()
                 accepted = min(len(verdict.path), emitted)
                 steps.append(StepRecord(
@@ -311,6 +284,20 @@ class Engine:
         text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else ""
         return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,
                           prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft)
+
+    def _plan(self, root: int, proposal, max_depth: int) -> Plan:
+        """The rows this step runs: those worth their cost (priced), or all the strategy asked for.
+        A model that verifies chains gets one chain and no aux rows."""
+        adapter = self.adapter
+        chain = getattr(adapter, "chain_only", False)
+        max_chain = getattr(adapter, "max_chain", None)
+        if self.pricer is None:
+            return as_proposed(root, proposal, max_depth=max_depth, budget=adapter.max_length, chain=chain,
+                               max_chain=max_chain)
+        # A cut chain puts recurrent states back and replays the kept rows: pricing counts that.
+        rollback = chain and getattr(adapter, "cache_kind", "growing") != "growing"
+        depth = max_depth if not chain or max_chain is None else min(max_depth, max_chain)
+        return self.pricer.plan(root, proposal, max_depth=depth, chain=chain, rollback=rollback)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:

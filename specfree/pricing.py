@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import torch
+
 from specfree.tree import DraftTree, merge
-from specfree.types import Proposal
+from specfree.types import AuxBlock, Proposal
 
 MAX_DEPTH_BUCKET = 6
 Path = tuple[int, ...]  # a drafted node, as the tokens from the root's first child down to it
@@ -68,13 +70,30 @@ class Plan:
     """The rows one step verifies and decodes, out of those its proposal offered."""
 
     tree: DraftTree  # root + the drafted nodes kept (parents first)
-    windows: list[int]  # indices into ``proposal.aux_parts()`` of the aux blocks kept
+    parts: list[tuple[str, AuxBlock]]  # every aux block offered, with its owner (``Proposal.aux_parts``)
+    windows: list[int]  # indices into ``parts`` of the blocks kept
     offered: int  # rows offered: root + distinct drafted nodes + every aux row
-    aux_rows: int = 0  # rows of the kept aux blocks
+
+    @property
+    def aux(self) -> AuxBlock | None:
+        """The kept blocks as one block of aux rows, after the tree's."""
+        kept = [self.parts[i] for i in self.windows]
+        return AuxBlock.stack([block for _, block in kept], [owner for owner, _ in kept]) if kept else None
 
     @property
     def rows(self) -> int:
-        return len(self.tree) + self.aux_rows
+        return len(self.tree) + sum(len(self.parts[i][1]) for i in self.windows)
+
+    def aux_logits(self, logits: torch.Tensor) -> list[torch.Tensor | None] | None:
+        """Per offered block: its rows' logits out of the step's [rows, V], None for a block left out."""
+        if not self.parts:
+            return None
+        out, first = [], len(self.tree)
+        for index, (_, block) in enumerate(self.parts):
+            kept = index in self.windows
+            out.append(logits[first : first + len(block)] if kept else None)
+            first += len(block) if kept else 0
+        return out
 
 
 def reach_probabilities(rate: dict[Path, float]) -> dict[Path, float]:
@@ -180,7 +199,7 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     node_of: dict[Path, int] = {(): 0}
     for path, _ in ranked[:k]:
         node_of[path] = tree.add(node_of[path[:-1]], path[-1], rates[path][1])
-    return Plan(tree, kept_windows, offered, rows)
+    return Plan(tree, proposal.aux_parts(), kept_windows, offered)
 
 
 def as_proposed(root: int, proposal: Proposal, *, max_depth: int, budget: int, chain: bool = False,
@@ -195,8 +214,8 @@ def as_proposed(root: int, proposal: Proposal, *, max_depth: int, budget: int, c
     offered = len(everything) + sum(len(block) for _, block in parts)
     tree = merge(root, zip(proposal.candidates, proposal.candidate_sources()), budget=budget, max_depth=max_depth)
     if chain:  # recurrent layers cannot branch: one chain, no auxiliary rows
-        return Plan(tree.chain(max_chain), [], offered)
-    return Plan(tree, list(range(len(parts))), offered, sum(len(block) for _, block in parts))
+        return Plan(tree.chain(max_chain), parts, [], offered)
+    return Plan(tree, parts, list(range(len(parts))), offered)
 
 
 class Pricer:

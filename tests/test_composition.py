@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from specfree import ConfigError, Engine
 from specfree.config import build_strategy, compose
 from specfree.cost import CostModel
-from specfree.engine import window_logits
 from specfree.masks.tree import build_layout
 from specfree.plugins import build_plugin_manager, registry
 from specfree.pools.lru import LRUNGramPool
@@ -149,12 +148,11 @@ def step(hybrid: Hybrid, pricer: Pricer) -> tuple[Proposal, Plan]:
     """One engine step without a model: price, hand each member its window's logits, learn."""
     proposal = hybrid.propose(np.array([4, 5, 6]), max_depth=8)
     plan = pricer.plan(6, proposal, max_depth=8)
-    parts = proposal.aux_parts()
-    aux_rows = sum(len(parts[i][1]) for i in plan.windows)
+    aux_rows = plan.rows - len(plan.tree)
     logits = torch.cat([torch.full((len(plan.tree), 2), -1.0), torch.arange(aux_rows * 2.0).reshape(-1, 2)])
     verdict = Verdict([7], [])
     hybrid.observe(Outcome(plan.tree, verdict, np.array([4, 5, 6, 7]), None, logits[: len(plan.tree)],
-                           window_logits(parts, plan.windows, logits, len(plan.tree))))
+                           plan.aux_logits(logits)))
     pricer.observe(proposal, plan, verdict.tokens, 0)
     return proposal, plan
 
@@ -162,10 +160,9 @@ def step(hybrid: Hybrid, pricer: Pricer) -> tuple[Proposal, Plan]:
 def test_aux_rows_pass_through_and_each_member_gets_only_its_own_logits():
     hybrid = hybrid_with_windows(2, 3)
     proposal, plan = step(hybrid, Pricer(CostModel([1, 2, 64], [1.0, 1.0, 1.0])))  # rows free: every window pays
-    parts = proposal.aux_parts()
-    assert [owner for owner, _ in parts] == ["window", "window#2"] and plan.windows == [0, 1]
-    stacked = AuxBlock.stack([block for _, block in parts], ["window", "window#2"])
-    assert stacked.tokens == [10, 11, 10, 11, 12]
+    assert [owner for owner, _ in plan.parts] == ["window", "window#2"] and plan.windows == [0, 1]
+    stacked = plan.aux
+    assert stacked.tokens == [10, 11, 10, 11, 12] and plan.rows == 1 + 3 + 5  # root, [1, 2, 3], both windows
     assert not stacked.attends[2:, :2].any() and not stacked.attends[:2, 2:].any()  # blocks apart
     first, second = hybrid.drafters[1].seen[0], hybrid.drafters[2].seen[0]
     assert first.tolist() == [[0, 1], [2, 3]] and second.tolist() == [[4, 5], [6, 7], [8, 9]]

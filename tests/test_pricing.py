@@ -90,7 +90,7 @@ def test_a_chain_model_gets_one_priced_chain_and_no_aux_rows():
     proposal = Proposal([[1, 2, 3], [1, 4], [5]], "drafter", aux=window(3))
     plan = price(0, proposal, trained(30, 1), FLAT, max_depth=8, chain=True)
     assert plan.tree.parents == list(range(-1, len(plan.tree) - 1)) and len(plan.tree) > 1  # a chain
-    assert plan.windows == [] and plan.aux_rows == 0
+    assert plan.windows == [] and plan.aux is None and plan.rows == len(plan.tree)
     steep = price(0, proposal, trained(30, 1), STEEP, max_depth=8, chain=True)
     assert len(steep.tree) == 1
 
@@ -114,10 +114,19 @@ def test_unpriced_steps_keep_what_was_proposed():
     assert paths(chain.tree) == {(1,), (1, 2), (1, 2, 3)} and chain.windows == []
 
 
+def test_each_kept_block_gets_its_own_rows_logits_and_a_dropped_one_none():
+    parts = [("a", window(2)), ("b", window(3)), ("c", window(1))]
+    plan = Plan(DraftTree.root_only(0), parts, [0, 2], offered=7)
+    assert plan.rows == 4 and plan.aux.tokens == [10, 11, 10]
+    logits = torch.arange(8.0).reshape(4, 2)  # root, then a's two rows, then c's row
+    first, dropped, last = plan.aux_logits(logits)
+    assert first.tolist() == [[2, 3], [4, 5]] and dropped is None and last.tolist() == [[6, 7]]
+
+
 def test_learning_scores_every_proposed_token_whose_parent_was_reached():
     acceptance = AcceptanceModel()
     proposal = Proposal([[1, 2, 3], [1, 9], [5]], "d", windows=[("w", window(2))])
-    plan = Plan(DraftTree.root_only(0), [0], offered=7, aux_rows=2)
+    plan = Plan(DraftTree.root_only(0), proposal.aux_parts(), [0], offered=7)
     learn(acceptance, proposal, plan, emitted=[1, 2, 7], accepted=2)
     assert acceptance.counts[("d", "", 1)] == [2.0, 1.0]  # 1 hit twice, 5 missed
     assert acceptance.counts[("d", "", 2)] == [1.0, 1.0]  # 2 hit, 9 missed
