@@ -67,7 +67,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.mask_builder = mask_builder or build_layout
         strategy.setup(adapter.vocab_size, adapter.max_length)
-        if (priced or adapt_costs) and costs is None:
+        drafts = type(strategy).propose is not Strategy.propose  # the autoregressive loop offers nothing to price
+        if (priced and drafts or adapt_costs) and costs is None:
             # Pricing needs the forward cost curve: measured once, then read from the cache.
             costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
         self.costs = costs
