@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 import torch
 
 from specfree.tree import DraftTree, merge
@@ -150,12 +149,12 @@ def best_chain(reach: dict[Path, float]) -> list[Path]:
 
 
 def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Callable[[int], float] | None, *,
-          max_depth: int, max_rows: int | None = None, chain: bool = False, rollback: bool = False) -> Plan:
+          max_depth: int, chain: bool = False, rollback: bool = False) -> Plan:
     """The rows of ``proposal`` that maximise expected tokens per second, as a plan.
 
-    ``cost(rows)`` is a forward's time (None: rows are free). ``max_rows`` caps the step's rows
-    (``proposal.max_rows`` too). ``chain``: the model verifies one chain, with no aux rows; with
-    ``rollback`` a cut chain is priced one more forward of its kept rows (the model replays them).
+    ``cost(rows)`` is a forward's time (None: rows are free); ``proposal.max_rows`` caps the rows.
+    ``chain``: the model verifies one chain, with no aux rows; with ``rollback`` a cut chain is
+    priced one more forward of its kept rows (the model replays them).
     """
     rates = node_rates(proposal, acceptance, max_depth)
     reach = reach_probabilities({path: r for path, (r, _, _) in rates.items()})
@@ -170,7 +169,7 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     p = np.array([0.0] + [q for _, q in ranked])
     expected = 1.0 + np.cumsum(p)  # [k]: tokens expected from the first k nodes
     cost = cost or (lambda rows: 1.0)
-    room = min(max_rows or 1 << 30, proposal.max_rows or 1 << 30)
+    room = proposal.max_rows or 1 << 30
 
     def rate_of(k: int, extra_rows: int, extra_tokens: float) -> float:
         seconds = cost(k + 1 + extra_rows)
@@ -233,12 +232,13 @@ class Pricer:
 
     def observe(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
         """Learn from a step: ``emitted`` tokens (accepted drafts, then the model's own), the first
-        ``accepted`` of them drafted. Observe with unpriced steps too: the statistics stay warm."""
+        ``accepted`` of them drafted."""
         learn(self.acceptance, proposal, plan, emitted, accepted)
 
 
 def learn(acceptance: AcceptanceModel, proposal: Proposal, plan: Plan, emitted: Sequence[int],
           accepted: int) -> None:
+    """Record into ``acceptance`` how the proposal's drafts and aux blocks fared against ``emitted``."""
     labels = proposal.labels or [None] * len(proposal.candidates)
     owners: dict[Path, set[str]] = defaultdict(set)
     for candidate, source, label in zip(proposal.candidates, proposal.candidate_sources(), labels):

@@ -49,7 +49,8 @@ def test_help_lists_commands_and_config_groups(capsys):
     (["decode", "strategy=prompt_lookup", "strategy.max_ngramm=3"],
      "error: strategy.max_ngramm: strategy 'prompt_lookup' has no knob 'max_ngramm'; its knobs: max_ngram, "
      "min_ngram, draft_len, num_candidates, match, priced, adapt_costs (did you mean max_ngram?)"),
-    (["decode", "strategy=prompt_lookup", "strategy.max_ngram=abc"], "error: strategy.max_ngram: expected int, got 'abc'"),
+    (["decode", "strategy=prompt_lookup", "strategy.max_ngram=abc"],
+     "error: strategy.max_ngram: expected int, got 'abc'"),
     (["decode", "-m", "strategy=autoregressive,nope", "prompt=hi"],
      "error: unknown strategy 'nope'; available: autoregressive"),
     (["decode", "model=local", "prompt=hi"], "error: model.path is required: add model.path=... "
@@ -65,7 +66,8 @@ def test_mistakes_are_one_line_with_exit_code_2(capsys, args, message):
 @pytest.mark.parametrize("args, message", [
     (["prompt_file=/nonexistent"], "error: prompt_file not found: /nonexistent"),
     (["prompt=   "], 'error: the prompt is empty: give prompt="..." with some text'),
-    (["prompt=hi", "strategy=prompt_lookup", "strategy.draft_len=abc"], "error: strategy.draft_len: expected int, got 'abc'"),
+    (["prompt=hi", "strategy=prompt_lookup", "strategy.draft_len=abc"],
+     "error: strategy.draft_len: expected int, got 'abc'"),
     (["prompt=hi", "max_new_tokens=-1"], "error: max_new_tokens must be >= 1, got -1"),
     (["prompt=hi", "threads=0"], "error: threads must be >= 1, got 0"),
     (["prompt=hi", "compile=fast"], "error: compile must be auto, true or false, got 'fast'"),
@@ -169,7 +171,8 @@ def decode_in_process(tiny_llama_dir, tmp_path, overrides, terminal=False):
 def test_on_a_terminal_tokens_from_accepted_drafts_are_green(tiny_llama_dir, tmp_path):
     _, _, _, plain = decode_in_process(tiny_llama_dir, tmp_path, ["strategy=autoregressive", "max_new_tokens=10"])
     oracle = f"strategy.continuation={plain['tokens']}"
-    code, out, _, result = decode_in_process(tiny_llama_dir, tmp_path, ["strategy=oracle", "strategy.priced=false", oracle,
+    code, out, _, result = decode_in_process(tiny_llama_dir, tmp_path, ["strategy=oracle", "strategy.priced=false",
+                                                                       oracle,
                                                                         "max_new_tokens=10"], terminal=True)
     assert code == 0 and result["tokens"] == plain["tokens"] and sum(result["drafted_mask"]) > 0
     green = "".join(re.findall(r"\x1b\[32m(.*?)\x1b\[0m", out, re.S))

@@ -47,7 +47,8 @@ def test_a_plugin_object_adds_a_strategy_with_a_config_node(example_module):
     assert knob_fields(component) == {"k": (int, 2)}  # the default from Registry.add(config=...)
     cfg = compose(["strategy=repeat_last", "strategy.k=5"], reg)
     assert dict(cfg.strategy) == {"name": "repeat_last", "k": 5, "priced": True, "adapt_costs": False}
-    typo = r"^strategy.kk: strategy 'repeat_last' has no knob 'kk'; its knobs: k, priced, adapt_costs \(did you mean k\?\)$"
+    typo = (r"^strategy.kk: strategy 'repeat_last' has no knob 'kk'; its knobs: k, priced, adapt_costs "
+            r"\(did you mean k\?\)$")
     with pytest.raises(ConfigError, match=typo):
         compose(["strategy=repeat_last", "strategy.kk=5"], reg)
     with pytest.raises(ConfigError, match=r"^strategy.k: expected int, got 'many'$"):

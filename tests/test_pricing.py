@@ -27,7 +27,8 @@ def paths(tree: DraftTree) -> set[tuple[int, ...]]:
 
 
 def window(rows: int) -> AuxBlock:
-    return AuxBlock(list(range(10, 10 + rows)), list(range(1, rows + 1)), torch.ones(rows, rows, dtype=torch.bool).tril())
+    return AuxBlock(list(range(10, 10 + rows)), list(range(1, rows + 1)),
+                    torch.ones(rows, rows, dtype=torch.bool).tril())
 
 
 def trained(accepted: int, rejected: int, source: str = "drafter", label: str | None = None) -> AcceptanceModel:
