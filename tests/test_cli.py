@@ -171,9 +171,8 @@ def decode_in_process(tiny_llama_dir, tmp_path, overrides, terminal=False):
 def test_on_a_terminal_tokens_from_accepted_drafts_are_green(tiny_llama_dir, tmp_path):
     _, _, _, plain = decode_in_process(tiny_llama_dir, tmp_path, ["strategy=autoregressive", "max_new_tokens=10"])
     oracle = f"strategy.continuation={plain['tokens']}"
-    code, out, _, result = decode_in_process(tiny_llama_dir, tmp_path, ["strategy=oracle", "strategy.priced=false",
-                                                                       oracle,
-                                                                        "max_new_tokens=10"], terminal=True)
+    code, out, _, result = decode_in_process(
+        tiny_llama_dir, tmp_path, ["strategy=oracle", "strategy.priced=false", oracle, "max_new_tokens=10"], terminal=True)
     assert code == 0 and result["tokens"] == plain["tokens"] and sum(result["drafted_mask"]) > 0
     green = "".join(re.findall(r"\x1b\[32m(.*?)\x1b\[0m", out, re.S))
     assert green and re.sub(r"\x1b\[[0-9;]*m", "", out).strip() == plain["text"].strip()
