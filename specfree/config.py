@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from specfree.conf.messages import config_error
-from specfree.conf.schema import BenchConfig, ModelConfig, SpecfreeConfig, knob_fields, node_schema, STEP_KNOBS
+from specfree.conf.schema import STEP_KNOBS, BenchConfig, ModelConfig, SpecfreeConfig, knob_fields, node_schema
 from specfree.errors import ConfigError, ModelLoadError, one_line
 from specfree.registry import Registry, takes_pool_object
 
@@ -240,8 +240,8 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
 
     check_compile(cfg.get("compile", "auto"))
     strategy = build_strategy(cfg, reg)
-    takes = reg.get("strategy", cfg.strategy.name).knobs
-    step = {k: v for k, v in knobs(cfg.strategy).items() if k in STEP_KNOBS and k not in takes}
+    own = reg.get("strategy", cfg.strategy.name).knobs  # a factory with its own `priced` keeps it
+    step = {k: v for k, v in knobs(cfg.strategy).items() if k in STEP_KNOBS and k not in own}
     verifier = build(reg, "verifier", cfg.verifier)
     mask_builder = build(reg, "mask", cfg.mask) if cfg.get("mask") is not None else None
     model_cfg = cfg.model

@@ -43,12 +43,12 @@ def checked_knobs(reg: Registry, kind: str, node: Mapping[str, Any], where: str,
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     given = {k: v for k, v in node.items() if k != "name"}
-    step = sorted(set(given) & set(STEP_KNOBS) - set(knob_fields(component))) if kind == "strategy" else []
+    fields = knob_fields(component)
+    step = sorted(set(given) & set(STEP_KNOBS) - set(fields)) if kind == "strategy" else []
     if step:
         raise ConfigError(f"{where} ({name}): {step[0]} sets how the whole step runs, not one member: set it on "
                           f"the strategy that holds this one (strategy.{step[0]}=...)")
     pool = given.pop("pool", None) if takes_pool_object(component) else None
-    fields = knob_fields(component)
     values = {**{k: v for k, v in dict(defaults).items() if k in fields}, **given}
     try:
         checked = OmegaConf.merge(OmegaConf.create({kind: OmegaConf.structured(node_schema(component, False))}),
