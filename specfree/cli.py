@@ -412,7 +412,11 @@ def plugins(args: list[str], console: Console | None = None) -> int:
     if args:
         raise ConfigError("usage: python -m specfree plugins")
     reg = registry(build_plugin_manager())
-    table = Table("kind", "name", "from", "hybrid member", "knobs (config defaults)", title="registered components")
+    from specfree.conf.schema import STEP_KNOBS
+
+    step = ", ".join(f"{k}={default}" for k, (_, default) in STEP_KNOBS.items())
+    table = Table("kind", "name", "from", "hybrid member", "knobs (config defaults)", title="registered components",
+                  caption=f"every strategy also takes the step knobs {step} (strategy.priced=false: at its knobs)")
     for kind in KINDS:
         for name in reg.names(kind):
             component = reg.get(kind, name)
