@@ -42,9 +42,9 @@ COMMANDS = {
 }
 EXAMPLES = """\
 examples:
-  python -m specfree decode strategy=prompt_lookup prompt="Summarize: ..."
+  python -m specfree decode prompt="Summarize: ..."    (strategy=hybrid, priced: the default)
   echo "Tell me a story" | python -m specfree decode chat=false max_new_tokens=64
-  python -m specfree decode -m strategy=autoregressive,prompt_lookup model=smollm2 prompt="..."
+  python -m specfree decode -m strategy=autoregressive,prompt_lookup strategy.priced=true,false prompt="..."
   python -m specfree compare multirun/2026-01-01/12-00-00
   python -m specfree bench bench.prompts=spec_bench_questions.jsonl bench.limit=10
   python -m specfree ceiling outputs/2026-01-01/12-00-00
@@ -332,10 +332,14 @@ def verification_line(adapter) -> str | None:
 
 
 def summary_line(result: dict) -> str:
+    """``8 tokens · 16.2 tok/s · 5 forwards · 1.60 tokens/step · 4 drafted · 12 of 40 rows kept · hybrid``:
+    the rows the strategy offered and those pricing kept (all of them with ``strategy.priced=false``)."""
     s = result["summary"]
     drafted = sum(result["drafted_mask"])
+    rows = f" · {s['rows_kept']} of {s['rows_offered']} rows kept" if "rows_offered" in s else ""
+    unpriced = " (unpriced)" if result["strategy"].get("priced") is False else ""
     return (f"{s['new_tokens']} tokens · {s['tokens_per_s']:.1f} tok/s · {s['forwards']} forwards · "
-            f"{s['mean_accepted']:.2f} tokens/step · {drafted} drafted · {result['strategy']['name']}"
+            f"{s['mean_accepted']:.2f} tokens/step · {drafted} drafted{rows} · {result['strategy']['name']}{unpriced}"
             + (" · interrupted" if result["interrupted"] else ""))
 
 
@@ -418,9 +422,13 @@ def plugins(args: list[str], console: Console | None = None) -> int:
     if args:
         raise ConfigError("usage: python -m specfree plugins")
     reg = registry(build_plugin_manager())
+    from specfree.conf.schema import STEP_KNOBS
+
+    step = ", ".join(f"{k}={default}" for k, (_, default) in STEP_KNOBS.items())
     table = Table("kind", "name", "from", "hybrid member", "knobs (config defaults)", title="registered components",
                   caption="adapters choose per model, when they wrap it, how drafts are verified: draft trees, or "
-                          "one chain a step where its forward cannot take a tree mask (decode and bench say which)")
+                          "one chain a step where its forward cannot take a tree mask (decode and bench say which); "
+                          f"every strategy also takes the step knobs {step} (strategy.priced=false: at its knobs)")
     for kind in KINDS:
         for name in reg.names(kind):
             component = reg.get(kind, name)

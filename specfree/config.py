@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from specfree.conf.messages import config_error
-from specfree.conf.schema import BenchConfig, ModelConfig, SpecfreeConfig, knob_fields, node_schema
+from specfree.conf.schema import STEP_KNOBS, BenchConfig, ModelConfig, SpecfreeConfig, knob_fields, node_schema
 from specfree.errors import ConfigError, ModelLoadError, one_line
 from specfree.registry import Registry, takes_pool_object
 
@@ -203,8 +203,12 @@ def knobs(node: DictConfig | Mapping) -> dict[str, Any]:
 def build(reg: Registry, kind: str, node: DictConfig | Mapping, **extra: Any) -> Any:
     if not isinstance(node, Mapping) or not node.get("name"):
         raise ConfigError(f"{kind} must be a node with a name, e.g. {kind}={reg.names(kind)[0]}; got {node!r}")
+    given = knobs(node)
+    if kind == "strategy":  # the step knobs (priced...) are the engine's, unless the factory has its own
+        takes = reg.get(kind, str(node["name"])).knobs
+        given = {k: v for k, v in given.items() if k not in STEP_KNOBS or k in takes}
     try:
-        return reg.make(kind, str(node["name"]), **knobs(node), **extra)
+        return reg.make(kind, str(node["name"]), **given, **extra)
     except ValueError as exc:  # a factory refused a knob value: a config mistake
         # Pool messages name the pool class, not the config group the user typed: say which.
         if isinstance(exc, ConfigError) and kind != "pool":
@@ -236,6 +240,8 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
 
     check_compile(cfg.get("compile", "auto"))
     strategy = build_strategy(cfg, reg)
+    own = reg.get("strategy", cfg.strategy.name).knobs  # a factory with its own `priced` keeps it
+    step = {k: v for k, v in knobs(cfg.strategy).items() if k in STEP_KNOBS and k not in own}
     verifier = build(reg, "verifier", cfg.verifier)
     mask_builder = build(reg, "mask", cfg.mask) if cfg.get("mask") is not None else None
     model_cfg = cfg.model
@@ -253,6 +259,6 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
                   if k in takes})
     adapter = reg.make("adapter", model_cfg.adapter, model=model, **extra)
     return {"adapter": adapter, "strategy": strategy, "verifier": verifier, "tokenizer": tokenizer,
-            "mask_builder": mask_builder}
+            "mask_builder": mask_builder, **step}
 
 

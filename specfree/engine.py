@@ -19,8 +19,9 @@ from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
 from specfree.masks.tree import Layout, build_layout
+from specfree.pricing import AcceptanceModel, Plan, Pricer, as_proposed
 from specfree.strategies.base import Outcome, Strategy
-from specfree.tree import DraftTree, merge
+from specfree.tree import DraftTree
 from specfree.types import AuxBlock, Generation, StepRecord
 from specfree.verifiers import GreedyVerifier
 
@@ -46,34 +47,49 @@ class Chunk:
 
 # Lays out one step's rows: (tree, aux rows, root position) -> tokens, positions, mask.
 MaskBuilder = Callable[[DraftTree, "AuxBlock | None", int], Layout]
+DEFAULT_STRATEGY = "hybrid"  # the strategy that measures best on `bench`
 
 
 class Engine:
+    """``priced`` (the default): every step keeps only the drafted rows that raise expected tokens
+    per second on the measured cost curve (``specfree.pricing``); False runs the strategy exactly
+    at its knobs. ``adapt_costs`` folds live forward times into the curve (tracks machine drift,
+    at the price of step counts that vary from run to run). ``costs``: a cost curve to use instead
+    of the measured one; ``acceptance``: statistics to start from (and keep learning into)."""
+
     def __init__(self, adapter: HFAdapter, strategy: Strategy, verifier=None, tokenizer=None,
-                 cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None):
+                 cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None, *,
+                 priced: bool = True, adapt_costs: bool = False, costs: CostModel | None = None,
+                 acceptance: AcceptanceModel | None = None):
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
         self.tokenizer = tokenizer
         self.mask_builder = mask_builder or build_layout
         strategy.setup(adapter.vocab_size, adapter.max_length)
-        if getattr(strategy, "wants_costs", False) and getattr(strategy, "costs", None) is None:
-            # Sizing drafts needs the forward cost curve: measured once, then read from the cache.
-            strategy.costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
-        # Folding live step times into the curve tracks machine drift, at the price of step
-        # counts that vary from run to run; strategies opt in.
-        self._costs = strategy.costs if getattr(strategy, "adapt_costs", False) else None
+        drafts = type(strategy).propose is not Strategy.propose  # the autoregressive loop offers nothing to price
+        if (priced and drafts or adapt_costs) and costs is None:
+            # Pricing needs the forward cost curve: measured once, then read from the cache.
+            costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
+        self.costs = costs
+        self.pricer = Pricer(costs, acceptance) if priced else None
+        self._costs = costs if adapt_costs else None
         self.eos_ids = self._eos_ids()
+
+    @property
+    def priced(self) -> bool:
+        return self.pricer is not None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, model: str = "smollm2", strategy: str = "prompt_lookup", *,
+    def from_pretrained(cls, model: str = "smollm2", strategy: str = DEFAULT_STRATEGY, *,
                         device: str = "cpu", dtype: str = "float32", cache_dir: str | None = None,
                         compile: str | bool = "auto", **knobs: Any) -> "Engine":
         """Load ``model`` (embedded name, .gguf, folder or hub id) and build an engine.
 
         ``knobs`` holds sampling settings (do_sample, temperature, top_k, top_p,
-        repetition_penalty, seed) and the strategy's own knobs. ``compile``: see ``from_model``.
+        repetition_penalty, seed), ``priced``/``adapt_costs`` (see ``Engine``) and the strategy's
+        own knobs. ``compile``: see ``from_model``.
         """
         from specfree.adapters.loading import load_model
 
@@ -81,15 +97,18 @@ class Engine:
         return cls.from_model(hf_model, tokenizer, strategy, cache_dir=cache_dir, compile=compile, **knobs)
 
     @classmethod
-    def from_model(cls, model, tokenizer=None, strategy: str | Strategy = "prompt_lookup", *,
+    def from_model(cls, model, tokenizer=None, strategy: str | Strategy = DEFAULT_STRATEGY, *,
                    cache_dir: str | None = None, linear_kernel: str = "few_row", compile: str | bool = False,
-                   adapter: HFAdapter | None = None, **knobs: Any) -> "Engine":
+                   adapter: HFAdapter | None = None, priced: bool = True, adapt_costs: bool = False,
+                   costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
+                   **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model (``linear_kernel``: see ``HFAdapter``).
 
         ``compile``: ``true`` runs a compiled forward (``adapters.compiled``; the first compile on
         a machine takes minutes), ``auto`` only where one compiled here before is ready within
         seconds, ``false`` (the default here; ``from_pretrained`` and configs default to ``auto``) never.
         ``adapter``: one built before for this model (a compiled one is reused, not recompiled).
+        ``priced``, ``adapt_costs``, ``costs``, ``acceptance``: see ``Engine``.
         """
         from specfree.adapters.compiled import check_compile, make_adapter
         from specfree.plugins import build_plugin_manager, registry
@@ -106,7 +125,8 @@ class Engine:
         check_compile(compile)
         if adapter is None:
             adapter = make_adapter(model, compile, linear_kernel=linear_kernel, cache_dir=cache_dir)
-        return cls(adapter, strategy, verifier, tokenizer, cache_dir=cache_dir)
+        return cls(adapter, strategy, verifier, tokenizer, cache_dir=cache_dir, priced=priced,
+                   adapt_costs=adapt_costs, costs=costs, acceptance=acceptance)
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":
@@ -214,11 +234,8 @@ class Engine:
                 t0 = time.perf_counter()
                 context = buffer[:n]
                 proposal = strategy.propose(context, max_depth=limit - n - 1)
-                tree = merge(int(context[-1]), zip(proposal.candidates, proposal.candidate_sources()),
-                             budget=adapter.max_length, max_depth=limit - n - 1)
-                aux = proposal.aux
-                if chain_only:  # recurrent layers cannot branch: one chain, no auxiliary rows
-                    tree, aux = tree.chain(adapter.max_chain), None
+                plan = self._plan(int(context[-1]), proposal, max_depth=limit - n - 1)  # the rows to run
+                tree, aux = plan.tree, plan.aux
                 t1 = time.perf_counter()
                 layout = self.mask_builder(tree, aux, n - 1)
                 t2 = time.perf_counter()
@@ -246,7 +263,9 @@ class Engine:
                         break
                 strategy.observe(Outcome(tree, verdict, buffer[:n],
                                          logits[layout.num_tree :] if aux is not None else None,
-                                         logits[: layout.num_tree]))
+                                         logits[: layout.num_tree], plan.aux_logits(logits)))
+                if self.pricer is not None:
+                    self.pricer.observe(proposal, plan, verdict.tokens, len(verdict.path))
                 t5 = time.perf_counter()
                 accepted = min(len(verdict.path), emitted)
                 steps.append(StepRecord(
@@ -254,7 +273,7 @@ class Engine:
                     draft_s=t1 - t0, mask_s=t2 - t1, forward_s=t3 - t2, verify_s=t4 - t3, other_s=t5 - t4,
                     sources=dict(Counter(tree.sources[node] for node in verdict.path[:accepted])),
                     extra=strategy.stats() if not chain_only
-                    else {**strategy.stats(), "rollback_s": adapter.rollback_s}))
+                    else {**strategy.stats(), "rollback_s": adapter.rollback_s}, offered=plan.offered))
                 if stop_reason is None and n >= limit:
                     stop_reason = "max_new_tokens" if len(new_tokens) >= max_new_tokens else "context_length"
                 if stop_reason and detok is not None:
@@ -266,6 +285,20 @@ class Engine:
         text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else ""
         return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,
                           prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft)
+
+    def _plan(self, root: int, proposal, max_depth: int) -> Plan:
+        """The rows this step runs: those worth their cost (priced), or all the strategy asked for.
+        A model that verifies chains gets one chain and no aux rows."""
+        adapter = self.adapter
+        chain = getattr(adapter, "chain_only", False)
+        max_chain = getattr(adapter, "max_chain", None)
+        if self.pricer is None:
+            return as_proposed(root, proposal, max_depth=max_depth, budget=adapter.max_length, chain=chain,
+                               max_chain=max_chain)
+        # A cut chain puts recurrent states back and replays the kept rows: pricing counts that.
+        rollback = chain and getattr(adapter, "cache_kind", "growing") != "growing"
+        depth = max_depth if not chain or max_chain is None else min(max_depth, max_chain)
+        return self.pricer.plan(root, proposal, max_depth=depth, chain=chain, rollback=rollback)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:

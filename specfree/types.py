@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specfree.errors import ConfigError
+
 
 @dataclass
 class AuxBlock:
@@ -24,6 +26,17 @@ class AuxBlock:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @staticmethod
+    def stack(blocks: list[AuxBlock], owners: list[str]) -> AuxBlock:
+        """Several owners' aux rows as one block: rows one after the other, each block seeing only itself."""
+        if len(blocks) == 1:
+            return blocks[0]
+        if len({b.sees_root for b in blocks}) > 1:
+            raise ConfigError(f"drafters {owners} ask for aux rows that disagree on seeing the root; "
+                              "use at most one of them")
+        return AuxBlock([t for b in blocks for t in b.tokens], [o for b in blocks for o in b.offsets],
+                        torch.block_diag(*[b.attends for b in blocks]), blocks[0].sees_root)
+
 
 @dataclass
 class Proposal:
@@ -34,9 +47,19 @@ class Proposal:
     aux: AuxBlock | None = None
     sources: list[str] | None = None  # per candidate, when several drafters contributed
     labels: list[str] | None = None  # per candidate: the drafter's confidence class (e.g. match length)
+    # Several owners' aux blocks (a hybrid's members), each priced and kept or dropped on its own;
+    # a drafter with one block sets ``aux`` instead.
+    windows: list[tuple[str, AuxBlock]] | None = None
+    max_rows: int | None = None  # the most rows (root, tree and aux) this step may take; None: any
 
     def candidate_sources(self) -> list[str]:
         return self.sources if self.sources is not None else [self.source] * len(self.candidates)
+
+    def aux_parts(self) -> list[tuple[str, AuxBlock]]:
+        """Every aux block with its owner."""
+        if self.windows is not None:
+            return list(self.windows)
+        return [(self.source, self.aux)] if self.aux is not None and len(self.aux) else []
 
 
 @dataclass
@@ -62,6 +85,7 @@ class StepRecord:
     other_s: float
     sources: dict[str, int] = field(default_factory=dict)  # accepted tokens per drafter
     extra: dict[str, float] = field(default_factory=dict)  # drafter-specific (window, pool size)
+    offered: int = 0  # rows the drafters offered (root + distinct drafted nodes + aux); ``rows`` were kept
 
 
 @dataclass
@@ -119,6 +143,8 @@ class Generation:
             "prefill_s": self.prefill_s,
             "stop_reason": self.stop_reason,
             "accepted_by": self.accepted_by,
+            "rows_offered": sum(s.offered for s in self.steps),
+            "rows_kept": sum(s.rows for s in self.steps),
             **split,
             "overhead_frac": 1 - split["forward_s"] / max(1e-12, sum(split.values())),
         }

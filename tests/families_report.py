@@ -129,7 +129,8 @@ def try_family(model_type: str) -> dict:
     for name, knobs in strategies.items():
         try:
             strategy = Oracle(truth, depth=4, wrong_at=2) if knobs is None else name
-            engine = Engine.from_model(model, None, strategy, **(knobs or {}))
+            # The oracle checks chains and rollbacks at its own depth: unpriced.
+            engine = Engine.from_model(model, None, strategy, **(knobs if knobs is not None else {"priced": False}))
         except UnsupportedModelError as exc:
             return dict(verdict="refused", why=_short(exc, 400))
         except Exception as exc:

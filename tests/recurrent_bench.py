@@ -81,7 +81,9 @@ def end_to_end(model) -> None:
         names = list(systems)
         for name in names[i % len(names):] + names[: i % len(names)]:  # who goes first rotates
             strategy, mixers = systems[name]
-            engine = Engine.from_model(model, None, strategy(truth))
+            drafter = strategy(truth)
+            # The oracles measure rollbacks at their own depth: unpriced; the named strategies as users run them.
+            engine = Engine.from_model(model, None, drafter, priced=isinstance(drafter, str))
             if not mixers:
                 engine.adapter.replay = None
             result = engine.generate(prompt, NEW_TOKENS, ignore_eos=True)

@@ -93,6 +93,8 @@ def test_bad_strategy_and_knobs(strategy, knobs, message):
                                              r"pool 'nope'; available: lru, suffix_array, trie$"),
     ([{"name": "recycling", "pool": "trie"}], r"^hybrid.drafters\[0\] \(recycling\): pool: strategy 'recycling' has "
                                              r"no knob 'pool'; its knobs: successors, widths$"),
+    ([{"name": "trie", "priced": False}], r"^hybrid.drafters\[0\] \(trie\): priced sets how the whole step runs, "
+                                         r"not one member: set it on the strategy that holds this one"),
     ([{"window": 2}], r"^hybrid.drafters\[0\]: give a strategy name or \{name: NAME, knob: value, ...\}, got "),
     ([], r"^hybrid.drafters must be a non-empty list of strategy names or \{name: ..., knobs\}, got \[\]$"),
 ])

@@ -20,7 +20,8 @@ from specfree.types import Proposal
 from specfree.verifiers.greedy import GreedyVerifier, walk
 from tests.helpers import run_cli
 
-SUMMARY = re.compile(r"^(\d+) tokens · [\d.]+ tok/s · (\d+) forwards · [\d.]+ tokens/step · (\d+) drafted · (\w+)")
+SUMMARY = re.compile(r"^(\d+) tokens · [\d.]+ tok/s · (\d+) forwards · [\d.]+ tokens/step · (\d+) drafted · "
+                     r"(?:\d+ of \d+ rows kept · )?(\w+)")  # an interrupted run's summary counts no rows
 PROMPT = "the cat , the dog : the cat ( and ) the dog"  # commas, colons, parentheses reach the model intact
 
 
@@ -45,10 +46,11 @@ def test_help_lists_commands_and_config_groups(capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["nope"], "error: unknown command 'nope'; commands: decode, bench, compare, ceiling, plugins, datastore (see --help)"),
-    (["decode", "strategy.max_ngramm=3"], "error: strategy.max_ngramm: strategy 'prompt_lookup' has no knob "
-                                          "'max_ngramm'; its knobs: max_ngram, min_ngram, draft_len, num_candidates, "
-                                          "match (did you mean max_ngram?)"),
-    (["decode", "strategy.max_ngram=abc"], "error: strategy.max_ngram: expected int, got 'abc'"),
+    (["decode", "strategy=prompt_lookup", "strategy.max_ngramm=3"],
+     "error: strategy.max_ngramm: strategy 'prompt_lookup' has no knob 'max_ngramm'; its knobs: max_ngram, "
+     "min_ngram, draft_len, num_candidates, match, priced, adapt_costs (did you mean max_ngram?)"),
+    (["decode", "strategy=prompt_lookup", "strategy.max_ngram=abc"],
+     "error: strategy.max_ngram: expected int, got 'abc'"),
     (["decode", "-m", "strategy=autoregressive,nope", "prompt=hi"],
      "error: unknown strategy 'nope'; available: autoregressive"),
     (["decode", "model=local", "prompt=hi"], "error: model.path is required: add model.path=... "
@@ -64,7 +66,8 @@ def test_mistakes_are_one_line_with_exit_code_2(capsys, args, message):
 @pytest.mark.parametrize("args, message", [
     (["prompt_file=/nonexistent"], "error: prompt_file not found: /nonexistent"),
     (["prompt=   "], 'error: the prompt is empty: give prompt="..." with some text'),
-    (["prompt=hi", "strategy.draft_len=abc"], "error: strategy.draft_len: expected int, got 'abc'"),
+    (["prompt=hi", "strategy=prompt_lookup", "strategy.draft_len=abc"],
+     "error: strategy.draft_len: expected int, got 'abc'"),
     (["prompt=hi", "max_new_tokens=-1"], "error: max_new_tokens must be >= 1, got -1"),
     (["prompt=hi", "threads=0"], "error: threads must be >= 1, got 0"),
     (["prompt=hi", "compile=fast"], "error: compile must be auto, true or false, got 'fast'"),
@@ -91,11 +94,23 @@ def test_decode_streams_the_answer_writes_result_json_and_a_summary(tiny_llama_d
     result = json.loads((run / "result.json").read_text())
     assert result["prompt"] == PROMPT and result["text"] and result["text"] in out
     assert "\x1b[" not in out  # piped (not a terminal): plain text
-    summary = SUMMARY.match(err.strip().splitlines()[-1])
+    lines = err.strip().splitlines()
+    summary = SUMMARY.match(lines[-2])  # the hybrid, the default, then says whose drafts were accepted
     assert summary and summary.groups() == (str(len(result["tokens"])), str(len(result["steps"])),
-                                            str(sum(result["drafted_mask"])), "prompt_lookup")
-    assert result["strategy"]["name"] == "prompt_lookup" and result["config"]["max_new_tokens"] == 12
-    assert result["summary"]["new_tokens"] == len(result["tokens"]) and not result["interrupted"]
+                                            str(sum(result["drafted_mask"])), "hybrid")
+    assert lines[-1].startswith("accepted drafts by member: prompt_lookup ")
+    assert result["strategy"]["name"] == "hybrid" and result["config"]["max_new_tokens"] == 12
+    assert result["strategy"]["priced"] is True and result["summary"]["new_tokens"] == len(result["tokens"])
+    kept, offered = sum(s["rows"] for s in result["steps"]), sum(s["offered"] for s in result["steps"])
+    assert f" · {kept} of {offered} rows kept · " in lines[-2] and not result["interrupted"]
+
+
+def test_decode_unpriced_runs_the_strategy_at_its_knobs_and_says_so(tiny_llama_dir, tmp_path):
+    code, _, err, result = decode_in_process(tiny_llama_dir, tmp_path, [
+        "strategy=prompt_lookup", "strategy.priced=false", "max_new_tokens=12"])
+    line = err.strip().splitlines()[-1]
+    assert code == 0 and SUMMARY.match(line) and line.endswith(" · prompt_lookup (unpriced)")
+    assert all(s["rows"] == s["offered"] for s in result["steps"])  # every row the drafter offered ran
 
 
 class Oracle(Strategy):
@@ -156,8 +171,8 @@ def decode_in_process(tiny_llama_dir, tmp_path, overrides, terminal=False):
 def test_on_a_terminal_tokens_from_accepted_drafts_are_green(tiny_llama_dir, tmp_path):
     _, _, _, plain = decode_in_process(tiny_llama_dir, tmp_path, ["strategy=autoregressive", "max_new_tokens=10"])
     oracle = f"strategy.continuation={plain['tokens']}"
-    code, out, _, result = decode_in_process(tiny_llama_dir, tmp_path, ["strategy=oracle", oracle,
-                                                                        "max_new_tokens=10"], terminal=True)
+    code, out, _, result = decode_in_process(
+        tiny_llama_dir, tmp_path, ["strategy=oracle", "strategy.priced=false", oracle, "max_new_tokens=10"], terminal=True)
     assert code == 0 and result["tokens"] == plain["tokens"] and sum(result["drafted_mask"]) > 0
     green = "".join(re.findall(r"\x1b\[32m(.*?)\x1b\[0m", out, re.S))
     assert green and re.sub(r"\x1b\[[0-9;]*m", "", out).strip() == plain["text"].strip()
@@ -174,7 +189,7 @@ def test_ctrl_c_keeps_what_was_generated_and_prints_the_summary(tiny_llama_dir, 
 def test_verify_against_baseline_reports_identity_in_the_summary_and_result(tiny_llama_dir, tmp_path, capsys):
     run = tmp_path / "run"
     code = cli.main(["decode", *local(tiny_llama_dir), f"prompt={PROMPT}", "max_new_tokens=12",
-                     "verify_against_baseline=true", f"hydra.run.dir={run}"])
+                     "strategy=prompt_lookup", "verify_against_baseline=true", f"hydra.run.dir={run}"])
     assert code == 0
     err = capsys.readouterr().err.strip().splitlines()
     result = json.loads((run / "result.json").read_text())
@@ -186,7 +201,7 @@ def test_verify_against_baseline_reports_identity_in_the_summary_and_result(tiny
 
 def test_verify_against_baseline_names_the_first_divergence_and_exits_1(tiny_llama_dir, tmp_path):
     _, _, _, plain = decode_in_process(tiny_llama_dir, tmp_path, ["strategy=autoregressive", "max_new_tokens=12"])
-    oracle = ["strategy=oracle", f"strategy.continuation={plain['tokens']}"]
+    oracle = ["strategy=oracle", "strategy.priced=false", f"strategy.continuation={plain['tokens']}"]
     code, _, err, result = decode_in_process(tiny_llama_dir, tmp_path, [
         *oracle, "verifier=flip", "max_new_tokens=12", "verify_against_baseline=true"])
     # Two drafted steps of 4 accepted tokens + 1: the second one's root is token 5.

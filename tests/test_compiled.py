@@ -46,7 +46,9 @@ def compiled_adapters():
 
 def engine_on(adapter, name, knobs, **sampling):
     verifier = REG.make("verifier", "sampling" if sampling.pop("do_sample", False) else "greedy", **sampling)
-    return Engine(adapter, REG.make("strategy", name, **knobs), verifier)
+    knobs = dict(knobs)
+    priced = knobs.pop("priced", True)  # the engine's, not the drafter's
+    return Engine(adapter, REG.make("strategy", name, **knobs), verifier, priced=priced)
 
 
 @SETTINGS

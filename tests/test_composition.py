@@ -25,12 +25,12 @@ from specfree.pools.lru import LRUNGramPool
 from specfree.pools.prompt_index import PromptIndex
 from specfree.pools.suffix_array import SuffixArrayPool
 from specfree.pools.trie import TriePool
+from specfree.pricing import Plan, Pricer
 from specfree.strategies.base import Outcome, Strategy
 from specfree.strategies.hybrid import MEMBER_DEFAULTS, Hybrid
 from specfree.strategies.lookahead import Lookahead
 from specfree.strategies.prompt_lookup import PromptLookup
-from specfree.tree import merge
-from specfree.types import Proposal, Verdict
+from specfree.types import AuxBlock, Proposal, Verdict
 from tests.helpers import EXAMPLE_PLUGIN, REPO, run_cli
 from tests.tiny_models import reference_greedy, tiny_model
 
@@ -120,8 +120,6 @@ class Window(Strategy):
     name = "window"
 
     def __init__(self, rows: int):
-        from specfree.types import AuxBlock
-
         self.block = AuxBlock(list(range(10, 10 + rows)), list(range(1, rows + 1)),
                               torch.ones(rows, rows, dtype=torch.bool).tril())
         self.seen: list[torch.Tensor | None] = []
@@ -140,51 +138,54 @@ class Fixed(Strategy):
         return Proposal([[1, 2, 3]], self.name)
 
 
-def hybrid_with_windows(costs: CostModel, *rows: int) -> Hybrid:
+def hybrid_with_windows(*rows: int) -> Hybrid:
     hybrid = Hybrid([Fixed(), *[Window(r) for r in rows]])
-    hybrid.costs = costs
     hybrid.begin(np.array([4, 5, 6]))
     return hybrid
 
 
-def step(hybrid: Hybrid, logits_rows: int) -> Proposal:
+def step(hybrid: Hybrid, pricer: Pricer) -> tuple[Proposal, Plan]:
+    """One engine step without a model: price, hand each member its window's logits, learn."""
     proposal = hybrid.propose(np.array([4, 5, 6]), max_depth=8)
-    tree = merge(6, zip(proposal.candidates, proposal.candidate_sources()), budget=64)
-    aux = None if proposal.aux is None else torch.arange(len(proposal.aux) * 2.0).reshape(-1, 2)
-    hybrid.observe(Outcome(tree, Verdict([7], []), np.array([4, 5, 6, 7]), aux, torch.zeros(len(tree), 2)))
-    return proposal
+    plan = pricer.plan(6, proposal, max_depth=8)
+    aux_rows = plan.rows - len(plan.tree)
+    logits = torch.cat([torch.full((len(plan.tree), 2), -1.0), torch.arange(aux_rows * 2.0).reshape(-1, 2)])
+    verdict = Verdict([7], [])
+    hybrid.observe(Outcome(plan.tree, verdict, np.array([4, 5, 6, 7]), None, logits[: len(plan.tree)],
+                           plan.aux_logits(logits)))
+    pricer.observe(proposal, plan, verdict.tokens, 0)
+    return proposal, plan
 
 
 def test_aux_rows_pass_through_and_each_member_gets_only_its_own_logits():
-    cheap = CostModel([1, 2, 64], [1.0, 1.0, 1.0])  # rows are free: every window pays
-    hybrid = hybrid_with_windows(cheap, 2, 3)
-    proposal = step(hybrid, 5)
-    assert proposal.aux is not None and proposal.aux.tokens == [10, 11, 10, 11, 12]
-    assert not proposal.aux.attends[2:, :2].any() and not proposal.aux.attends[:2, 2:].any()  # blocks apart
+    hybrid = hybrid_with_windows(2, 3)
+    proposal, plan = step(hybrid, Pricer(CostModel([1, 2, 64], [1.0, 1.0, 1.0])))  # rows free: every window pays
+    assert [owner for owner, _ in plan.parts] == ["window", "window#2"] and plan.windows == [0, 1]
+    stacked = plan.aux
+    assert stacked.tokens == [10, 11, 10, 11, 12] and plan.rows == 1 + 3 + 5  # root, [1, 2, 3], both windows
+    assert not stacked.attends[2:, :2].any() and not stacked.attends[:2, 2:].any()  # blocks apart
     first, second = hybrid.drafters[1].seen[0], hybrid.drafters[2].seen[0]
     assert first.tolist() == [[0, 1], [2, 3]] and second.tolist() == [[4, 5], [6, 7], [8, 9]]
 
 
 def test_a_window_that_does_not_pay_is_dropped_and_its_member_told():
-    steep = CostModel([1, 2, 64], [1.0, 10.0, 400.0])  # every extra row costs a forward and more
-    hybrid = hybrid_with_windows(steep, 4)
-    proposal = step(hybrid, 0)
-    assert proposal.aux is None and proposal.candidates == []  # a plain one-row step
+    hybrid = hybrid_with_windows(4)
+    _, plan = step(hybrid, Pricer(CostModel([1, 2, 64], [1.0, 10.0, 400.0])))  # every extra row costs a forward
+    assert plan.windows == [] and plan.rows == 1  # a plain one-row step
     assert hybrid.drafters[1].seen == [None]  # the member knows its window was not decoded
 
 
 def test_a_window_is_dropped_once_its_member_stops_landing_drafts():
-    cpu = CostModel([1, 2, 8, 16], [1.0, 1.6, 1.8, 2.0])  # a CPU-like curve
-    hybrid = hybrid_with_windows(cpu, 5)
-    decoded = [step(hybrid, 0).aux is not None for _ in range(30)]  # the window's member never lands a draft
+    hybrid = hybrid_with_windows(5)
+    pricer = Pricer(CostModel([1, 2, 8, 16], [1.0, 1.6, 1.8, 2.0]))  # a CPU-like curve
+    decoded = [bool(step(hybrid, pricer)[1].windows) for _ in range(30)]  # the window's member never lands a draft
     assert decoded[0] and not decoded[-1]
 
 
 def test_lookahead_inside_the_hybrid_runs_its_window_when_it_pays():
     model = tiny_model("llama")
-    hybrid = Engine.from_model(model, None, "hybrid", drafters=["prompt_lookup", "lookahead"]).strategy
-    hybrid.costs = CostModel([1, 2, 64], [1.0, 1.0, 1.0])  # rows free: the window always pays
-    engine = Engine.from_model(model, None, hybrid)
+    engine = Engine.from_model(model, None, "hybrid", drafters=["prompt_lookup", "lookahead"],
+                               costs=CostModel([1, 2, 64], [1.0, 1.0, 1.0]))  # rows free: the window always pays
     prompt = [5, 6, 7, 8] * 3
     result = engine.generate(prompt, 30, ignore_eos=True)
     assert result.tokens == reference_greedy(model, prompt, 30, ignore_eos=True)

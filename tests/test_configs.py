@@ -23,6 +23,7 @@ from specfree.config import (
     node_schema,
 )
 from specfree.bench.cli import BenchSettings
+from specfree.conf.schema import STEP_KNOBS
 from specfree.errors import ModelLoadError
 from specfree.plugins import Component, Registry, build_plugin_manager, registry
 from tests.helpers import REPO
@@ -59,8 +60,11 @@ def test_every_option_composes(reg, group, option):
     assert plain[group] is not None
     if group in ("strategy", "verifier", "pool", "mask"):
         assert plain[group]["name"] == option
-        # The node holds exactly the knobs the registry will be asked to build with.
-        assert set(plain[group]) - {"name"} <= set(reg.get(group, option).knobs)
+        # The node holds exactly the knobs the registry will be asked to build with, and a
+        # strategy's the step knobs the engine takes (priced, adapt_costs).
+        step = set(STEP_KNOBS) if group == "strategy" else set()
+        assert set(plain[group]) - {"name"} <= set(reg.get(group, option).knobs) | step
+        assert step <= set(plain[group])
     required = {("model", "local"): {"model.path"},
                 ("bench", "spec_bench"): {"bench.prompts"}, ("bench", "custom"): {"bench.prompts"}}
     assert OmegaConf.missing_keys(cfg) == required.get((group, option), set())
@@ -68,18 +72,20 @@ def test_every_option_composes(reg, group, option):
 
 def test_defaults_of_the_primary_config(reg):
     cfg = compose([], reg)
-    assert (cfg.model.name, cfg.strategy.name, cfg.verifier.name) == ("smollm2", "prompt_lookup", "greedy")
+    assert (cfg.model.name, cfg.strategy.name, cfg.verifier.name) == ("smollm2", "hybrid", "greedy")
+    assert cfg.strategy.priced is True and cfg.strategy.adapt_costs is False
     assert cfg.pool is None and cfg.bench is None and cfg.chat is True and cfg.max_new_tokens == 128
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["strategy=nope"], "unknown strategy 'nope'; available: autoregressive, .*prompt_lookup"),
     (["model=llama3"], "unknown model 'llama3'; available: llama2, local, mistral, qwen2, smollm2, tinyllama$"),
-    (["strategy.max_ngramm=3"], "^strategy.max_ngramm: strategy 'prompt_lookup' has no knob 'max_ngramm'; "
-                                "its knobs: max_ngram, min_ngram, draft_len, num_candidates, match "
-                                r"\(did you mean max_ngram\?\)$"),
-    (["+strategy.max_ngramm=3"], "strategy 'prompt_lookup' has no knob 'max_ngramm'"),
-    (["strategy.max_ngram=abc"], "^strategy.max_ngram: expected int, got 'abc'$"),
+    (["strategy=prompt_lookup", "strategy.max_ngramm=3"],
+     "^strategy.max_ngramm: strategy 'prompt_lookup' has no knob 'max_ngramm'; its knobs: max_ngram, min_ngram, "
+     r"draft_len, num_candidates, match, priced, adapt_costs \(did you mean max_ngram\?\)$"),
+    (["strategy=prompt_lookup", "+strategy.max_ngramm=3"], "strategy 'prompt_lookup' has no knob 'max_ngramm'"),
+    (["strategy=prompt_lookup", "strategy.max_ngram=abc"], "^strategy.max_ngram: expected int, got 'abc'$"),
+    (["strategy=trie", "strategy.priced=maybe"], "^strategy.priced: expected bool, got 'maybe'$"),
     (["verifier=sampling", "verifier.top_p=high"], "^verifier.top_p: expected float, got 'high'$"),
     (["bench=custom", "bench.limit=ten"], "^bench.limit: expected int or null, got 'ten'$"),
     (["max_new_token=5"], r"^max_new_token: no such setting; the top level has: .*\(did you mean max_new_tokens\?\)"),
@@ -106,7 +112,7 @@ def test_load_config_applies_overrides_after_the_config(reg, tmp_path):
     assert cfg.strategy.draft_len == 6 and cfg.verifier.name == "sampling" and cfg.model.path == "/somewhere"
     # An override that picks another option drops the config's node for that group.
     cfg = load_config(OmegaConf.load(path), ["strategy=autoregressive"], reg=reg)
-    assert OmegaConf.to_container(cfg.strategy) == {"name": "autoregressive"}
+    assert OmegaConf.to_container(cfg.strategy) == {"name": "autoregressive", "priced": True, "adapt_costs": False}
     assert load_config({"strategy": "autoregressive"}, reg=reg).strategy.name == "autoregressive"
 
 

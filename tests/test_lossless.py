@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfree import Engine
-from tests.tiny_models import EOS, FAMILIES, VOCAB, reference_greedy, tiny_model
+from specfree.cost import CostModel
+from specfree.datastore import build_datastore
+from tests.tiny_models import EOS, FAMILIES, VOCAB, reference_greedy, tiny_model, tiny_tokenizer
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -24,9 +29,20 @@ def prompts(draw) -> list[int]:
 
 @st.composite
 def strategy_specs(draw) -> tuple[str, dict]:
-    name = draw(st.sampled_from(["autoregressive", "prompt_lookup", "recycling", "hybrid"]))
+    name, knobs = draw(drafter_specs())
+    return name, {**knobs, "priced": draw(st.booleans())}  # pricing never changes a token
+
+
+@st.composite
+def drafter_specs(draw) -> tuple[str, dict]:
+    name = draw(st.sampled_from(["autoregressive", "prompt_lookup", "recycling", "hybrid", "lookahead", "trie"]))
     if name == "autoregressive":
         return name, {}
+    if name == "lookahead":
+        return name, dict(window=draw(st.integers(1, 4)), ngram=draw(st.integers(2, 4)),
+                          idle_every=draw(st.integers(0, 2)))
+    if name == "trie":
+        return name, dict(decoding_length=draw(st.integers(1, 24)), branch_length=draw(st.integers(1, 8)))
     if name == "recycling":
         successors = draw(st.integers(1, 6))
         return name, dict(successors=successors,
@@ -72,6 +88,41 @@ def test_seeded_sampling_equals_autoregressive_sampling(family, prompt, spec, se
     assert speculative.tokens == plain.tokens
 
 
+STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "retrieval", "recycling", "hybrid"]
+# Two rows cost 20% more than one, sixteen twice as much: pricing cuts trees down, not to nothing.
+CPU_LIKE = CostModel([1, 2, 4, 8, 16, 32], [1.0, 1.2, 1.5, 1.8, 2.0, 2.4])
+
+
+@pytest.fixture(scope="module")
+def datastore(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("lossless")
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text(json.dumps({"text": "the cat sat on the red car and the dog ran to the big house"}))
+    build_datastore([corpus], tiny_tokenizer(), folder / "store.sfds")
+    return str(folder / "store.sfds")
+
+
+@pytest.mark.parametrize("priced", [True, False], ids=["priced", "unpriced"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_priced_and_unpriced_is_plain_decoding(strategy, priced, datastore):
+    """Greedy equals transformers' generate and seeded sampling equals plain sampling, at the
+    strategy's own knobs or priced on a CPU-like curve."""
+    model = tiny_model("llama")
+    knobs = {"datastore": datastore} if strategy == "retrieval" else {}
+    prompt = [5, 6, 7, 8, 9] * 3 + [5, 6]
+    greedy = Engine.from_model(model, None, strategy, priced=priced, costs=CPU_LIKE, **knobs)
+    for _ in range(2):  # the second request meets what pools and statistics learned in the first
+        result = greedy.generate(prompt, 24, ignore_eos=True)
+        assert result.tokens == reference_greedy(model, prompt, 24, ignore_eos=True)
+        assert all(s.rows <= s.offered for s in result.steps)
+        cap = 32 if strategy == "hybrid" else 1 << 30  # the hybrid's max_rows caps even its unpriced steps
+        assert priced or all(s.rows == min(s.offered, cap) for s in result.steps)
+    sampling = dict(do_sample=True, seed=3, temperature=0.9, top_k=30)
+    sampled = Engine.from_model(model, None, strategy, priced=priced, costs=CPU_LIKE, **knobs, **sampling)
+    plain = Engine.from_model(model, None, "autoregressive", **sampling)
+    assert sampled.generate(prompt, 24).tokens == plain.generate(prompt, 24).tokens
+
+
 def test_sampling_depends_on_seed_and_stops_at_eos():
     model = tiny_model("llama")
     runs = {tuple(Engine.from_model(model, None, "autoregressive", do_sample=True, seed=s)
@@ -89,6 +140,7 @@ def test_prompt_lookup_drafts_are_accepted_on_repetitive_text():
     # Feed the model's own continuation back as the prompt: prompt lookup can copy it.
     prompt = [5, 6, 7] + plain.tokens
     again = Engine.from_model(model, None, "autoregressive").generate(prompt, 30, ignore_eos=True)
-    lookup = Engine.from_model(model, None, "prompt_lookup", draft_len=8).generate(prompt, 30, ignore_eos=True)
+    lookup = Engine.from_model(model, None, "prompt_lookup", draft_len=8, priced=False).generate(
+        prompt, 30, ignore_eos=True)
     assert lookup.tokens == again.tokens
     assert lookup.forwards < len(lookup.tokens)

@@ -84,7 +84,7 @@ def test_kept_and_cut_chains_roll_back_to_the_accepted_tokens(family, wrong_at, 
     model = tiny_model(family)
     prompt = [5, 9, 11, 7]
     truth = prompt + reference_greedy(model, prompt, 40, ignore_eos=True)
-    engine = Engine.from_model(model, None, Oracle(truth, depth=4, wrong_at=wrong_at))
+    engine = Engine.from_model(model, None, Oracle(truth, depth=4, wrong_at=wrong_at), priced=False)
     assert (engine.adapter.replay is not None) == (family in MIXERS)
     if whole_model:
         engine.adapter.replay = None
@@ -150,7 +150,7 @@ def strategy_knobs(draw) -> tuple[str, dict]:
         "hybrid": lambda: dict(max_rows=draw(st.integers(1, 24))),
         "retrieval": lambda: dict(max_depth=draw(st.integers(1, 8))),
     }.get(name, dict)()
-    return name, knobs
+    return name, {**knobs, "priced": draw(st.booleans())}  # one priced chain, or the first candidate
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -179,6 +179,7 @@ def test_seeded_sampling_through_kept_and_cut_chains_equals_plain_sampling(famil
     prompt, sampling = [5, 9, 11, 7], dict(do_sample=True, seed=7, temperature=0.8, top_k=20)
     plain = Engine.from_model(model, None, "autoregressive", **sampling).generate(prompt, 30, ignore_eos=True)
     oracle = Oracle(prompt + plain.tokens, depth=3, wrong_at=1)
-    speculative = Engine.from_model(model, None, oracle, **sampling).generate(prompt, 30, ignore_eos=True)
+    speculative = Engine.from_model(model, None, oracle, priced=False, **sampling).generate(prompt, 30,
+                                                                                           ignore_eos=True)
     assert speculative.tokens == plain.tokens
     assert any(s.accepted < s.drafted for s in speculative.steps) and speculative.forwards < 30

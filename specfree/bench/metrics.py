@@ -8,6 +8,7 @@ emitted tokens), ``emitted`` (tokens per step) and ``split`` (seconds per phase)
 - tokens/s      = sum(new tokens) / sum(wall seconds) over the group's prompts, per repeat
 - speedup       = tokens/s / the baseline's tokens/s over the SAME prompts and repeat of the run
 - accepted/step = sum(new tokens) / sum(steps)
+- rows/step     = sum(rows kept) / sum(steps), and of the rows the drafters offered (pricing keeps some)
 - split         = each phase's share of the summed step time
 - identical     = outputs token-identical (every turn) to the baseline's for that prompt and repeat
 With several repeats, tokens/s and speedup are the median over repeats with their min and max.
@@ -37,6 +38,7 @@ class Row:
     speedup: float | None = None
     speedup_range: tuple[float, float] | None = None
     mean_accepted: float | None = None
+    rows_per_step: tuple[float, float] | None = None  # (kept, offered): what pricing ran of what was offered
     split: dict[str, float] | None = None
     identical: int = 0
     compared: int = 0
@@ -121,6 +123,8 @@ def summarize_group(records: Sequence[dict], system: str, baseline: str = BASELI
     if all(t.get("steps") is not None for t in turns):
         steps = sum(t["steps"] for t in turns)
         row.mean_accepted = sum(len(t["tokens"]) for t in turns) / steps if steps else None
+        if steps and all(t.get("rows") is not None and t.get("offered") is not None for t in turns):
+            row.rows_per_step = (sum(t["rows"] for t in turns) / steps, sum(t["offered"] for t in turns) / steps)
     if all(t.get("split") for t in turns):
         totals = {k: sum(t["split"].get(k, 0.0) for t in turns) for k in PHASES}
         whole = sum(totals.values())

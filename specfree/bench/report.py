@@ -10,8 +10,9 @@ from rich.table import Table
 from specfree.bench.metrics import OVERALL, PHASES, Row
 
 HEADERS = ("task", "system", "prompts", "new tokens", "wall s", "tokens/s", "speedup", "accepted/step",
-           "split % draft/mask/fwd/verify/other", "identical")
-SHORT_HEADERS = ("task", "system", "n", "tokens", "wall s", "tok/s", "speedup", "acc/step", "d/m/f/v/o %", "identical")
+           "rows/step kept/offered", "split % draft/mask/fwd/verify/other", "identical")
+SHORT_HEADERS = ("task", "system", "n", "tokens", "wall s", "tok/s", "speedup", "acc/step", "rows k/o", "d/m/f/v/o %",
+                 "identical")
 
 
 def wide_console() -> Console:
@@ -39,7 +40,8 @@ def cells(row: Row) -> list[str]:
     return [row.category, row.system, str(row.prompts), f"{row.new_tokens:.0f}", f"{row.wall_s:.2f}",
             _num(row.tokens_per_s, ".1f", row.tokens_per_s_range if spread else None),
             _num(row.speedup, ".2f", row.speedup_range if spread else None, "x"),
-            _num(row.mean_accepted, ".2f"), split, identical]
+            _num(row.mean_accepted, ".2f"),
+            f"{row.rows_per_step[0]:.1f}/{row.rows_per_step[1]:.1f}" if row.rows_per_step else "–", split, identical]
 
 
 def rich_table(rows: Sequence[Row], title: str | None = None) -> Table:

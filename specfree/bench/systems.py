@@ -17,6 +17,7 @@ import torch
 
 from specfree.adapters import as_shipped
 from specfree.bench.metrics import PHASES
+from specfree.conf.schema import STEP_KNOBS
 from specfree.engine import Engine
 from specfree.errors import ConfigError
 from specfree.plugins import Registry, build_plugin_manager, registry
@@ -37,6 +38,7 @@ class Turn:
     steps: int | None = None  # forwards that emitted tokens (specfree: after its prefill; transformers: all)
     emitted: list[int] | None = None  # tokens emitted by each step
     rows: int | None = None  # rows pushed through all forwards
+    offered: int | None = None  # rows the drafters offered, before pricing kept ``rows`` of them
     split: dict[str, float] | None = None  # draft/mask/forward/verify/other seconds
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,7 +88,10 @@ class SpecfreeSystem:
         # A pool spec in knobs is built by Registry.make, like a hybrid member's.
         engine = Engine.from_model(model, tokenizer, strategy, linear_kernel=linear_kernel, compile="false",
                                    adapter=adapter, **knobs)
-        documented, actual = {}, {}
+        # The step knobs (priced...) are documented defaults too: `{name: trie, priced: false}` is
+        # labelled trie(priced=False), beside the priced trie, in one report.
+        documented = {k: default for k, (_, default) in STEP_KNOBS.items()}
+        actual = dict(documented)
         for p in inspect.signature(component.factory).parameters.values():
             if p.default is not p.empty:
                 documented[p.name] = component.config.get(p.name, p.default)
@@ -105,6 +110,7 @@ class SpecfreeSystem:
         return Turn(tokens=list(gen.tokens), wall_s=wall, prompt_tokens=gen.prompt_tokens,
                     stop_reason=gen.stop_reason, prefill_s=gen.prefill_s, steps=len(gen.steps),
                     emitted=[s.emitted for s in gen.steps], rows=sum(s.rows for s in gen.steps),
+                    offered=sum(s.offered for s in gen.steps),
                     split={k: sum(getattr(s, k) for s in gen.steps) for k in PHASES})
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specfree.conf.messages import config_error
-from specfree.conf.schema import knob_fields, node_schema
+from specfree.conf.schema import STEP_KNOBS, knob_fields, node_schema
 from specfree.errors import ConfigError
 from specfree.registry import Registry, takes_pool_object
 
@@ -43,11 +43,15 @@ def checked_knobs(reg: Registry, kind: str, node: Mapping[str, Any], where: str,
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     given = {k: v for k, v in node.items() if k != "name"}
-    pool = given.pop("pool", None) if takes_pool_object(component) else None
     fields = knob_fields(component)
+    step = sorted(set(given) & set(STEP_KNOBS) - set(fields)) if kind == "strategy" else []
+    if step:
+        raise ConfigError(f"{where} ({name}): {step[0]} sets how the whole step runs, not one member: set it on "
+                          f"the strategy that holds this one (strategy.{step[0]}=...)")
+    pool = given.pop("pool", None) if takes_pool_object(component) else None
     values = {**{k: v for k, v in dict(defaults).items() if k in fields}, **given}
     try:
-        checked = OmegaConf.merge(OmegaConf.create({kind: OmegaConf.structured(node_schema(component))}),
+        checked = OmegaConf.merge(OmegaConf.create({kind: OmegaConf.structured(node_schema(component, False))}),
                                   {kind: {"name": name, **values}})
         knobs = OmegaConf.to_container(checked[kind], throw_on_missing=True)
     except Exception as exc:

@@ -84,6 +84,12 @@ class SpecfreeConfig:
 
 
 # ---- config nodes made from the registry ---------------------------------------------------
+# Knobs of every strategy node that set how the engine runs the steps, not the drafter itself
+# (``Engine(priced=..., adapt_costs=...)``): every strategy is priced unless told otherwise, and
+# live forward times stay out of the cost curve (runs repeat step for step).
+STEP_KNOBS: dict[str, tuple[type, Any]] = {"priced": (bool, True), "adapt_costs": (bool, False)}
+
+
 def knob_fields(component: Component) -> dict[str, tuple[Any, Any]]:
     """The knobs a config can set: name -> (type OmegaConf checks, default or MISSING).
 
@@ -148,10 +154,14 @@ def _plain_default(value: Any) -> Any:
     return value
 
 
-def node_schema(component: Component) -> type:
-    """A dataclass ``{name, knobs...}`` for one registered component: its Hydra config node."""
+def node_schema(component: Component, step_knobs: bool = True) -> type:
+    """A dataclass ``{name, knobs...}`` for one registered component: its Hydra config node (a
+    strategy's with the ``STEP_KNOBS``, unless ``step_knobs`` is False: a hybrid's member)."""
     specs = [("name", str, component.name)]
-    for knob, (kind, default) in knob_fields(component).items():
+    fields = knob_fields(component)
+    if component.kind == "strategy" and step_knobs:
+        fields.update({k: v for k, v in STEP_KNOBS.items() if k not in fields})
+    for knob, (kind, default) in fields.items():
         if isinstance(default, (list, dict)):
             default = field(default_factory=lambda d=default: copy.deepcopy(d))
         specs.append((knob, kind, default))

@@ -3,7 +3,7 @@
 ``generate`` prepares everything from the ``GenerationConfig`` (max_length, eos, logits
 processors and warpers, stopping criteria) and then hands the decoding loop to a callable:
 
-    model.generate(input_ids, custom_generate=speculative_generate("prompt_lookup"), max_new_tokens=64)
+    model.generate(input_ids, custom_generate=speculative_generate("hybrid"), max_new_tokens=64)
 
 The callable runs specfree's engine with exactly those processors (they become the verifier's)
 and stops exactly where those criteria say, so greedy output equals ``generate``'s own. Sampling
@@ -32,8 +32,9 @@ from specfree.adapters.compiled import CompiledHFAdapter, check_compile, make_ad
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.norms import fused_norms
 from specfree.kernels import few_row_linears
-from specfree.engine import Engine
+from specfree.engine import DEFAULT_STRATEGY, Engine
 from specfree.errors import ConfigError, check_int
+from specfree.pricing import AcceptanceModel
 from specfree.strategies.base import Strategy
 from specfree.types import Generation
 
@@ -54,8 +55,8 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
     specfree: Generation | None = None
 
 
-def speculative_generate(strategy: str | Strategy = "prompt_lookup", *, tokenizer=None, seed: int = 0,
-                         compile: str | bool = False, cache_dir: str | None = None,
+def speculative_generate(strategy: str | Strategy = DEFAULT_STRATEGY, *, tokenizer=None, seed: int = 0,
+                         compile: str | bool = False, cache_dir: str | None = None, priced: bool = True,
                          **knobs: Any) -> SpeculativeGenerate:
     """A ``custom_generate`` callable that decodes with ``strategy`` (a registered name or a built drafter).
 
@@ -65,17 +66,18 @@ def speculative_generate(strategy: str | Strategy = "prompt_lookup", *, tokenize
     sampling seed; ``generate(..., seed=3)`` overrides it per call. ``compile`` (auto/true/false) as in
     ``Engine.from_model``: a compiled forward is built at the first call and kept for the next ones
     (``cache_dir``: where specfree notes which setups compiled, default ``~/.cache/specfree``).
+    ``priced``: as in ``Engine`` (False runs the strategy exactly at its knobs).
     """
     return SpeculativeGenerate(strategy, tokenizer=tokenizer, seed=seed, compile=compile, cache_dir=cache_dir,
-                               **knobs)
+                               priced=priced, **knobs)
 
 
 class SpeculativeGenerate:
     """The callable ``generate`` runs. It holds one drafter, so pools that learn keep learning
     across calls, as with one ``Engine``; it is not safe to share between threads."""
 
-    def __init__(self, strategy: str | Strategy = "prompt_lookup", *, tokenizer=None, seed: int = 0,
-                 compile: str | bool = False, cache_dir: str | None = None, **knobs: Any):
+    def __init__(self, strategy: str | Strategy = DEFAULT_STRATEGY, *, tokenizer=None, seed: int = 0,
+                 compile: str | bool = False, cache_dir: str | None = None, priced: bool = True, **knobs: Any):
         from specfree.plugins import build_plugin_manager, registry
 
         self.compile = check_compile(compile)
@@ -87,6 +89,8 @@ class SpeculativeGenerate:
         elif knobs:
             raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
         self.strategy = strategy
+        # Acceptance statistics outlive a call, like the drafter's pools (an engine is built per call).
+        self.acceptance = AcceptanceModel() if priced else None
         self.tokenizer = tokenizer
         self.seed = check_int("seed", seed, low=0)
 
@@ -119,7 +123,8 @@ class SpeculativeGenerate:
         # The caller's model leaves with its own linear and norm layers: ours serve only this call.
         with few_row_linears(model, self.cache_dir), fused_norms(model):
             engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors,
-                                                adapter=self._adapter(model), **sampling)
+                                                adapter=self._adapter(model), priced=self.acceptance is not None,
+                                                acceptance=self.acceptance, cache_dir=self.cache_dir, **sampling)
             engine.watch(input_ids, criteria, generation_config.max_length)
             max_new = max(1, generation_config.max_length - len(prompt))
             try:

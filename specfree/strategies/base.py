@@ -20,6 +20,9 @@ class Outcome:
     context: np.ndarray  # committed ids after this step (the last one is the next root)
     aux_logits: torch.Tensor | None  # [A, V] logits of the drafter's aux rows, if it had any
     tree_logits: torch.Tensor | None = None  # [T, V] logits of the tree rows (root first)
+    # Per aux block of the proposal (``Proposal.aux_parts()``): its rows' logits, None where pricing
+    # left it out of the step (a hybrid hands each member its own).
+    window_logits: list[torch.Tensor | None] | None = None
 
 
 class Strategy:

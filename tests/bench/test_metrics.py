@@ -128,3 +128,16 @@ def test_sweeps_find_one_varying_numeric_knob():
         {"label": "la2", "strategy": "lookahead", "params": {"window": 8, "ngram": 5}},  # two knobs vary
     ]
     assert sweeps(metas) == {("prompt_lookup", "draft_len"): [(4, "pl(4)"), (10, "pl")]}
+
+
+def test_rows_per_step_say_what_pricing_kept_of_what_was_offered():
+    def priced(tokens, steps, rows, offered):
+        return {**turn(tokens, 1.0, steps), "rows": rows, "offered": offered}
+
+    records = [rec("p1", "A", "trie", [priced(T10, 4, 12, 40), priced(T10, 6, 8, 20)]),  # 20 of 60 rows over 10 steps
+               rec("p2", "A", "trie(priced=False)", [priced(T10, 5, 30, 30)]),
+               rec("p3", "A", "hf", [turn(T10, 1.0, 10)])]  # transformers records no rows
+    r = {(row.category, row.system): row for row in summarize(records)}
+    assert r["A", "trie"].rows_per_step == pytest.approx((2.0, 6.0))
+    assert r["A", "trie(priced=False)"].rows_per_step == pytest.approx((6.0, 6.0))
+    assert r["A", "hf"].rows_per_step is None

@@ -134,3 +134,14 @@ def test_system_labels_name_only_the_knobs_that_differ_from_the_defaults():
     assert label("hybrid", {"drafters": ["prompt_lookup", "trie", "recycling"]}) == "hybrid"
     assert label("hybrid", {"drafters": ["prompt_lookup"]}) == "hybrid(drafters=['prompt_lookup'])"
     assert label("prompt_lookup", {"draft_len": 4}) == "prompt_lookup(draft_len=4)"
+
+
+def test_one_bench_runs_a_strategy_priced_and_unpriced_as_two_systems():
+    from specfree.bench.runner import SystemSpec, build_systems
+    from tests.tiny_models import tiny_model
+
+    specs = [SystemSpec("trie", {"priced": True}), SystemSpec("trie", {"priced": False})]
+    systems = build_systems(tiny_model("llama"), None, specs, [])
+    assert [s.label for s in systems] == ["autoregressive", "trie", "trie(priced=False)"]
+    assert [s.engine.priced for s in systems] == [True, True, False]
+    assert systems[2].params["priced"] is False and systems[1].params["priced"] is True

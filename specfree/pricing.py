@@ -1,0 +1,259 @@
+"""Pricing a step: which of a proposal's rows are worth their cost, for any drafter.
+
+Every drafted node gets a probability of being emitted: the product, down its path, of the rate
+at which tokens of its kind (drafter, label such as a prompt match's n-gram length, depth) were
+accepted so far, learned online, with siblings sharing one token's worth of probability. Nodes
+are kept best first while expected tokens per second, (1 + sum p) / cost(rows), rises on the
+measured forward-cost curve. An aux block (lookahead's Jacobi window) is priced the same way,
+credited with the accepted tokens only its drafter proposed per decoded block. A step whose drafts
+do not pay is a plain one-row forward.
+
+``price`` is a pure function of the proposal, the statistics and the curve; ``Pricer`` is the
+engine's state around it (the statistics, learned after each step). ``as_proposed`` is the
+unpriced step: a method exactly at its knobs, as its paper ran it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specfree.tree import DraftTree, merge
+from specfree.types import AuxBlock, Proposal
+
+MAX_DEPTH_BUCKET = 6
+Path = tuple[int, ...]  # a drafted node, as the tokens from the root's first child down to it
+
+
+class AcceptanceModel:
+    """What drafts have been worth so far: P(a drafted token is accepted | its parent was), per
+    (source, label, depth), Beta-smoothed; and per aux-block owner, the accepted tokens only that
+    owner drafted per step its block was decoded, with an optimistic prior so a new block gets tried."""
+
+    def __init__(self, prior_accepted: float = 1.0, prior_rejected: float = 1.0,
+                 window_prior_tokens: float = 2.0, window_prior_steps: float = 2.0):
+        self.prior = (prior_accepted, prior_rejected)
+        self.window_prior = (window_prior_tokens, window_prior_steps)
+        self.counts: dict[tuple[str, str, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.window_tokens: Counter[str] = Counter()
+        self.window_steps: Counter[str] = Counter()
+
+    @staticmethod
+    def key(source: str, label: str | None, depth: int) -> tuple[str, str, int]:
+        return source, label or "", min(depth, MAX_DEPTH_BUCKET)
+
+    def rate(self, source: str, label: str | None, depth: int) -> float:
+        accepted, rejected = self.counts.get(self.key(source, label, depth), (0.0, 0.0))
+        a, r = self.prior
+        return (accepted + a) / (accepted + rejected + a + r)
+
+    def record(self, source: str, label: str | None, depth: int, accepted: bool) -> None:
+        self.counts[self.key(source, label, depth)][0 if accepted else 1] += 1.0
+
+    def window_value(self, owner: str) -> float:
+        tokens, steps = self.window_prior
+        return (self.window_tokens[owner] + tokens) / (self.window_steps[owner] + steps)
+
+    def record_window(self, owner: str, decoded: bool, landed: int) -> None:
+        """A step where ``owner`` offered a block: ``landed`` accepted tokens only it drafted."""
+        self.window_tokens[owner] += landed
+        self.window_steps[owner] += int(decoded)
+
+
+@dataclass
+class Plan:
+    """The rows one step verifies and decodes, out of those its proposal offered."""
+
+    tree: DraftTree  # root + the drafted nodes kept (parents first)
+    parts: list[tuple[str, AuxBlock]]  # every aux block offered, with its owner (``Proposal.aux_parts``)
+    windows: list[int]  # indices into ``parts`` of the blocks kept
+    offered: int  # rows offered: root + distinct drafted nodes + every aux row
+
+    @property
+    def aux(self) -> AuxBlock | None:
+        """The kept blocks as one block of aux rows, after the tree's."""
+        kept = [self.parts[i] for i in self.windows]
+        return AuxBlock.stack([block for _, block in kept], [owner for owner, _ in kept]) if kept else None
+
+    @property
+    def rows(self) -> int:
+        return len(self.tree) + sum(len(self.parts[i][1]) for i in self.windows)
+
+    def aux_logits(self, logits: torch.Tensor) -> list[torch.Tensor | None] | None:
+        """Per offered block: its rows' logits out of the step's [rows, V], None for a block left out."""
+        if not self.parts:
+            return None
+        out, first = [], len(self.tree)
+        for index, (_, block) in enumerate(self.parts):
+            kept = index in self.windows
+            out.append(logits[first : first + len(block)] if kept else None)
+            first += len(block) if kept else 0
+        return out
+
+
+def reach_probabilities(rate: dict[Path, float]) -> dict[Path, float]:
+    """P(the model emits node's path) from each node's acceptance rate given its parent.
+
+    Siblings exclude each other: the model emits one token. Rates learned per drafter are scaled
+    accordingly, likeliest first (a second guess only counts where the first failed), so three
+    drafters disagreeing do not add up to more than one expected token.
+    """
+    children: dict[Path, list[tuple[float, Path]]] = defaultdict(list)
+    for path, r in rate.items():
+        children[path[:-1]].append((r, path))
+    reach: dict[Path, float] = {}
+    frontier: list[tuple[Path, float]] = [((), 1.0)]
+    while frontier:
+        parent, p_parent = frontier.pop()
+        left = 1.0  # probability mass the earlier siblings did not take
+        for r, path in sorted(children.get(parent, ()), reverse=True):
+            share = r * left
+            left -= share
+            reach[path] = p_parent * share
+            frontier.append((path, reach[path]))
+    return reach
+
+
+def node_rates(proposal: Proposal, acceptance: AcceptanceModel,
+               max_depth: int) -> dict[Path, tuple[float, str, str | None]]:
+    """Every distinct drafted node -> (the best rate any candidate proposing it has, its source, label)."""
+    rate: dict[Path, tuple[float, str, str | None]] = {}
+    labels = proposal.labels or [None] * len(proposal.candidates)
+    learned: dict[tuple[str, str | None, int], float] = {}  # looked up once a step
+    for candidate, source, label in zip(proposal.candidates, proposal.candidate_sources(), labels):
+        prefix: Path = ()
+        for depth, token in enumerate(candidate[:max_depth], 1):
+            prefix += (int(token),)
+            r = learned.get((source, label, depth))
+            if r is None:
+                r = learned[source, label, depth] = acceptance.rate(source, label, depth)
+            if r > rate.get(prefix, (-1.0,))[0]:
+                rate[prefix] = (r, source, label)
+    return rate
+
+
+def best_chain(reach: dict[Path, float]) -> list[Path]:
+    """The chain that follows the likeliest child from the root (for models verifying one chain)."""
+    chain: list[Path] = []
+    tip: Path = ()
+    while True:
+        children = [(p, path) for path, p in reach.items() if path[:-1] == tip]
+        if not children:
+            return chain
+        tip = max(children)[1]
+        chain.append(tip)
+
+
+def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Callable[[int], float] | None, *,
+          max_depth: int, chain: bool = False, rollback: bool = False) -> Plan:
+    """The rows of ``proposal`` that maximise expected tokens per second, as a plan.
+
+    ``cost(rows)`` is a forward's time (None: rows are free); ``proposal.max_rows`` caps the rows.
+    ``chain``: the model verifies one chain, with no aux rows; with ``rollback`` a cut chain is
+    priced one more forward of its kept rows (the model replays them).
+    """
+    rates = node_rates(proposal, acceptance, max_depth)
+    reach = reach_probabilities({path: r for path, (r, _, _) in rates.items()})
+    parts = proposal.aux_parts()
+    offered = 1 + len(rates) + sum(len(block) for _, block in parts)
+    if chain:
+        ranked = [(path, reach[path]) for path in best_chain(reach)]
+        parts = []
+    else:
+        # A child is never likelier than its parent, so any best-first prefix is a subtree.
+        ranked = sorted(reach.items(), key=lambda item: (-item[1], len(item[0])))
+    p = np.array([0.0] + [q for _, q in ranked])
+    expected = 1.0 + np.cumsum(p)  # [k]: tokens expected from the first k nodes
+    cost = cost or (lambda rows: 1.0)
+    room = proposal.max_rows or 1 << 30
+
+    def rate_of(k: int, extra_rows: int, extra_tokens: float) -> float:
+        seconds = cost(k + 1 + extra_rows)
+        if rollback:  # P(the chain is cut after exactly j nodes): its j + 1 kept rows run again
+            seconds += sum(((p[j] if j else 1.0) - p[j + 1]) * cost(j + 1) for j in range(k))
+        return (expected[k] + extra_tokens) / seconds
+
+    def best(extra_rows: int, extra_tokens: float) -> tuple[float, int]:
+        most = max(0, min(len(ranked), room - 1 - extra_rows))
+        rates_per_k = [rate_of(k, extra_rows, extra_tokens) for k in range(most + 1)]
+        k = int(np.argmax(rates_per_k))
+        return rates_per_k[k], k
+
+    kept_windows: list[int] = []
+    rows, tokens = 0, 0.0
+    score, k = best(0, 0.0)
+    for index, (owner, block) in enumerate(parts):
+        value = acceptance.window_value(owner)
+        with_window = best(rows + len(block), tokens + value)
+        if rows + len(block) < room and with_window[0] > score:
+            kept_windows.append(index)
+            rows += len(block)
+            tokens += value
+            score, k = with_window
+    tree = DraftTree.root_only(root)
+    node_of: dict[Path, int] = {(): 0}
+    for path, _ in ranked[:k]:
+        node_of[path] = tree.add(node_of[path[:-1]], path[-1], rates[path][1])
+    return Plan(tree, proposal.aux_parts(), kept_windows, offered)
+
+
+def as_proposed(root: int, proposal: Proposal, *, max_depth: int, budget: int, chain: bool = False,
+                max_chain: int | None = None) -> Plan:
+    """The unpriced step: every candidate (up to ``budget`` nodes and ``proposal.max_rows`` rows) and
+    every aux block, as the drafter asked; a chain-verifying model takes the first candidate alone."""
+    parts = proposal.aux_parts()
+    if proposal.max_rows is not None:
+        budget = min(budget, max(0, proposal.max_rows - 1 - sum(len(b) for _, b in parts)))
+    everything = merge(root, zip(proposal.candidates, proposal.candidate_sources()), budget=1 << 30,
+                       max_depth=max_depth)
+    offered = len(everything) + sum(len(block) for _, block in parts)
+    tree = merge(root, zip(proposal.candidates, proposal.candidate_sources()), budget=budget, max_depth=max_depth)
+    if chain:  # recurrent layers cannot branch: one chain, no auxiliary rows
+        return Plan(tree.chain(max_chain), parts, [], offered)
+    return Plan(tree, parts, list(range(len(parts))), offered)
+
+
+class Pricer:
+    """The engine's pricing state: the acceptance statistics, learned from every step's verdict,
+    and the forward-cost curve; ``plan`` prices one proposal."""
+
+    def __init__(self, cost: Callable[[int], float] | None, acceptance: AcceptanceModel | None = None):
+        self.cost = cost
+        self.acceptance = acceptance or AcceptanceModel()
+
+    def plan(self, root: int, proposal: Proposal, *, max_depth: int, chain: bool = False,
+             rollback: bool = False) -> Plan:
+        return price(root, proposal, self.acceptance, self.cost, max_depth=max_depth, chain=chain,
+                     rollback=rollback)
+
+    def observe(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
+        """Learn from a step: ``emitted`` tokens (accepted drafts, then the model's own), the first
+        ``accepted`` of them drafted."""
+        learn(self.acceptance, proposal, plan, emitted, accepted)
+
+
+def learn(acceptance: AcceptanceModel, proposal: Proposal, plan: Plan, emitted: Sequence[int],
+          accepted: int) -> None:
+    """Record into ``acceptance`` how the proposal's drafts and aux blocks fared against ``emitted``."""
+    labels = proposal.labels or [None] * len(proposal.candidates)
+    owners: dict[Path, set[str]] = defaultdict(set)
+    for candidate, source, label in zip(proposal.candidates, proposal.candidate_sources(), labels):
+        # Score every proposed token whose parent the model reached, verified or not.
+        for depth in range(1, min(len(candidate), len(emitted)) + 1):
+            hit = candidate[depth - 1] == emitted[depth - 1]
+            acceptance.record(source, label, depth, hit)
+            if not hit:
+                break
+            owners[tuple(emitted[:depth])].add(source)
+    parts = proposal.aux_parts()
+    if parts:
+        # A block is worth the accepted tokens only its owner drafted: what others drafted too
+        # would have landed without it.
+        alone = Counter(next(iter(s)) for depth in range(1, accepted + 1)
+                        if len(s := owners.get(tuple(emitted[:depth]), set())) == 1)
+        for index, (owner, _) in enumerate(parts):
+            acceptance.record_window(owner, index in plan.windows, alone.get(owner, 0))

@@ -1,0 +1,181 @@
+"""Pricing on its own: hand-made proposals, statistics and cost curves in, a plan of rows out."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfree.cost import CostModel
+from specfree.pricing import AcceptanceModel, Plan, as_proposed, learn, price, reach_probabilities
+from specfree.tree import DraftTree
+from specfree.types import AuxBlock, Proposal
+
+FLAT = CostModel([1, 2, 64], [1.0, 1.0, 1.0])  # rows are free
+STEEP = CostModel([1, 2, 64], [1.0, 10.0, 400.0])  # one more row costs ten forwards
+CPU = CostModel([1, 2, 4, 8, 16, 32], [1.0, 1.2, 1.5, 1.8, 2.0, 2.4])  # two rows 20% dearer than one
+
+# A tree with branches: [1, 2, 3] and [1, 4] share their first node, [5] is a sibling of it.
+BRANCHY = Proposal([[1, 2, 3], [1, 4], [5]], "drafter")
+
+
+def paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    return {tuple(tree.tokens[n] for n in tree.path_to(node)) for node in range(1, len(tree))}
+
+
+def window(rows: int) -> AuxBlock:
+    return AuxBlock(list(range(10, 10 + rows)), list(range(1, rows + 1)),
+                    torch.ones(rows, rows, dtype=torch.bool).tril())
+
+
+def trained(accepted: int, rejected: int, source: str = "drafter", label: str | None = None) -> AcceptanceModel:
+    acceptance = AcceptanceModel()
+    for depth in range(1, 13):
+        for hit in [True] * accepted + [False] * rejected:
+            acceptance.record(source, label, depth, hit)
+    return acceptance
+
+
+def test_a_flat_curve_keeps_the_whole_tree():
+    plan = price(0, BRANCHY, AcceptanceModel(), FLAT, max_depth=8)
+    assert paths(plan.tree) == {(1,), (1, 2), (1, 2, 3), (1, 4), (5,)}
+    assert plan.rows == plan.offered == 6
+
+
+def test_a_steep_curve_keeps_the_root_only():
+    plan = price(0, BRANCHY, trained(30, 1), STEEP, max_depth=8)
+    assert len(plan.tree) == 1 and plan.rows == 1 and plan.offered == 6
+
+
+def test_nodes_are_kept_best_first_while_tokens_per_second_rise():
+    # Likely first nodes, unlikely second guesses: a CPU curve keeps the likely chain only.
+    acceptance = trained(30, 1)
+    proposal = Proposal([[1, 2, 3], [5]], "drafter", sources=["drafter", "guess"])
+    for _ in range(30):
+        acceptance.record("guess", None, 1, False)
+    plan = price(0, proposal, acceptance, CPU, max_depth=8)
+    assert paths(plan.tree) == {(1,), (1, 2), (1, 2, 3)}
+    assert plan.tree.sources[1:] == ["drafter"] * 3
+
+
+def test_drafts_that_rarely_land_are_not_verified():
+    proposal = Proposal([[8, 9, 5, 6, 7]], "prompt_lookup", labels=["n2"])
+    rarely = price(0, proposal, trained(1, 30, "prompt_lookup", "n2"), CPU, max_depth=8)
+    often = price(0, proposal, trained(30, 1, "prompt_lookup", "n2"), CPU, max_depth=8)
+    assert len(rarely.tree) == 1 and paths(often.tree) == {(8,), (8, 9), (8, 9, 5), (8, 9, 5, 6), (8, 9, 5, 6, 7)}
+
+
+def test_max_rows_and_max_depth_bound_the_plan():
+    proposal = Proposal([[1, 2, 3, 4, 5]], "drafter", max_rows=3)
+    assert paths(price(0, proposal, AcceptanceModel(), FLAT, max_depth=8).tree) == {(1,), (1, 2)}
+    assert paths(price(0, Proposal([[1, 2, 3]], "d"), AcceptanceModel(), FLAT, max_depth=1).tree) == {(1,)}
+
+
+def test_aux_blocks_are_priced_like_rows():
+    proposal = Proposal([[1]], "drafter", windows=[("lookahead", window(4)), ("other", window(2))])
+    assert price(0, proposal, AcceptanceModel(), FLAT, max_depth=8).windows == [0, 1]
+    kept = price(0, proposal, AcceptanceModel(), STEEP, max_depth=8)
+    assert kept.windows == [] and kept.rows == 1
+    # A window whose owner lands nothing alone loses its value, and then its rows.
+    acceptance = AcceptanceModel()
+    for _ in range(30):
+        acceptance.record_window("lookahead", decoded=True, landed=0)
+    assert price(0, proposal, acceptance, CPU, max_depth=8).windows == [1]
+    assert price(0, proposal, AcceptanceModel(), CPU, max_depth=8).windows == [0, 1]
+
+
+def test_a_chain_model_gets_one_priced_chain_and_no_aux_rows():
+    proposal = Proposal([[1, 2, 3], [1, 4], [5]], "drafter", aux=window(3))
+    plan = price(0, proposal, trained(30, 1), FLAT, max_depth=8, chain=True)
+    assert plan.tree.parents == list(range(-1, len(plan.tree) - 1)) and len(plan.tree) > 1  # a chain
+    assert plan.windows == [] and plan.aux is None and plan.rows == len(plan.tree)
+    steep = price(0, proposal, trained(30, 1), STEEP, max_depth=8, chain=True)
+    assert len(steep.tree) == 1
+
+
+def test_a_rollback_makes_a_chain_no_longer():
+    proposal = Proposal([[1, 2, 3, 4, 5, 6]], "drafter")
+    curve = CostModel([1, 2, 8], [1.0, 1.5, 1.8])
+    for accepted, rejected in [(1, 1), (3, 1), (10, 1), (1, 3)]:
+        acceptance = trained(accepted, rejected)
+        plain = price(0, proposal, acceptance, curve, max_depth=8, chain=True)
+        rolled = price(0, proposal, acceptance, curve, max_depth=8, chain=True, rollback=True)
+        assert len(rolled.tree) <= len(plain.tree)
+
+
+def test_unpriced_steps_keep_what_was_proposed():
+    proposal = Proposal([[1, 2, 3], [1, 4], [5]], "drafter", aux=window(3))
+    plan = as_proposed(0, proposal, max_depth=8, budget=100)
+    assert paths(plan.tree) == {(1,), (1, 2), (1, 2, 3), (1, 4), (5,)} and plan.windows == [0]
+    assert plan.rows == plan.offered == 9
+    chain = as_proposed(0, proposal, max_depth=8, budget=100, chain=True)
+    assert paths(chain.tree) == {(1,), (1, 2), (1, 2, 3)} and chain.windows == []
+
+
+def test_each_kept_block_gets_its_own_rows_logits_and_a_dropped_one_none():
+    parts = [("a", window(2)), ("b", window(3)), ("c", window(1))]
+    plan = Plan(DraftTree.root_only(0), parts, [0, 2], offered=7)
+    assert plan.rows == 4 and plan.aux.tokens == [10, 11, 10]
+    logits = torch.arange(8.0).reshape(4, 2)  # root, then a's two rows, then c's row
+    first, dropped, last = plan.aux_logits(logits)
+    assert first.tolist() == [[2, 3], [4, 5]] and dropped is None and last.tolist() == [[6, 7]]
+
+
+def test_learning_scores_every_proposed_token_whose_parent_was_reached():
+    acceptance = AcceptanceModel()
+    proposal = Proposal([[1, 2, 3], [1, 9], [5]], "d", windows=[("w", window(2))])
+    plan = Plan(DraftTree.root_only(0), proposal.aux_parts(), [0], offered=7)
+    learn(acceptance, proposal, plan, emitted=[1, 2, 7], accepted=2)
+    assert acceptance.counts[("d", "", 1)] == [2.0, 1.0]  # 1 hit twice, 5 missed
+    assert acceptance.counts[("d", "", 2)] == [1.0, 1.0]  # 2 hit, 9 missed
+    assert acceptance.counts[("d", "", 3)] == [0.0, 1.0]  # 3 missed the model's 7
+    assert acceptance.window_steps["w"] == 1 and acceptance.window_tokens["w"] == 0  # "w" drafted none of them
+
+
+# ---- properties over random proposals, statistics and curves ---------------------------------
+candidates = st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5), max_size=6)
+curves = st.lists(st.floats(0.0, 3.0), min_size=2, max_size=6).map(
+    lambda steps: CostModel([2 ** i for i in range(len(steps))], list(1.0 + np.cumsum([0.0, *steps[1:]]))))
+
+
+@settings(max_examples=60, deadline=None)
+@given(candidates=candidates, sources=st.lists(st.sampled_from(["a", "b"]), min_size=6, max_size=6),
+       history=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 6), st.booleans()), max_size=40),
+       curve=curves, chain=st.booleans(), max_rows=st.integers(1, 40))
+def test_a_plan_is_a_subtree_of_the_proposal_and_pricing_is_pure(candidates, sources, history, curve, chain,
+                                                                max_rows):
+    proposal = Proposal(candidates, "a", sources=sources[: len(candidates)], max_rows=max_rows)
+    acceptance = AcceptanceModel()
+    for source, depth, hit in history:
+        acceptance.record(source, None, depth, hit)
+    before = copy.deepcopy(dict(acceptance.counts))
+    plan = price(7, proposal, acceptance, curve, max_depth=8, chain=chain)
+    assert price(7, proposal, acceptance, curve, max_depth=8, chain=chain).tree.tokens == plan.tree.tokens
+    assert dict(acceptance.counts) == before  # statistics are read, never written
+    offered = {tuple(c[:d]) for c in candidates for d in range(1, len(c) + 1)}
+    kept = paths(plan.tree)
+    assert kept <= offered and all(p[:-1] in kept or len(p) == 1 for p in kept)  # parents first
+    assert plan.rows <= min(plan.offered, max_rows) and plan.offered == 1 + len(offered)
+    assert not chain or plan.tree.parents == list(range(-1, len(plan.tree) - 1))
+    assert plan.tree.tokens[0] == 7
+
+
+def test_siblings_share_one_token():
+    reach = reach_probabilities({(1,): 0.5, (2,): 0.4, (1, 7): 0.5})
+    assert np.isclose(reach[(1,)], 0.5)
+    assert np.isclose(reach[(2,)], 0.4 * 0.5)  # a second guess counts only where the first failed
+    assert np.isclose(reach[(1, 7)], 0.25)
+
+
+@given(st.dictionaries(st.lists(st.integers(0, 3), min_size=1, max_size=4).map(tuple), st.floats(0.0, 1.0),
+                       min_size=1, max_size=30))
+def test_children_never_beat_parents(rates):
+    rates = {path[:depth]: rates.get(path[:depth], 0.5) for path in rates for depth in range(1, len(path) + 1)}
+    reach = reach_probabilities(rates)
+    assert set(reach) == set(rates)
+    for parent in {path[:-1] for path in reach}:
+        siblings = [p for path, p in reach.items() if path[:-1] == parent]
+        assert sum(siblings) <= reach.get(parent, 1.0) + 1e-9
