@@ -83,7 +83,8 @@ def test_kept_and_cut_chains(family):
     model = tiny_model(family)
     prompt = [5, 9, 11, 7]
     truth = prompt + reference_greedy(model, prompt, 24, ignore_eos=True)
-    result = Engine.from_model(model, None, Oracle(truth, depth=4, wrong_at=2)).generate(prompt, 24, ignore_eos=True)
+    oracle = Oracle(truth, depth=4, wrong_at=2)  # draft mechanics: unpriced, so every chain is verified as drafted
+    result = Engine.from_model(model, None, oracle, priced=False).generate(prompt, 24, ignore_eos=True)
     assert result.tokens == truth[len(prompt) :]
     cut = [s for s in result.steps if s.accepted < s.drafted]
     assert [s.accepted for s in cut] == [2] * len(cut) and len(cut) >= 2
