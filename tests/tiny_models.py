@@ -81,10 +81,14 @@ RECURRENT_CONFIGS = {
     "falcon_h1": lambda: transformers.FalconH1Config(mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
                                                      mamba_d_state=8, mamba_chunk_size=16, **LAYERS, head_dim=8,
                                                      **COMMON),
+    # time_step_min: transformers 5.23's NemotronH mixer clamps the time step to time_step_min in its
+    # multi-token scan but not in its one-token step, so the two paths give different logits wherever
+    # a step falls below it (3.5e-2 apart in float64 at the default 1e-3 on this random model), and
+    # generate's own prompt-then-steps split is then reproducible by no other. At 1e-9 it never bites.
     "nemotron_h": lambda: transformers.NemotronHConfig(
         hidden_size=32, intermediate_size=64, layers_block_type=["mamba", "attention", "mamba", "mlp"],
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, ssm_state_size=8, mamba_num_heads=4,
-        mamba_head_dim=16, n_groups=1, chunk_size=16, max_position_embeddings=512, **COMMON),
+        mamba_head_dim=16, n_groups=1, chunk_size=16, time_step_min=1e-9, max_position_embeddings=512, **COMMON),
     # gated delta-net linear attention, 3 layers to 1 of full attention
     "qwen3_next": lambda: transformers.Qwen3NextConfig(moe_intermediate_size=32, shared_expert_intermediate_size=32,
                                                        num_experts=4, num_experts_per_tok=2, **LINEAR_ATTENTION,
