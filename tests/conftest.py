@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import EXAMPLE_PLUGIN, write_dist_info
 
 
-# ---- tiny-model property tests (test_fuzz.py, test_lookahead.py) --------------------------
+# ---- tiny-model property tests (test_fuzz.py, test_lookahead.py, test_lossless.py, ...) --------------------------
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models gain nothing from threads, and on a busy 2-core machine lose a lot to them."""
@@ -19,6 +19,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def datastore(tmp_path_factory) -> str:
+    """A tiny retrieval datastore over two short English texts (test_lossless, test_recurrent,
+    test_chain_families)."""
+    import json
+
+    from specfree.datastore import build_datastore
+    from tests.tiny_models import tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("ds")
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": t}) for t in [
+        "the cat sat on the red car and the dog ran to the big house",
+        "one two three four five six seven eight nine ten"]))
+    build_datastore([corpus], tiny_tokenizer(), folder / "store.sfds")
+    return str(folder / "store.sfds")
 
 
 # ---- CLI, configs and plugins (test_cli.py, test_configs.py, test_plugins.py) ---------------

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from specfree import Engine
 from specfree.adapters import probes
 from specfree.adapters.hf import HFAdapter
-from specfree.datastore import build_datastore
 from tests.test_lossless import prompts, strategy_specs
 from tests.tiny_models import CHAIN_FAMILIES, Oracle, reference_greedy, tiny_model, tiny_tokenizer
 
@@ -31,15 +30,6 @@ def quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         yield
-
-
-@pytest.fixture(scope="module")
-def datastore(tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("ds")
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text(json.dumps({"text": "the cat sat on the red car and the dog ran to the big house"}))
-    build_datastore([corpus], tiny_tokenizer(), folder / "store.sfds")
-    return str(folder / "store.sfds")
 
 
 @functools.cache

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfree import Engine
 from specfree.cost import CostModel
-from specfree.datastore import build_datastore
-from tests.tiny_models import EOS, FAMILIES, VOCAB, reference_greedy, tiny_model, tiny_tokenizer
+from tests.tiny_models import EOS, FAMILIES, VOCAB, reference_greedy, tiny_model
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -91,15 +88,6 @@ def test_seeded_sampling_equals_autoregressive_sampling(family, prompt, spec, se
 STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "retrieval", "recycling", "hybrid"]
 # Two rows cost 20% more than one, sixteen twice as much: pricing cuts trees down, not to nothing.
 CPU_LIKE = CostModel([1, 2, 4, 8, 16, 32], [1.0, 1.2, 1.5, 1.8, 2.0, 2.4])
-
-
-@pytest.fixture(scope="module")
-def datastore(tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("lossless")
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text(json.dumps({"text": "the cat sat on the red car and the dog ran to the big house"}))
-    build_datastore([corpus], tiny_tokenizer(), folder / "store.sfds")
-    return str(folder / "store.sfds")
 
 
 @pytest.mark.parametrize("priced", [True, False], ids=["priced", "unpriced"])

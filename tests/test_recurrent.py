@@ -4,7 +4,6 @@ chain a step, roll their state back, and reproduce transformers' greedy decoding
 from __future__ import annotations
 
 import functools
-import json
 import warnings
 
 import pytest
@@ -15,10 +14,9 @@ from hypothesis import strategies as st
 
 from specfree import Engine
 from specfree.adapters.hf import HFAdapter
-from specfree.datastore import build_datastore
 from specfree.tree import DraftTree, merge
 from tests.test_lossless import prompts
-from tests.tiny_models import RECURRENT_FAMILIES, Oracle, reference_greedy, tiny_model, tiny_tokenizer
+from tests.tiny_models import RECURRENT_FAMILIES, Oracle, reference_greedy, tiny_model
 
 # transformers 5.23's Mamba-1 mixer starts from a zero state on multi-token input: no chains there.
 ONE_ROW = {"mamba", "jamba"}
@@ -34,17 +32,6 @@ def quiet():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not carry the recurrent state")
         yield
-
-
-@pytest.fixture(scope="module")
-def datastore(tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("ds")
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps({"text": t}) for t in [
-        "the cat sat on the red car and the dog ran to the big house",
-        "one two three four five six seven eight nine ten"]))
-    build_datastore([corpus], tiny_tokenizer(), folder / "store.sfds")
-    return str(folder / "store.sfds")
 
 
 def make_engine(family: str, strategy: str, datastore: str, **knobs) -> Engine:
