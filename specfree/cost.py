@@ -86,11 +86,12 @@ class CostModel:
         layers = sorted(f"{c.__module__}.{c.__qualname__}" for c in classes)
         kv = getattr(getattr(adapter.cache, "layer_class_to_replicate", None), "__name__", None)
         # The compiled path's curve is its own: padded buckets, Inductor's kernels.
-        compiled = list(adapter.buckets) if getattr(adapter, "compiled", False) else None
+        runner = getattr(adapter, "runner", None)
+        compiled = list(runner.buckets) if getattr(adapter, "compiled", False) else None
         setup = [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
                  torch.__version__, model.config._attn_implementation, layers, linear_path(model), kv]
         if compiled is not None:
-            setup.append(["compiled", compiled, getattr(adapter, "options", None)])
+            setup.append(["compiled", compiled, runner.options])
         key = hashlib.sha1(json.dumps(setup).encode()).hexdigest()[:16]
         path = Path(cache_dir) / "costs" / f"{key}.json"
         if path.is_file():

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfree import Engine
-from specfree.adapters.compiled import CompiledHFAdapter, check_compile, make_adapter
+from specfree.adapters.compiled import check_compile, compiled_adapter, make_adapter
 from specfree.adapters.hf import HFAdapter
 from specfree.check import check_against_baseline
 from specfree.errors import ConfigError
@@ -37,7 +37,7 @@ def compiled_adapters():
     """One compiled adapter per (family, backend), shared by the module's examples."""
     adapters = {}
     for family, backend in COMPILED:
-        adapter = CompiledHFAdapter(tiny_model(family), buckets=(1, 4, 8), max_autotune=False, backend=backend)
+        adapter = compiled_adapter(tiny_model(family), buckets=(1, 4, 8), max_autotune=False, backend=backend)
         adapter.warm_up(progress=False)
         assert adapter.compiled, adapter.failure
         adapters[family, backend] = adapter
@@ -86,32 +86,32 @@ def test_check_mode_on_the_compiled_path(compiled_adapters):
 
 def test_one_package_is_kept_and_loaded_by_the_next_adapter(compiled_adapters, tmp_path):
     model = tiny_model("llama")
-    built = CompiledHFAdapter(model, max_autotune=False, package_dir=tmp_path)
-    assert not built.ready_without_compiling()
+    built = compiled_adapter(model, max_autotune=False, package_dir=tmp_path)
+    assert not built.runner.ready()
     built.warm_up(progress=False)
-    assert (built.packages.built, built.packages.loaded) == (1, 0) and built.ready_without_compiling()
+    assert (built.runner.package.built, built.runner.package.loaded) == (1, 0) and built.runner.ready()
     # A warm start, and on smaller KV tiers than the package was exported at (the slot count is dynamic)
-    again = CompiledHFAdapter(model, max_autotune=False, package_dir=tmp_path, min_slots=16, tier_step=16)
+    again = compiled_adapter(model, max_autotune=False, package_dir=tmp_path, min_slots=16, tier_step=16)
     again.warm_up(progress=False)
     prompt = [7, 8, 9, 10] * 3
     assert Engine(again, REG.make("strategy", "prompt_lookup")).generate(prompt, 30).tokens == \
         reference_greedy(model, prompt, 30)
-    assert again.slots == 48 and (again.packages.built, again.packages.loaded) == (0, 1)  # grew 16 -> 48
+    assert again.slots.capacity == 48 and (again.runner.package.built, again.runner.package.loaded) == (0, 1)  # grew 16 -> 48
     assert again.compiled
 
 
 def test_a_package_reads_the_weights_of_the_model_it_runs(compiled_adapters, tmp_path):
     """The package holds no weights: the same architecture with other weights loads it and
     decodes with its own, and the package runs on the model's tensors, not a copy."""
-    built = CompiledHFAdapter(tiny_model("llama"), max_autotune=False, package_dir=tmp_path)
+    built = compiled_adapter(tiny_model("llama"), max_autotune=False, package_dir=tmp_path)
     built.warm_up(progress=False)
     other = tiny_model("llama", seed=1)
-    adapter = CompiledHFAdapter(other, max_autotune=False, package_dir=tmp_path)
-    assert adapter.ready_without_compiling()
+    adapter = compiled_adapter(other, max_autotune=False, package_dir=tmp_path)
+    assert adapter.runner.ready()
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     assert Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 20).tokens == \
         reference_greedy(other, prompt, 20)
-    assert (adapter.packages.built, adapter.packages.loaded) == (0, 1) and adapter.compiled
+    assert (adapter.runner.package.built, adapter.runner.package.loaded) == (0, 1) and adapter.compiled
     adapter.reset()
     before = adapter.forward(torch.tensor([7]))
     adapter.reset()
@@ -128,8 +128,8 @@ def test_a_package_reads_the_weights_of_the_model_it_runs(compiled_adapters, tmp
 
 def test_a_damaged_package_warns_and_decodes_eagerly(tmp_path):
     model = tiny_model("llama")
-    adapter = CompiledHFAdapter(model, max_autotune=False, package_dir=tmp_path)
-    path = adapter.packages.path
+    adapter = compiled_adapter(model, max_autotune=False, package_dir=tmp_path)
+    path = adapter.runner.package.path
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a package")
     prompt = [3, 4, 5] * 4
@@ -141,7 +141,7 @@ def test_a_damaged_package_warns_and_decodes_eagerly(tmp_path):
 def test_padding_rows_change_no_real_row():
     model = tiny_model("llama")
     eager = HFAdapter(model, check_tree_mask=False)
-    traced = CompiledHFAdapter(model, backend="eager", buckets=(1, 8))  # 3 rows run padded to 8
+    traced = compiled_adapter(model, backend="eager", buckets=(1, 8))  # 3 rows run padded to 8
     prefix = torch.tensor([5, 9, 11, 13])
     rows = torch.tensor([20, 21, 22])
     allowed = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
@@ -174,10 +174,10 @@ def test_pad_rows_and_static_mask_hide_padding():
 
 def test_slots_grow_in_tiers_and_output_stays_plain():
     model = tiny_model("qwen2")
-    adapter = CompiledHFAdapter(model, backend="eager", min_slots=16, buckets=(1, 8))
+    adapter = compiled_adapter(model, backend="eager", min_slots=16, buckets=(1, 8))
     prompt = [5, 6, 7, 8, 9] * 3
     result = Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 60)
-    assert adapter.slots >= len(prompt) + len(result.tokens) > 64  # grew 16 -> 32 -> 64 -> 128
+    assert adapter.slots.capacity >= len(prompt) + len(result.tokens) > 64  # grew 16 -> 32 -> 64 -> 128
     assert result.tokens == reference_greedy(model, prompt, 60)
 
 
@@ -201,7 +201,7 @@ def test_a_failing_compile_warns_once_and_decodes_eagerly(tmp_path):
 
 def test_a_failure_mid_run_finishes_the_step_eagerly():
     model = tiny_model("llama")
-    adapter = CompiledHFAdapter(model, backend=broken_backend)
+    adapter = compiled_adapter(model, backend=broken_backend)
     prompt = [3, 4, 5] * 4
     with pytest.warns(UserWarning, match="decoding continues on the eager path"):
         tokens = Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 20).tokens
@@ -212,8 +212,8 @@ def test_compile_knob_auto_uses_a_warm_compile_only(tmp_path):
     model = tiny_model("llama")
     knobs = dict(cache_dir=tmp_path, backend="eager", buckets=(1,), progress=False)
     assert type(make_adapter(model, "auto", **knobs)) is HFAdapter  # never compiled here
-    assert isinstance(make_adapter(model, True, **knobs), CompiledHFAdapter)
-    assert isinstance(make_adapter(model, "auto", **knobs), CompiledHFAdapter)  # the last warm-up was quick
+    assert make_adapter(model, True, **knobs).compiled
+    assert make_adapter(model, "auto", **knobs).compiled  # the last warm-up was quick
     assert type(make_adapter(model, "false", **knobs)) is HFAdapter
 
 
@@ -221,9 +221,9 @@ def test_compile_knob_auto_uses_packages_already_on_disk(tmp_path):
     model = tiny_model("gpt2")
     knobs = dict(cache_dir=tmp_path, max_autotune=False, progress=False)
     assert type(make_adapter(model, "auto", **knobs)) is HFAdapter  # nothing built here yet
-    assert make_adapter(model, "true", **knobs).packages.built == 1
+    assert make_adapter(model, "true", **knobs).runner.package.built == 1
     warm = make_adapter(model, "auto", **knobs)
-    assert isinstance(warm, CompiledHFAdapter) and (warm.packages.built, warm.packages.loaded) == (0, 1)
+    assert warm.compiled and (warm.runner.package.built, warm.runner.package.loaded) == (0, 1)
     assert list((tmp_path / "compiled").rglob("step.pt2"))
 
 

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from specfree.adapters.compiled import CompiledHFAdapter
+from specfree.adapters.compiled import compiled_adapter
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.loading import DEFAULT_CACHE, load_model
 from specfree.bench.cli import cpu_name
@@ -119,7 +119,7 @@ def main() -> None:
     start = time.perf_counter()
     model, tokenizer = load_model(args.model)
     if args.ready_only:
-        adapter = CompiledHFAdapter(model, **knobs(args.ready_only, args.package_dir))
+        adapter = compiled_adapter(model, **knobs(args.ready_only, args.package_dir))
         adapter.warm_up(progress=False)
         print(json.dumps({"ready_s": time.perf_counter() - start, "warm_up_s": adapter.compile_s}))
         return
@@ -133,9 +133,9 @@ def main() -> None:
     eager = HFAdapter(model)
     adapters = {"eager, library linears": eager, "eager": eager}
     for name in args.variants:
-        adapter = CompiledHFAdapter(model, **knobs(name, args.package_dir))
+        adapter = compiled_adapter(model, **knobs(name, args.package_dir))
         per_bucket = {}
-        for rows in (adapter.buckets if adapter.packages is None else (2,)):  # a graph per bucket, one package
+        for rows in adapter.runner.warm_up_rows():  # a graph per bucket, one package
             before = adapter.compile_s
             adapter.forward(torch.zeros(rows, dtype=torch.long))
             adapter.reset()

@@ -15,6 +15,11 @@ models whose forward cannot verify a tree (it rejects or ignores a custom 4D mas
 ids: ALiBi families, some encoder-decoder decoders), under specfree's causal mask or their own, and
 models without a KV cache (GPT-1, RWKV), which run the whole sequence each step. Probe forwards
 choose the mode when a model is wrapped (``probes``); ``verification`` and ``describe()`` say which.
+
+The adapter is composed of parts: the model's kernels (``prepare_model``: few-row linears, fused
+norms, grouped attention), a KV store (a growing cache, recurrent state snapshots, or
+``kv.StaticSlots``) and, with static slots, a runner that executes the steps (``runners``: an
+AOTInductor package or torch.compile graphs; ``compiled.compiled_adapter`` puts those together).
 """
 
 from __future__ import annotations
@@ -22,15 +27,19 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
+from contextlib import contextmanager
 
 import torch
 from transformers import PreTrainedModel
 
 from specfree.adapters import probes, recurrent
 from specfree.adapters.attention import use_grouped_sdpa
+from specfree.adapters.kv import StaticSlots
 from specfree.adapters.norms import fuse_norms
+from specfree.adapters.runners import StepRunner
 from specfree.errors import UnsupportedModelError
-from specfree.kernels import use_few_row_linears
+from specfree.kernels import linear_path, use_few_row_linears
+from specfree.masks.bucketed import pad_rows, static_mask
 from specfree.masks.tree import additive_mask
 
 
@@ -71,23 +80,63 @@ def ignores_custom_masks(attn_implementation: str | None) -> bool:
     return "flash" in str(attn_implementation or "")
 
 
+def use_maskable_attention(model) -> None:
+    """Switch a flash-attention model to SDPA (or eager, for families without SDPA), which take
+    the tree mask: same weights, same math."""
+    current = model.config._attn_implementation
+    if not ignores_custom_masks(current):
+        return
+    reasons = []
+    for fallback in ("sdpa", "eager"):
+        try:
+            model.set_attn_implementation(fallback)
+        except (ValueError, ImportError) as exc:  # the family lacks this implementation
+            reasons.append(f"{fallback}: {exc}")
+            continue
+        if model.config._attn_implementation == fallback:
+            warnings.warn(f"attn_implementation={current!r} cannot take specfree's tree attention mask; "
+                          f"switched this model to {fallback!r}", stacklevel=4)
+            return
+        reasons.append(f"{fallback}: the model does not switch attention after loading")
+    raise UnsupportedModelError(
+        f"model family '{model.config.model_type}' runs {current!r}, which cannot take specfree's tree "
+        f"attention mask, and could not be switched ({'; '.join(reasons)}). Load it with "
+        "attn_implementation='sdpa' or 'eager'.")
+
+
+def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "few_row",
+                  cache_dir: str | None = None) -> int:
+    """Swap in the kernels every adapter runs (each swap computes the same function; doing it twice
+    changes nothing): attention that takes a tree mask, grouped-query SDPA without a per-step copy
+    of the cache, specfree's few-row linear kernel, fused RMSNorms. Returns how many linear layers
+    run the kernel."""
+    use_maskable_attention(model)
+    if grouped_attention:
+        use_grouped_sdpa(model)  # same math, no per-step copy of the cache for masked rows
+    kernel_linears = use_few_row_linears(model, linear_kernel, cache_dir)  # rows at one row's price
+    fuse_norms(model)  # bit-identical, fewer dispatches per forward
+    return kernel_linears
+
+
 class HFAdapter:
     name = "hf"
 
     def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True,
-                 linear_kernel: str = "few_row", cache_dir: str | None = None):
+                 linear_kernel: str = "few_row", cache_dir: str | None = None, *,
+                 runner: StepRunner | None = None):
         """``linear_kernel``: ``"few_row"`` runs CPU linear layers through specfree's kernel
         (``specfree.kernels``; built once under ``cache_dir``, the library's where it cannot be),
-        ``"library"`` keeps torch's ``F.linear``."""
+        ``"library"`` keeps torch's ``F.linear``. ``runner``: run the steps over its static KV
+        slots (``runner.slots``) instead of eager forwards over a growing cache; tree-verified
+        models only."""
         self.model = model.eval()
         self._embeddings = model.get_input_embeddings()
         config = model.config
         self.family = config.model_type
-        self._use_maskable_attention()
-        if grouped_attention:
-            use_grouped_sdpa(model)  # same math, no per-step copy of the cache for masked rows
-        self.kernel_linears = use_few_row_linears(model, linear_kernel, cache_dir)  # rows at one row's price
-        fuse_norms(model)  # bit-identical, fewer dispatches per forward
+        self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
+        self.runner = runner
+        self.slots: StaticSlots | None = runner.slots if runner is not None else None
+        self._step_start = 0  # the slot where the last step began (static slots)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_limit(config)
         # Recurrent layers cannot branch, and layer kinds one mask per kind cannot express (chunked
@@ -101,6 +150,9 @@ class HFAdapter:
                 "cannot reproduce generate's output. Use another model family.")
         self.keeps_cache = keeps_kv_cache(model)
         self.chain_only = verifies_chains(model)
+        if self.chain_only and self.slots is not None:
+            raise UnsupportedModelError(f"model family '{self.family}' verifies chains, which run on the eager "
+                                        "path only")
         self.verification = probes.CHAIN_OWN_MASK if self.chain_only else probes.TREE
         self.chain_mask = False  # whether chain rows get specfree's causal 4D mask (else none)
         self.why_chains: str | None = None  # the tree probe's finding, where it chose chains
@@ -118,7 +170,12 @@ class HFAdapter:
         self.replay = recurrent.MixerReplay.find(model, self.cache, lambda: self.prefill(torch.arange(3, 6))) \
             if self.cache_kind == "states" else None
         self.reset()
-        if check_tree_mask:
+        if self.slots is not None:
+            if check_tree_mask:  # a model that fails it verifies chains: on the eager path
+                with self._eager_steps():  # no graphs for the probes' shapes
+                    self.check_causal()
+                    self.check_tree_mask()
+        elif check_tree_mask:
             probes.choose_verification(self)  # tree, or chains where the probes say so, or refused
 
     @property
@@ -131,32 +188,11 @@ class HFAdapter:
 
     @property
     def past_len(self) -> int:
+        if self.slots is not None:
+            return self.slots.past
         if not self.keeps_cache:
             return self._ids.numel()
         return self.cache.get_seq_length() if self.cache_kind == "growing" else self._length
-
-    def _use_maskable_attention(self) -> None:
-        """Switch a flash-attention model to SDPA (or eager, for families without SDPA), which take
-        the tree mask: same weights, same math."""
-        current = self.model.config._attn_implementation
-        if not ignores_custom_masks(current):
-            return
-        reasons = []
-        for fallback in ("sdpa", "eager"):
-            try:
-                self.model.set_attn_implementation(fallback)
-            except (ValueError, ImportError) as exc:  # the family lacks this implementation
-                reasons.append(f"{fallback}: {exc}")
-                continue
-            if self.model.config._attn_implementation == fallback:
-                warnings.warn(f"attn_implementation={current!r} cannot take specfree's tree attention mask; "
-                              f"switched this model to {fallback!r}", stacklevel=3)
-                return
-            reasons.append(f"{fallback}: the model does not switch attention after loading")
-        raise UnsupportedModelError(
-            f"model family '{self.family}' runs {current!r}, which cannot take specfree's tree attention "
-            f"mask, and could not be switched ({'; '.join(reasons)}). Load it with "
-            "attn_implementation='sdpa' or 'eager'.")
 
     def _attention_windows(self, config) -> tuple[int | None, dict[str, int | None] | None]:
         """(the window every layer uses, or None; per layer kind windows when kinds are mixed, or None).
@@ -190,6 +226,10 @@ class HFAdapter:
                 for kind, window in self.layer_windows.items()}
 
     def reset(self) -> None:
+        if self.slots is not None:
+            self.cache = None  # the KV lives in the static slots
+            self.slots.reset()
+            return
         self.cache = recurrent.new_cache(self.model, self.cache_kind)
         self._length = 0  # tokens in the cache (recurrent layers have no sequence axis to read it from)
         self._ids = torch.zeros(0, dtype=torch.long)  # the tokens so far, for a model without a KV cache
@@ -199,6 +239,9 @@ class HFAdapter:
     def prefill(self, ids: torch.Tensor) -> None:
         """Cache the KV of ``ids`` [L] (a plain causal forward; its logits are not needed)."""
         if ids.numel() == 0:
+            return
+        if self.slots is not None:
+            self._prefill_slots(ids)
             return
         if not self.keeps_cache:  # nothing to cache: the next forward runs these tokens with its own
             self._ids = torch.cat([self._ids, ids.cpu()])
@@ -223,6 +266,11 @@ class HFAdapter:
         if positions is None:
             seen = allowed.sum(-1) if allowed is not None else torch.arange(1, q + 1)
             positions = past + seen - 1
+        if self.slots is not None:  # padded to the rows the runner takes; every slot masked
+            if allowed is None:
+                allowed = torch.ones(q, q, dtype=torch.bool).tril()
+            padded = pad_rows(tokens.cpu(), allowed, positions.cpu(), self.runner.rows_for(q))
+            return self._run_slots(*padded)[:q]
         causal = allowed is None or (q == 1 or bool(torch.equal(allowed, torch.ones(q, q, dtype=torch.bool).tril())))
         windowed = self.window is not None and past + q > self.window
         mask = None
@@ -245,6 +293,9 @@ class HFAdapter:
         return self._forward(tokens, positions, mask)
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
+        if self.slots is not None:  # plain causal rows (the probes' reference forward)
+            q = tokens.numel()
+            return self._run_slots(tokens.cpu(), torch.ones(q, q, dtype=torch.bool).tril(), positions.cpu())
         if not self.keeps_cache:  # no KV cache: the whole sequence again, its own causal mask, the new rows' logits
             q, self._ids = tokens.numel(), torch.cat([self._ids, tokens.cpu()])
             out = self.model(input_ids=self._ids.to(self.device)[None])
@@ -266,6 +317,9 @@ class HFAdapter:
 
         ``rows`` is how many rows the step's forward appended.
         """
+        if self.slots is not None:  # padding rows included: the adapter knows where the step began
+            self.slots.commit(keep, self._step_start)
+            return
         past = self.past_len - rows
         n = len(keep)
         if not self.keeps_cache:  # a chain: its first n rows
@@ -304,6 +358,85 @@ class HFAdapter:
             self.rollback_s = time.perf_counter() - start
         self._step = None
 
+    # ---- static slots, the steps run by ``self.runner`` -------------------------------------
+    @property
+    def compiled(self) -> bool:
+        """Whether the steps run compiled code (False on the eager path, and once a compile failed)."""
+        return self.runner is not None and self.runner.compiled
+
+    @property
+    def compile_s(self) -> float:
+        return self.runner.compile_s if self.runner is not None else 0.0
+
+    @property
+    def failure(self) -> str | None:
+        """Why the compiled steps were given up, if they were."""
+        return self.runner.failure if self.runner is not None else None
+
+    @property
+    def linears(self) -> str:
+        return linear_path(self.model)
+
+    @contextmanager
+    def _eager_steps(self):
+        """The runner's steps run eagerly inside the block (no graphs or packages for its shapes)."""
+        compiled, self.runner.compiled = self.runner.compiled, False
+        try:
+            yield
+        finally:
+            self.runner.compiled = compiled
+
+    def _slots_mask(self, allowed: torch.Tensor, past: int, positions: torch.Tensor):
+        """The additive mask over every slot [1, 1, Q, slots], or one per layer kind."""
+        capacity, positions = self.slots.capacity, positions.cpu()
+        if self.layer_windows is None:
+            return static_mask(allowed, past, positions, capacity, self.dtype, self.sliding_window).to(self.device)
+        return {kind: static_mask(allowed, past, positions, capacity, self.dtype, window).to(self.device)
+                for kind, window in self.layer_windows.items()}
+
+    def _run_slots(self, tokens: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] of rows already padded for the runner; their KV goes into slots past..past+B."""
+        past, rows = self.slots.past, tokens.numel()
+        self._step_start = past
+        self.slots.room(past + rows)
+        mask = self._slots_mask(allowed, past, positions)
+        # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
+        logits = self.runner(tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None], mask)
+        self.slots.past = past + rows
+        return logits[0]
+
+    def _prefill_slots(self, ids: torch.Tensor) -> None:
+        """Eager causal forwards into the slots (a graph per prompt length would never be reused)."""
+        past, q = self.slots.past, ids.numel()
+        self.slots.room(past + q)
+        positions = torch.arange(past, past + q)
+        mask = self._slots_mask(torch.ones(q, q, dtype=torch.bool).tril(), past, positions)
+        self.model(input_ids=ids.to(self.device)[None], position_ids=positions.to(self.device)[None],
+                   attention_mask=mask, past_key_values=self.slots.cache, use_cache=True, logits_to_keep=1)
+        self.slots.set_length(past + q)
+
+    @torch.inference_mode()
+    def warm_up(self, slots: int | None = None, progress: bool = True) -> float:
+        """Compile (or load) the runner's steps for ``slots`` KV slots (default: the first tier)
+        before the first request; returns the seconds spent. Shows progress on stderr when asked."""
+        if not self.compiled:
+            return 0.0
+        start = time.perf_counter()
+        self.reset()
+        self.slots.room(slots or self.slots.min_slots)
+        sizes = self.runner.warm_up_rows()
+        with _progress(progress) as bar:
+            task = bar.add_task("compiling the forward", total=len(sizes))
+            for rows in sizes:
+                bar.update(task, description=self.runner.warm_up_description(rows))
+                self.forward(torch.zeros(rows, dtype=torch.long))
+                self.commit([0], rows)
+                self.reset()
+                if not self.compiled:
+                    break
+                bar.advance(task)
+        return time.perf_counter() - start
+
     # ---- probes (``probes``): run once when the model is wrapped -------------------------
     def use_chains(self, own_mask: bool, why: str | None = None) -> None:
         """Verify one chain a step from now on: under the model's own causal mask (``own_mask``;
@@ -318,7 +451,11 @@ class HFAdapter:
 
     def describe(self) -> str:
         """How this adapter runs this model, for reports and the CLI."""
-        return self.describe_verification()
+        if self.runner is None:
+            return self.describe_verification()
+        linears = "specfree's few-row kernel" if self.linears != "library" else "torch's"
+        weights = ", weights shared with the model" if self.runner.options["weights"] == "shared" else ""
+        return f"{self.runner.describe()}, linear layers {linears} ({self.linears}){weights}"
 
     def describe_verification(self) -> str:
         """How this adapter verifies drafts on this model (the probes' choice, and why not trees)."""
@@ -346,3 +483,11 @@ class HFAdapter:
 
     def _close(self, ours: torch.Tensor, reference: torch.Tensor) -> bool:
         return probes.close(self, ours, reference)
+
+
+def _progress(show: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True, disable=not show)

@@ -29,7 +29,7 @@ from specfree.bench.plots import cost_curve_plot, write_plots
 from specfree.bench.prompts import load_prompts
 from specfree.bench.report import markdown, rich_table, wide_console
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
-from specfree.adapters.compiled import CompiledHFAdapter, check_compile, make_adapter
+from specfree.adapters.compiled import check_compile, make_adapter
 from specfree.errors import ConfigError, check_int
 
 INTERRUPTED = 130
@@ -147,14 +147,14 @@ def cost_curves(model, eager, compiled) -> dict[str, Any]:
     return {"linear_curves_ms": linear_curves(model), "forward_curves_ms": forwards}
 
 
-def compiled_adapter(model, settings: BenchSettings, slots: int) -> CompiledHFAdapter | None:
+def compiled_adapter(model, settings: BenchSettings, slots: int):
     """The compiled adapter the strategies share (compile=auto or true), its graphs compiled up
     front for ``slots`` KV slots, so decode times hold no compile; None for compile=false, or
     where compiling cannot or did not work (it warned)."""
     if settings.compile == "false":
         return None
     adapter = make_adapter(model, "true", cache_dir=settings.cache_dir, slots=slots)
-    return adapter if isinstance(adapter, CompiledHFAdapter) else None
+    return adapter if adapter.runner is not None else None
 
 
 def kv_slots_needed(tokenizer, items, settings: BenchSettings) -> int:

@@ -28,7 +28,7 @@ from transformers.generation import (
     StopStringCriteria,
 )
 
-from specfree.adapters.compiled import CompiledHFAdapter, check_compile, make_adapter
+from specfree.adapters.compiled import check_compile, make_adapter
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.norms import fused_norms
 from specfree.kernels import few_row_linears
@@ -82,7 +82,7 @@ class SpeculativeGenerate:
 
         self.compile = check_compile(compile)
         self.cache_dir = cache_dir
-        self._compiled: tuple[Any, CompiledHFAdapter] | None = None  # (model, its compiled adapter)
+        self._compiled: tuple[Any, HFAdapter] | None = None  # (model, its compiled adapter)
 
         if not isinstance(strategy, Strategy):
             strategy = registry(build_plugin_manager()).make("strategy", strategy, **knobs)
@@ -149,7 +149,7 @@ class SpeculativeGenerate:
         if self._compiled is not None and self._compiled[0] is model:
             return self._compiled[1]
         adapter = make_adapter(model, self.compile, cache_dir=self.cache_dir)
-        if isinstance(adapter, CompiledHFAdapter):
+        if adapter.runner is not None:
             self._compiled = (model, adapter)
         return adapter
 

@@ -17,6 +17,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -114,44 +115,76 @@ SPECFREE_BLOCK(SPECFREE_AVX2 __attribute__((always_inline)) inline, block_avx2, 
 SPECFREE_BLOCK(SPECFREE_AVX512 __attribute__((always_inline)) inline, block_avx512, __m512, 16,
                _mm512_setzero_ps, load16, _mm512_fmadd_ps, sum16)
 
-// Columns [n_begin, n_end) for MB rows: NB columns at a time, then single columns.
-#define SPECFREE_COLUMNS(ATTR, NAME, BLOCK)                                                          \
-  template <int MB, int NB, typename W>                                                              \
-  ATTR void NAME(const float* x, const W* w, int64_t k, const W* bias, int64_t n_begin, int64_t n_end, \
-                 float* y, int64_t ldy) {                                                            \
-    int64_t n = n_begin;                                                                             \
-    const int64_t block_bytes = NB * k * static_cast<int64_t>(sizeof(W));                            \
-    const int64_t ahead = (kPrefetchBytes + block_bytes - 1) / block_bytes * NB * k;                 \
-    for (; n + NB <= n_end; n += NB) BLOCK<MB, NB>(x, k, w + n * k, k, bias, n, y, ldy, ahead);      \
-    for (; n < n_end; ++n) BLOCK<MB, 1>(x, k, w + n * k, k, bias, n, y, ldy, k);                      \
+// A block kernel for MB rows and NB columns, as a plain function pointer: the group loop below
+// picks one per group of rows (a call per block of W is thousands of FMAs; the call is noise).
+template <typename W>
+using BlockFn = void (*)(const float*, int64_t, const W*, int64_t, const W*, int64_t, float*, int64_t, int64_t);
+
+#define SPECFREE_PICK(ATTR, NAME, BLOCK)                                                              \
+  template <int NB, typename W>                                                                       \
+  BlockFn<W> NAME(int64_t mb) {                                                                       \
+    switch (mb) {                                                                                     \
+      case 1: return BLOCK<1, NB, W>;   case 2: return BLOCK<2, NB, W>;   case 3: return BLOCK<3, NB, W>; \
+      case 4: return BLOCK<4, NB, W>;   case 5: return BLOCK<5, NB, W>;   case 6: return BLOCK<6, NB, W>; \
+      case 7: return BLOCK<7, NB, W>;   default: return BLOCK<8, NB, W>;                                \
+    }                                                                                                 \
   }
 
-SPECFREE_COLUMNS(SPECFREE_AVX2, columns_avx2, block_avx2)
-SPECFREE_COLUMNS(SPECFREE_AVX512, columns_avx512, block_avx512)
+template <int MB, int NB, typename W>
+SPECFREE_AVX2 void block_avx2_fn(const float* x, int64_t ldx, const W* w, int64_t k, const W* bias, int64_t n0,
+                                 float* y, int64_t ldy, int64_t ahead) {
+  block_avx2<MB, NB, W>(x, ldx, w, k, bias, n0, y, ldy, ahead);
+}
+template <int MB, int NB, typename W>
+SPECFREE_AVX512 void block_avx512_fn(const float* x, int64_t ldx, const W* w, int64_t k, const W* bias, int64_t n0,
+                                     float* y, int64_t ldy, int64_t ahead) {
+  block_avx512<MB, NB, W>(x, ldx, w, k, bias, n0, y, ldy, ahead);
+}
+SPECFREE_PICK(, pick_avx2, block_avx2_fn)
+SPECFREE_PICK(, pick_avx512, block_avx512_fn)
 
-// Every row of a call in one pass over the weights, as far as the registers allow: AVX2 has
-// 16 vector registers (up to 8 accumulators here), AVX-512 32 (up to 16). Rows past that take
-// further passes over the same block of W, from cache.
+// Rows are taken in groups of at most kGroupRows: a group's accumulators fill the registers
+// (AVX2 has 16 vector registers, AVX-512 32). Block widths per group size (columns of W read
+// side by side), from the register budget MB * NB + NB + 1.
+constexpr int64_t kGroupRows = 8;
+constexpr int kWidthAvx2[kGroupRows + 1] = {0, 8, 4, 2, 2, 1, 1, 1, 1};
+constexpr int kWidthAvx512[kGroupRows + 1] = {0, 8, 8, 4, 4, 3, 2, 2, 2};
+
+template <typename W>
+BlockFn<W> pick(Isa isa, int nb, int64_t mb) {
+  const bool wide = isa == Isa::kAvx512;
+  switch (nb) {
+    case 8: return wide ? pick_avx512<8, W>(mb) : pick_avx2<8, W>(mb);
+    case 4: return wide ? pick_avx512<4, W>(mb) : pick_avx2<4, W>(mb);
+    case 3: return wide ? pick_avx512<3, W>(mb) : pick_avx2<3, W>(mb);
+    case 2: return wide ? pick_avx512<2, W>(mb) : pick_avx2<2, W>(mb);
+    default: return wide ? pick_avx512<1, W>(mb) : pick_avx2<1, W>(mb);
+  }
+}
+
+// Columns [n_begin, n_end) for all m_rows rows: NB columns of W at a time, then single columns.
+// Each block of W is read from memory once; every group of rows meets it, the later ones from L1.
 template <typename W>
 void columns(Isa isa, const float* x, int64_t m_rows, const W* w, int64_t k, const W* bias, int64_t n_begin,
              int64_t n_end, float* y, int64_t ldy) {
-  const int64_t rows_per_pass = isa == Isa::kAvx512 ? 16 : 8;
-  for (int64_t m = 0; m < m_rows; m += rows_per_pass) {
-    const float* xm = x + m * k;
-    float* ym = y + m * ldy;
-#define SPECFREE_CASE(MB, NB2, NB512)                                                                 \
-  case MB:                                                                                            \
-    if (isa == Isa::kAvx512) columns_avx512<MB, NB512, W>(xm, w, k, bias, n_begin, n_end, ym, ldy);   \
-    else columns_avx2<MB, NB2, W>(xm, w, k, bias, n_begin, n_end, ym, ldy);                           \
-    break;
-    switch (std::min(rows_per_pass, m_rows - m)) {
-      SPECFREE_CASE(1, 8, 8) SPECFREE_CASE(2, 4, 8) SPECFREE_CASE(3, 2, 4) SPECFREE_CASE(4, 2, 4)
-      SPECFREE_CASE(5, 1, 3) SPECFREE_CASE(6, 1, 2) SPECFREE_CASE(7, 1, 2) SPECFREE_CASE(8, 1, 2)
-      SPECFREE_CASE(9, 1, 1) SPECFREE_CASE(10, 1, 1) SPECFREE_CASE(11, 1, 1) SPECFREE_CASE(12, 1, 1)
-      SPECFREE_CASE(13, 1, 1) SPECFREE_CASE(14, 1, 1) SPECFREE_CASE(15, 1, 1) SPECFREE_CASE(16, 1, 1)
-    }
-#undef SPECFREE_CASE
+  const int64_t first = std::min(kGroupRows, m_rows);
+  const int nb = (isa == Isa::kAvx512 ? kWidthAvx512 : kWidthAvx2)[first];
+  const int64_t groups = (m_rows + kGroupRows - 1) / kGroupRows;
+  BlockFn<W> wide[kMaxRows / kGroupRows], narrow[kMaxRows / kGroupRows];
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t mb = std::min(kGroupRows, m_rows - g * kGroupRows);
+    wide[g] = pick<W>(isa, nb, mb);
+    narrow[g] = pick<W>(isa, 1, mb);
   }
+  const int64_t block_bytes = nb * k * static_cast<int64_t>(sizeof(W));
+  const int64_t ahead = (kPrefetchBytes + block_bytes - 1) / block_bytes * nb * k;
+  int64_t n = n_begin;
+  for (; n + nb <= n_end; n += nb)
+    for (int64_t g = 0; g < groups; ++g)
+      wide[g](x + g * kGroupRows * k, k, w + n * k, k, bias, n, y + g * kGroupRows * ldy, ldy, g ? 0 : ahead);
+  for (; n < n_end; ++n)
+    for (int64_t g = 0; g < groups; ++g)
+      narrow[g](x + g * kGroupRows * k, k, w + n * k, k, bias, n, y + g * kGroupRows * ldy, ldy, k);
 }
 
 constexpr int64_t kColumnsPerTask = 64;  // a thread's share is a contiguous run of W's rows

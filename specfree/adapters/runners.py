@@ -1,0 +1,180 @@
+"""Runners: how a step over static KV slots (``kv.StaticSlots``) is executed.
+
+A runner takes a step's rows (ids, positions [1, B]; the mask over all slots) and returns their
+logits [1, B, V], writing their KV into its slots at past..past+B. Every runner can run the same step
+eagerly, and does so, with one warning, when its compiler fails: slower, never wrong.
+
+- ``PackageRunner``: one AOTInductor package (``packaged.py``) for every row count up to
+  ``packaged.MAX_ROWS`` and every slot count; built once per model architecture, kept on disk,
+  loaded by a later process in a second or two, its weights the model's own tensors. The CPU path.
+- ``GraphRunner``: ``torch.compile``, a graph per row bucket and slot tier (rows are padded up to a
+  bucket); run as CUDA graphs on a GPU (``mode="reduce-overhead"``).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from specfree.adapters.kv import StaticSlots
+from specfree.adapters.packaged import MAX_ROWS as PACKAGE_MAX_ROWS
+from specfree.adapters.packaged import StepPackage
+from specfree.kernels import linear_path
+from specfree.masks.bucketed import ROW_BUCKETS, bucket_for
+
+# A graph per (row bucket, slot tier); dynamo's default limit of 8 per function is too few.
+RECOMPILE_LIMIT = 256
+
+
+def eager_step(model, slots: StaticSlots, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
+    # ids, positions [1, B]; mask [1, 1, B, slots] (or one per layer kind) -> logits [1, B, V]
+    return model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=slots.cache,
+                 use_cache=True).logits
+
+
+class StepRunner:
+    """What every runner shares: the eager fallback, compile time and failure bookkeeping."""
+
+    def __init__(self, model: torch.nn.Module, slots: StaticSlots):
+        self.model, self.slots = model, slots
+        self.compiled = True  # False once the compiler failed: every step then runs eagerly
+        self.compile_s = 0.0  # wall time of the calls that compiled (or loaded) a new step
+        self.failure: str | None = None  # why compiling was given up, if it was
+        self._shapes_seen: set[tuple] = set()
+
+    def rows_for(self, rows: int) -> int:
+        """The row count a step of ``rows`` rows runs at (padding included)."""
+        return rows
+
+    def compiles(self, rows: int) -> bool:
+        raise NotImplementedError
+
+    def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
+        rows, slots = ids.shape[1], self.slots
+        if self.compiled and self.compiles(rows):
+            shape, start = (rows, slots.capacity), time.perf_counter()
+            try:
+                logits = self._compiled_step(ids, positions, mask)
+            except Exception as exc:  # any compiler failure: the same step, eagerly
+                self.give_up(exc)
+                slots.set_length(slots.past)
+            else:
+                if shape not in self._shapes_seen:
+                    self._shapes_seen.add(shape)
+                    self.compile_s += time.perf_counter() - start
+                return logits
+        return eager_step(self.model, slots, ids, positions, mask)
+
+    def give_up(self, exc: Exception) -> None:
+        self.compiled = False
+        message = str(exc).split("from user code:")[0]  # dynamo appends the traced source
+        self.failure = f"{type(exc).__name__}: {' '.join(message.split())[:300]}"
+        warnings.warn(f"compiling the forward failed ({self.failure}); decoding continues on the eager path",
+                      stacklevel=5)
+
+
+class PackageRunner(StepRunner):
+    """One AOTInductor package for 1..``PACKAGE_MAX_ROWS`` rows and any slot count."""
+
+    def __init__(self, model: torch.nn.Module, slots: StaticSlots, package_dir: str | Path | None, options: dict,
+                 buckets: Sequence[int] = ROW_BUCKETS):
+        """``buckets``: the row counts whose cost the cost curve measures (the package takes any)."""
+        super().__init__(model, slots)
+        self.buckets = tuple(sorted(set(buckets)))
+        self.linears = linear_path(model)
+        self.package = StepPackage(model, package_dir, options, self.linears)
+
+    def compiles(self, rows: int) -> bool:
+        return rows <= PACKAGE_MAX_ROWS
+
+    def ready(self) -> bool:
+        """Whether the package is already on disk (no compiling before the first step)."""
+        return self.package.ready()
+
+    def warm_up_rows(self) -> list[int]:
+        return [2]  # one package serves every row count
+
+    def warm_up_description(self, rows: int) -> str:
+        verb = "loading" if self.ready() else "compiling (about a minute, once per model)"
+        return f"{verb} the forward's package"
+
+    def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
+        rows, slots = ids.shape[1], self.slots
+        inputs = (ids, positions, mask, torch.arange(slots.past, slots.past + rows, device=ids.device),
+                  slots.buffers)
+        return self.package.get(_export_example(inputs))(*inputs)
+
+    @property
+    def options(self) -> dict:
+        return {"backend": "aoti", "max_autotune": False, "linears": self.linears, "weights": "shared"}
+
+    def describe(self) -> str:
+        package = self.package
+        return (f"one AOTInductor package for 1-{PACKAGE_MAX_ROWS} rows ({package.built} built, "
+                f"{package.loaded} loaded from {package.folder})")
+
+
+class GraphRunner(StepRunner):
+    """``torch.compile`` graphs, one per row bucket and slot tier; rows beyond the last bucket run
+    eagerly. ``options``: Inductor's; ``tracing_config``: Inductor settings dynamo must see while it
+    traces (freezing: whether the weights become graph constants)."""
+
+    def __init__(self, model: torch.nn.Module, slots: StaticSlots, backend: str | Callable, buckets: Sequence[int],
+                 max_autotune: bool, options: dict | None, tracing_config: dict):
+        super().__init__(model, slots)
+        self.backend, self.buckets, self.max_autotune = backend, tuple(sorted(set(buckets))), max_autotune
+        self.linears = linear_path(model)
+        self._tracing_config = tracing_config
+        device = model.get_input_embeddings().weight.device
+        mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
+        self._graph = torch.compile(self._step, backend=backend, dynamic=False, options=options, mode=mode)
+
+    def rows_for(self, rows: int) -> int:
+        return bucket_for(rows, self.buckets) or rows
+
+    def compiles(self, rows: int) -> bool:
+        return rows in self.buckets
+
+    def ready(self) -> bool:
+        return False  # each process compiles its graphs again
+
+    def warm_up_rows(self) -> list[int]:
+        return list(self.buckets)
+
+    def warm_up_description(self, rows: int) -> str:
+        return f"compiling the forward for {rows} row{'s' * (rows > 1)}"
+
+    def _step(self, ids, positions, mask) -> torch.Tensor:
+        return eager_step(self.model, self.slots, ids, positions, mask)
+
+    def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
+        with (torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT),
+              torch._inductor.config.patch(self._tracing_config)):
+            return self._graph(ids, positions, mask)
+
+    @property
+    def options(self) -> dict:
+        weights = "frozen" if self._tracing_config.get("freezing") else "shared"
+        return {"backend": str(self.backend), "max_autotune": self.max_autotune, "linears": self.linears,
+                "weights": weights}
+
+    def describe(self) -> str:
+        return f"torch.compile ({self.backend}) graphs for {'/'.join(map(str, self.buckets))} rows"
+
+
+def _export_example(inputs: tuple) -> tuple:
+    """``inputs`` of at least two rows: export leaves a dimension of size 1 static, and the
+    package must take any row count. Only shapes matter to the export."""
+    ids, positions, mask, slot_index, kv = inputs
+    if ids.shape[1] > 1:
+        return inputs
+    masks = {kind: m.repeat(1, 1, 2, 1) for kind, m in mask.items()} if isinstance(mask, dict) \
+        else mask.repeat(1, 1, 2, 1)
+    return ids.repeat(1, 2), positions.repeat(1, 2), masks, slot_index.repeat(2), kv
