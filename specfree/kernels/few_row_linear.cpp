@@ -4,7 +4,8 @@
 // every weight exactly once per call whatever the row count, and to do the FMAs while it streams.
 // W stays in the model's own layout ([N, K], K contiguous), so no packed copy exists: each thread
 // takes a contiguous range of output columns and walks NB rows of W side by side (NB streams),
-// with the activations of MB rows in registers. Each output (m, n) is one vector accumulator
+// with the activations of up to 8 rows at a time in registers (more rows: a second group). Each
+// output (m, n) is one vector accumulator
 // summed over K in order, then reduced the same way, whatever the row count: every row of the
 // result has the same bits as a one-row call (batch invariance).
 //
@@ -163,7 +164,10 @@ BlockFn<W> pick(Isa isa, int nb, int64_t mb) {
 }
 
 // Columns [n_begin, n_end) for all m_rows rows: NB columns of W at a time, then single columns.
-// Each block of W is read from memory once; every group of rows meets it, the later ones from L1.
+// AVX-512: each block of W is read from memory once and every group of rows meets it, the later
+// ones from cache. AVX2 (one column a block for 8 rows): each group sweeps all columns in turn.
+// Measured on SmolLM2's 211 shapes, 16 rows (Zen 4, 2 threads): AVX-512 64 ms in one 16-row
+// group, 40 ms in two interleaved 8-row groups; AVX2 45 ms in two sweeps, 65 ms interleaved.
 template <typename W>
 void columns(Isa isa, const float* x, int64_t m_rows, const W* w, int64_t k, const W* bias, int64_t n_begin,
              int64_t n_end, float* y, int64_t ldy) {
@@ -178,13 +182,21 @@ void columns(Isa isa, const float* x, int64_t m_rows, const W* w, int64_t k, con
   }
   const int64_t block_bytes = nb * k * static_cast<int64_t>(sizeof(W));
   const int64_t ahead = (kPrefetchBytes + block_bytes - 1) / block_bytes * nb * k;
-  int64_t n = n_begin;
-  for (; n + nb <= n_end; n += nb)
-    for (int64_t g = 0; g < groups; ++g)
-      wide[g](x + g * kGroupRows * k, k, w + n * k, k, bias, n, y + g * kGroupRows * ldy, ldy, g ? 0 : ahead);
-  for (; n < n_end; ++n)
-    for (int64_t g = 0; g < groups; ++g)
-      narrow[g](x + g * kGroupRows * k, k, w + n * k, k, bias, n, y + g * kGroupRows * ldy, ldy, k);
+  auto sweep = [&](int64_t g_begin, int64_t g_end) {  // groups [g_begin, g_end) over every column
+    int64_t n = n_begin;
+    for (; n + nb <= n_end; n += nb)
+      for (int64_t g = g_begin; g < g_end; ++g)
+        wide[g](x + g * kGroupRows * k, k, w + n * k, k, bias, n, y + g * kGroupRows * ldy, ldy,
+                g == g_begin ? ahead : 0);
+    for (; n < n_end; ++n)
+      for (int64_t g = g_begin; g < g_end; ++g)
+        narrow[g](x + g * kGroupRows * k, k, w + n * k, k, bias, n, y + g * kGroupRows * ldy, ldy, k);
+  };
+  if (isa == Isa::kAvx512) {
+    sweep(0, groups);
+  } else {
+    for (int64_t g = 0; g < groups; ++g) sweep(g, g + 1);
+  }
 }
 
 constexpr int64_t kColumnsPerTask = 64;  // a thread's share is a contiguous run of W's rows
