@@ -121,16 +121,6 @@ SPECFREE_BLOCK(SPECFREE_AVX512 __attribute__((always_inline)) inline, block_avx5
 template <typename W>
 using BlockFn = void (*)(const float*, int64_t, const W*, int64_t, const W*, int64_t, float*, int64_t, int64_t);
 
-#define SPECFREE_PICK(ATTR, NAME, BLOCK)                                                              \
-  template <int NB, typename W>                                                                       \
-  BlockFn<W> NAME(int64_t mb) {                                                                       \
-    switch (mb) {                                                                                     \
-      case 1: return BLOCK<1, NB, W>;   case 2: return BLOCK<2, NB, W>;   case 3: return BLOCK<3, NB, W>; \
-      case 4: return BLOCK<4, NB, W>;   case 5: return BLOCK<5, NB, W>;   case 6: return BLOCK<6, NB, W>; \
-      case 7: return BLOCK<7, NB, W>;   default: return BLOCK<8, NB, W>;                                \
-    }                                                                                                 \
-  }
-
 template <int MB, int NB, typename W>
 SPECFREE_AVX2 void block_avx2_fn(const float* x, int64_t ldx, const W* w, int64_t k, const W* bias, int64_t n0,
                                  float* y, int64_t ldy, int64_t ahead) {
@@ -141,8 +131,6 @@ SPECFREE_AVX512 void block_avx512_fn(const float* x, int64_t ldx, const W* w, in
                                      float* y, int64_t ldy, int64_t ahead) {
   block_avx512<MB, NB, W>(x, ldx, w, k, bias, n0, y, ldy, ahead);
 }
-SPECFREE_PICK(, pick_avx2, block_avx2_fn)
-SPECFREE_PICK(, pick_avx512, block_avx512_fn)
 
 // Rows are taken in groups of at most kGroupRows: a group's accumulators fill the registers
 // (AVX2 has 16 vector registers, AVX-512 32). Block widths per group size (columns of W read
@@ -151,15 +139,26 @@ constexpr int64_t kGroupRows = 8;
 constexpr int kWidthAvx2[kGroupRows + 1] = {0, 8, 4, 2, 2, 1, 1, 1, 1};
 constexpr int kWidthAvx512[kGroupRows + 1] = {0, 8, 8, 4, 4, 3, 2, 2, 2};
 
+// The block kernel for MB rows and nb columns. A call's first group is as wide as its own size
+// allows, the groups after it as wide as a full group's, the last columns one at a time: only
+// those widths are compiled (every width for every size would triple the build).
+template <int MB, typename W>
+BlockFn<W> pick_rows(Isa isa, int nb) {
+  if (isa == Isa::kAvx512) {
+    constexpr int own = kWidthAvx512[MB], full = kWidthAvx512[kGroupRows];
+    return nb == own ? block_avx512_fn<MB, own, W> : nb == full ? block_avx512_fn<MB, full, W> : block_avx512_fn<MB, 1, W>;
+  }
+  constexpr int own = kWidthAvx2[MB], full = kWidthAvx2[kGroupRows];
+  return nb == own ? block_avx2_fn<MB, own, W> : nb == full ? block_avx2_fn<MB, full, W> : block_avx2_fn<MB, 1, W>;
+}
+
 template <typename W>
 BlockFn<W> pick(Isa isa, int nb, int64_t mb) {
-  const bool wide = isa == Isa::kAvx512;
-  switch (nb) {
-    case 8: return wide ? pick_avx512<8, W>(mb) : pick_avx2<8, W>(mb);
-    case 4: return wide ? pick_avx512<4, W>(mb) : pick_avx2<4, W>(mb);
-    case 3: return wide ? pick_avx512<3, W>(mb) : pick_avx2<3, W>(mb);
-    case 2: return wide ? pick_avx512<2, W>(mb) : pick_avx2<2, W>(mb);
-    default: return wide ? pick_avx512<1, W>(mb) : pick_avx2<1, W>(mb);
+  switch (mb) {
+    case 1: return pick_rows<1, W>(isa, nb);  case 2: return pick_rows<2, W>(isa, nb);
+    case 3: return pick_rows<3, W>(isa, nb);  case 4: return pick_rows<4, W>(isa, nb);
+    case 5: return pick_rows<5, W>(isa, nb);  case 6: return pick_rows<6, W>(isa, nb);
+    case 7: return pick_rows<7, W>(isa, nb);  default: return pick_rows<8, W>(isa, nb);
   }
 }
 
