@@ -224,7 +224,7 @@ def test_idle_steps_can_skip_the_window():
     model = tiny("llama")
     prompt = [5, 6, 7, 8, 9, 10]
     engine = Engine.from_model(model, None, "lookahead", window=3, ngram=3, guesses=2, idle_every=0,
-                               pool_from_prompt=False)
+                               pool_from_prompt=False, priced=False)  # the window's own rule, not the pricer's
     result = engine.generate(prompt, 30, ignore_eos=True)
     assert result.tokens == plain_greedy(model, prompt, 30)
     for step in result.steps:
@@ -295,7 +295,7 @@ def test_window_alone_finds_drafts_the_model_accepts():
     model = tiny("llama")
     plain = Engine.from_model(model, None, "autoregressive").generate([5, 6, 7], 80, ignore_eos=True)
     engine = Engine.from_model(model, None, "lookahead", window=4, ngram=4, guesses=4,
-                               pool_from_prompt=False, add_output=False, idle_every=1)
+                               pool_from_prompt=False, add_output=False, idle_every=1, priced=False)
     result = engine.generate([5, 6, 7], 80, ignore_eos=True)
     assert result.tokens == plain.tokens
     assert sum(s.accepted for s in result.steps) > 0
@@ -304,7 +304,8 @@ def test_window_alone_finds_drafts_the_model_accepts():
 
 def test_stats_per_step():
     model = tiny("qwen2")
-    result = Engine.from_model(model, None, "lookahead", window=3, ngram=4, guesses=2, idle_every=1).generate(
+    result = Engine.from_model(model, None, "lookahead", window=3, ngram=4, guesses=2, idle_every=1,
+                               priced=False).generate(
         [5, 6, 7, 8] * 4, 20, ignore_eos=True)
     warm = result.steps[5]
     assert warm.extra["window"] == 3 * 3 - 1 and warm.extra["levels"] == 3
@@ -319,7 +320,7 @@ def test_stats_per_step():
 def test_pool_stays_within_its_caps_over_4000_tokens():
     model = tiny("llama", context=4200, seed=1)
     strategy = lookahead(window=3, ngram=3, guesses=2, pool_capacity=40, idle_every=1)
-    engine = Engine.from_model(model, None, strategy)
+    engine = Engine.from_model(model, None, strategy, priced=False)  # every step runs the window
     sizes, produced = [], 0
     for chunk in engine.stream(list(range(3, 40)), 4000, ignore_eos=True):
         produced += len(chunk.tokens)
