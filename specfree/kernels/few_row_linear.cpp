@@ -111,26 +111,15 @@ inline float finish(float sum, const float* x, const W* w, int64_t from, int64_t
         y[m * ldy + n0 + j] = finish(SUM(acc[m][j]), x + m * ldx, w + j * k, full, k, bias, n0 + j); \
   }
 
-SPECFREE_BLOCK(SPECFREE_AVX2 __attribute__((always_inline)) inline, block_avx2, __m256, 8,
+SPECFREE_BLOCK(SPECFREE_AVX2, block_avx2, __m256, 8,
                _mm256_setzero_ps, load8, _mm256_fmadd_ps, sum8)
-SPECFREE_BLOCK(SPECFREE_AVX512 __attribute__((always_inline)) inline, block_avx512, __m512, 16,
+SPECFREE_BLOCK(SPECFREE_AVX512, block_avx512, __m512, 16,
                _mm512_setzero_ps, load16, _mm512_fmadd_ps, sum16)
 
-// A block kernel for MB rows and NB columns, as a plain function pointer: the group loop below
-// picks one per group of rows (a call per block of W is thousands of FMAs; the call is noise).
+// A block kernel for MB rows and NB columns, as a function pointer: the group loop below picks
+// one per group of rows (a call per block of W is thousands of FMAs; the call is noise).
 template <typename W>
 using BlockFn = void (*)(const float*, int64_t, const W*, int64_t, const W*, int64_t, float*, int64_t, int64_t);
-
-template <int MB, int NB, typename W>
-SPECFREE_AVX2 void block_avx2_fn(const float* x, int64_t ldx, const W* w, int64_t k, const W* bias, int64_t n0,
-                                 float* y, int64_t ldy, int64_t ahead) {
-  block_avx2<MB, NB, W>(x, ldx, w, k, bias, n0, y, ldy, ahead);
-}
-template <int MB, int NB, typename W>
-SPECFREE_AVX512 void block_avx512_fn(const float* x, int64_t ldx, const W* w, int64_t k, const W* bias, int64_t n0,
-                                     float* y, int64_t ldy, int64_t ahead) {
-  block_avx512<MB, NB, W>(x, ldx, w, k, bias, n0, y, ldy, ahead);
-}
 
 // Rows are taken in groups of at most kGroupRows: a group's accumulators fill the registers
 // (AVX2 has 16 vector registers, AVX-512 32). Block widths per group size (columns of W read
@@ -148,10 +137,10 @@ template <int MB, typename W>
 BlockFn<W> pick_rows(Isa isa, int nb) {
   if (isa == Isa::kAvx512) {
     constexpr int own = kWidthAvx512[MB], full = kWidthAvx512[kGroupRows];
-    return nb == own ? block_avx512_fn<MB, own, W> : nb == full ? block_avx512_fn<MB, full, W> : block_avx512_fn<MB, 1, W>;
+    return nb == own ? block_avx512<MB, own, W> : nb == full ? block_avx512<MB, full, W> : block_avx512<MB, 1, W>;
   }
   constexpr int own = kWidthAvx2[MB], full = kWidthAvx2[kGroupRows];
-  return nb == own ? block_avx2_fn<MB, own, W> : nb == full ? block_avx2_fn<MB, full, W> : block_avx2_fn<MB, 1, W>;
+  return nb == own ? block_avx2<MB, own, W> : nb == full ? block_avx2<MB, full, W> : block_avx2<MB, 1, W>;
 }
 
 template <typename W>
