@@ -20,6 +20,7 @@ import warnings
 from datetime import date
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 STRATEGIES = {
     "prompt_lookup": dict(num_candidates=3, draft_len=6),  # sibling candidates: trees
@@ -56,6 +57,10 @@ SMALL = dict(
     expert_layer_period=2, expert_layer_offset=1,
     bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3,
 )
+# Families whose default config the generic shrink leaves inconsistent (per-layer lists sized for the full
+# model, nested sub-configs, fields that must agree): what to set on top of it, as a function of the shrunk
+# keyword arguments and the default config's dict, returning the fields to change.
+FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {}
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
@@ -80,6 +85,8 @@ def tiny_config(model_type: str):
         kwargs["head_dim"] = 16
     if isinstance(default.get("attention_types"), list):  # GPT-Neo: [[kinds, repeats]] must cover the 4 layers
         kwargs["attention_types"] = [[["global", "local"], 2]]
+    if model_type in FAMILY_FIXES:
+        kwargs.update(FAMILY_FIXES[model_type](kwargs, default))
     try:
         config = cls(**kwargs)
     except Exception:
