@@ -155,7 +155,8 @@ class MixerReplay:
     @classmethod
     def find(cls, model, cache: Cache, run) -> "MixerReplay | None":
         """Watch ``run()`` (a forward on ``cache``) for the modules that write its states."""
-        modules = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)]
+        # A negative index marks a block shared by several layers (Zamba2's attention), not a layer of its own.
+        modules = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int) and m.layer_idx >= 0]
         before: dict[torch.nn.Module, tuple] = {}
         writers: list[torch.nn.Module] = []
 
