@@ -60,7 +60,10 @@ SMALL = dict(
 # Families whose default config the generic shrink leaves inconsistent (per-layer lists sized for the full
 # model, nested sub-configs, fields that must agree): what to set on top of it, as a function of the shrunk
 # keyword arguments and the default config's dict, returning the fields to change.
-FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {}
+FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
+    # Zamba ties every hybrid layer's shared transformer block to the first one's: two hybrid layers to tie
+    "zamba": lambda kw, d: dict(layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"]),
+}
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
