@@ -63,6 +63,14 @@ SMALL = dict(
 FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # Zamba ties every hybrid layer's shared transformer block to the first one's: two hybrid layers to tie
     "zamba": lambda kw, d: dict(layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"]),
+    # Zamba2: its 54-entry layer list sized for the full model; two hybrid layers share one block (with
+    # per-layer LoRA adapters on it, as in Zamba2-1.2B, which add the block's whole width, 2 * hidden, to q,
+    # k and v: heads * head_dim must be that, as many key/value heads as query heads)
+    "zamba2": lambda kw, d: dict(layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"],
+                                 use_shared_attention_adapter=True, adapter_rank=8,
+                                 num_key_value_heads=kw["num_attention_heads"],
+                                 attention_head_dim=2 * kw["hidden_size"] // kw["num_attention_heads"],
+                                 time_step_min=1e-9),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
