@@ -65,7 +65,8 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     "zamba": lambda kw, d: dict(layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"]),
     # Zamba2: its 54-entry layer list sized for the full model; two hybrid layers share one block (with
     # per-layer LoRA adapters on it, as in Zamba2-1.2B, which add the block's whole width, 2 * hidden, to q,
-    # k and v: heads * head_dim must be that, as many key/value heads as query heads)
+    # k and v: heads * head_dim must be that, as many key/value heads as query heads). time_step_min: its
+    # Mamba-2 multi-token scan clamps the time step to it, its one-token step does not (as NemotronH's)
     "zamba2": lambda kw, d: dict(layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"],
                                  use_shared_attention_adapter=True, adapter_rank=8,
                                  num_key_value_heads=kw["num_attention_heads"],
