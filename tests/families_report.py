@@ -72,6 +72,9 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
                                  num_key_value_heads=kw["num_attention_heads"],
                                  attention_head_dim=2 * kw["hidden_size"] // kw["num_attention_heads"],
                                  time_step_min=1e-9),
+    # xLSTM: the mLSTM layer sizes q/k/v as hidden * factor, its cache as that rounded up to a multiple of 64
+    # (configuration_xlstm.py's qk_dim, v_dim): they agree only where hidden * factor is a multiple of 64
+    "xlstm": lambda kw, d: dict(hidden_size=64, qk_dim_factor=1.0, v_dim_factor=1.0),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
