@@ -78,6 +78,9 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # LFM2-MoE names no default layer_types (its layers need them): short-conv and attention layers in turn,
     # the first layer a dense MLP, the rest mixtures of experts
     "lfm2_moe": lambda kw, d: dict(layer_types=["conv", "full_attention"] * 2, num_dense_layers=1),
+    # Granite 4.0-H's default config is all Mamba-2 layers, which generate cannot run (no attention layer for
+    # the cache's length): Mamba-2 and attention layers in turn, as the real checkpoints mix them
+    "granitemoehybrid": lambda kw, d: dict(layer_types=["linear_attention", "full_attention"] * 2),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
