@@ -81,6 +81,9 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # Granite 4.0-H's default config is all Mamba-2 layers, which generate cannot run (no attention layer for
     # the cache's length): Mamba-2 and attention layers in turn, as the real checkpoints mix them
     "granitemoehybrid": lambda kw, d: dict(layer_types=["linear_attention", "full_attention"] * 2),
+    # Bailing-hybrid (Ling 3): its dict names the expert groups num_expert_group, which SMALL misses: 8 groups
+    # of 4 experts is none each; every 2nd layer full MLA attention, the others Kimi delta attention
+    "bailing_hybrid": lambda kw, d: dict(n_group=1, layer_group_size=2),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
