@@ -60,7 +60,31 @@ SMALL = dict(
 # Families whose default config the generic shrink leaves inconsistent (per-layer lists sized for the full
 # model, nested sub-configs, fields that must agree): what to set on top of it, as a function of the shrunk
 # keyword arguments and the default config's dict, returning the fields to change.
-FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {}
+FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
+    # Zamba ties every hybrid layer's shared transformer block to the first one's: two hybrid layers to tie
+    "zamba": lambda kw, d: dict(layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"]),
+    # Zamba2: its 54-entry layer list sized for the full model; two hybrid layers share one block (with
+    # per-layer LoRA adapters on it, as in Zamba2-1.2B, which add the block's whole width, 2 * hidden, to q,
+    # k and v: heads * head_dim must be that, as many key/value heads as query heads). time_step_min: its
+    # Mamba-2 multi-token scan clamps the time step to it, its one-token step does not (as NemotronH's)
+    "zamba2": lambda kw, d: dict(layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"],
+                                 use_shared_attention_adapter=True, adapter_rank=8,
+                                 num_key_value_heads=kw["num_attention_heads"],
+                                 attention_head_dim=2 * kw["hidden_size"] // kw["num_attention_heads"],
+                                 time_step_min=1e-9),
+    # xLSTM: the mLSTM layer sizes q/k/v as hidden * factor, its cache as that rounded up to a multiple of 64
+    # (configuration_xlstm.py's qk_dim, v_dim): they agree only where hidden * factor is a multiple of 64
+    "xlstm": lambda kw, d: dict(hidden_size=64, qk_dim_factor=1.0, v_dim_factor=1.0),
+    # LFM2-MoE names no default layer_types (its layers need them): short-conv and attention layers in turn,
+    # the first layer a dense MLP, the rest mixtures of experts
+    "lfm2_moe": lambda kw, d: dict(layer_types=["conv", "full_attention"] * 2, num_dense_layers=1),
+    # Granite 4.0-H's default config is all Mamba-2 layers, which generate cannot run (no attention layer for
+    # the cache's length): Mamba-2 and attention layers in turn, as the real checkpoints mix them
+    "granitemoehybrid": lambda kw, d: dict(layer_types=["linear_attention", "full_attention"] * 2),
+    # Bailing-hybrid (Ling 3): its dict names the expert groups num_expert_group, which SMALL misses: 8 groups
+    # of 4 experts is none each; every 2nd layer full MLA attention, the others Kimi delta attention
+    "bailing_hybrid": lambda kw, d: dict(n_group=1, layer_group_size=2),
+}
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
