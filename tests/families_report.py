@@ -75,6 +75,8 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # xLSTM: the mLSTM layer sizes q/k/v as hidden * factor, its cache as that rounded up to a multiple of 64
     # (configuration_xlstm.py's qk_dim, v_dim): they agree only where hidden * factor is a multiple of 64
     "xlstm": lambda kw, d: dict(hidden_size=64, qk_dim_factor=1.0, v_dim_factor=1.0),
+    # LFM2's default makes every layer attention (full_attn_idxs): short-conv layers in turn, as the real models have
+    "lfm2": lambda kw, d: dict(layer_types=["conv", "full_attention"] * 2),
     # LFM2-MoE names no default layer_types (its layers need them): short-conv and attention layers in turn,
     # the first layer a dense MLP, the rest mixtures of experts
     "lfm2_moe": lambda kw, d: dict(layer_types=["conv", "full_attention"] * 2, num_dense_layers=1),

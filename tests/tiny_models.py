@@ -66,6 +66,7 @@ FAMILIES = sorted(CONFIGS)
 # kernels are slow, so they are kept out of FAMILIES, which the other property tests sample.
 SSM = dict(hidden_size=32, num_hidden_layers=2, max_position_embeddings=512)
 HYBRID_LAYERS = dict(LAYERS, num_hidden_layers=4, head_dim=8)
+HYBRID_SIZES = dict(LAYERS, num_hidden_layers=4)  # for configs that take no head_dim
 LINEAR_ATTENTION = dict(linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
                         linear_num_value_heads=4)
 RECURRENT_CONFIGS = {
@@ -104,6 +105,25 @@ RECURRENT_CONFIGS = {
         head_dim=8, q_lora_rank=16, o_lora_rank=16, qk_rope_head_dim=8, num_experts_per_tok=2, n_routed_experts=4,
         index_n_heads=2, index_head_dim=8, index_topk=16, sliding_window=16, max_position_embeddings=512,
         **COMMON),
+    # short-conv layers: a conv state and no recurrent state
+    "lfm2": lambda: transformers.Lfm2Config(layer_types=["conv", "full_attention"] * 2, **HYBRID_SIZES, **COMMON),
+    # Kimi delta attention beside multi-head latent attention, MoE with expert groups
+    "bailing_hybrid": lambda: transformers.BailingHybridConfig(
+        hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=4, layer_group_size=2,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=8, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, num_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        max_position_embeddings=512, **COMMON),
+    # one attention block, weight-tied, shared by two hybrid layers through LoRA adapters (time_step_min:
+    # the same multi-token clamp as NemotronH's, above)
+    "zamba2": lambda: transformers.Zamba2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=4, layers_block_type=["linear_attention", "hybrid"] * 2,
+        num_attention_heads=4, num_key_value_heads=4, n_mamba_heads=4, mamba_d_state=8, chunk_size=16,
+        use_shared_attention_adapter=True, adapter_rank=8, time_step_min=1e-9, max_position_embeddings=512,
+        **COMMON),
+    # a cache class of its own, passed as cache_params; mLSTM matrix memory (hidden 64 with q/k/v factors 1:
+    # its layers size heads from hidden * factor, its cache from that rounded up to a multiple of 64)
+    "xlstm": lambda: transformers.xLSTMConfig(hidden_size=64, num_hidden_layers=2, num_heads=4, qk_dim_factor=1.0,
+                                              v_dim_factor=1.0, chunk_size=16, **COMMON),
 }
 RECURRENT_FAMILIES = sorted(RECURRENT_CONFIGS)
 
