@@ -61,6 +61,40 @@ SMALL = dict(
 # model, nested sub-configs, fields that must agree): what to set on top of it, as a function of the shrunk
 # keyword arguments and the default config's dict, returning the fields to change.
 FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {}
+
+
+def _gemma3n_text(kwargs: dict, default: dict) -> dict:
+    # Gemma 3n: per-layer lists sized for 35 layers, 15 KV-sharing layers and a 262k per-layer-input vocab;
+    # half the shrunk layers alternate sliding/full and store KV, the other half reuse it, with the first
+    # half's feed-forwards activation-sparse, and small per-layer inputs, LAuReL and AltUp kept
+    n = kwargs["num_hidden_layers"]
+    return dict(layer_types=["sliding_attention", "full_attention"] * (n // 2), num_kv_shared_layers=n // 2,
+                activation_sparsity_pattern=[0.95] * (n // 2) + [0.0] * (n - n // 2),
+                vocab_size_per_layer_input=kwargs["vocab_size"], hidden_size_per_layer_input=8, laurel_rank=8)
+
+
+FAMILY_FIXES["gemma3n_text"] = _gemma3n_text
+
+
+def _gemma4_text(text: dict, n: int, **fields) -> dict:
+    # Gemma 4's text config, shrunk: its per_layer_config (wider heads on the full-attention layers) is keyed
+    # by the full model's layer indices and is rebuilt from layer_types; sliding/full layers alternate (the
+    # last one full, as Gemma 4 requires), the second half reuses the first half's KV, full layers get 16-wide
+    # heads with keys as values (attention_k_eq_v, one key/value head) and kv-shared layers a double-wide MLP
+    return {**{k: v for k, v in text.items() if k != "per_layer_config"},
+            "layer_types": ["sliding_attention", "full_attention"] * (n // 2), "num_kv_shared_layers": n // 2,
+            "global_head_dim": 16, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+            "use_double_wide_mlp": True, **fields}
+
+
+# Gemma 4 (E2B-like text decoder): as above, with per-layer inputs and mixture-of-experts blocks
+FAMILY_FIXES["gemma4"] = lambda kwargs, default: dict(text_config=_gemma4_text(
+    kwargs["text_config"], kwargs["text_config"]["num_hidden_layers"], hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=kwargs["text_config"]["vocab_size"], enable_moe_block=True, num_experts=4,
+    top_k_experts=2, moe_intermediate_size=32))
+# Gemma 4 unified: its text config has no per-layer inputs or experts
+FAMILY_FIXES["gemma4_unified"] = lambda kwargs, default: dict(text_config=_gemma4_text(
+    kwargs["text_config"], kwargs["text_config"]["num_hidden_layers"]))
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
