@@ -87,12 +87,18 @@ def _gemma4_text(text: dict, n: int, **fields) -> dict:
             "use_double_wide_mlp": True, **fields}
 
 
-# Gemma 4 (E2B-like text decoder): as above, with per-layer inputs and mixture-of-experts blocks
-FAMILY_FIXES["gemma4"] = lambda kwargs, default: dict(text_config=_gemma4_text(
-    kwargs["text_config"], kwargs["text_config"]["num_hidden_layers"], hidden_size_per_layer_input=8,
-    vocab_size_per_layer_input=kwargs["text_config"]["vocab_size"], enable_moe_block=True, num_experts=4,
-    top_k_experts=2, moe_intermediate_size=32))
+def _gemma4_e2b(text: dict) -> dict:
+    # Gemma 4 (E2B-like text decoder): as above, with small per-layer inputs (the default's 262k x 256-per-layer
+    # table alone is 268M parameters at 4 layers) and mixture-of-experts blocks
+    return _gemma4_text(text, text["num_hidden_layers"], hidden_size_per_layer_input=8,
+                        vocab_size_per_layer_input=text["vocab_size"], enable_moe_block=True, num_experts=4,
+                        top_k_experts=2, moe_intermediate_size=32)
+
+
+FAMILY_FIXES["gemma4_text"] = lambda kwargs, default: _gemma4_e2b(kwargs)
+FAMILY_FIXES["gemma4"] = lambda kwargs, default: dict(text_config=_gemma4_e2b(kwargs["text_config"]))
 # Gemma 4 unified: its text config has no per-layer inputs or experts
+FAMILY_FIXES["gemma4_unified_text"] = lambda kwargs, default: _gemma4_text(kwargs, kwargs["num_hidden_layers"])
 FAMILY_FIXES["gemma4_unified"] = lambda kwargs, default: dict(text_config=_gemma4_text(
     kwargs["text_config"], kwargs["text_config"]["num_hidden_layers"]))
 # Gemma 3n: its text config as gemma3n_text's, and a small audio encoder (its vision tower is a timm model)
