@@ -57,10 +57,20 @@ SMALL = dict(
     expert_layer_period=2, expert_layer_offset=1,
     bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3,
 )
+# A vision tower a multimodal family builds but the text-only report never runs: as small as it goes.
+TINY_VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                   vision_output_dim=32, projector_input_dim=32, projector_output_dim=32, image_size=28,
+                   patch_size=14)
 # Families whose default config the generic shrink leaves inconsistent (per-layer lists sized for the full
 # model, nested sub-configs, fields that must agree): what to set on top of it, as a function of the shrunk
 # keyword arguments and the default config's dict, returning the fields to change.
-FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {}
+FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
+    # the text config's per-layer lists (no_rope_layers, moe_layers) are sized for 48 layers: let the 4-layer
+    # config derive them (NoPE full attention every 4th layer, chunked attention elsewhere); a small vision tower
+    "llama4": lambda kw, d: dict(
+        text_config={**kw["text_config"], "no_rope_layers": None, "moe_layers": None, "no_rope_layer_interval": 2},
+        vision_config={**d["vision_config"], **TINY_VISION}),
+}
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
