@@ -66,7 +66,7 @@ TINY_VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, i
 # keyword arguments and the default config's dict, returning the fields to change.
 FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # the text config's per-layer lists (no_rope_layers, moe_layers) are sized for 48 layers: let the 4-layer
-    # config derive them (NoPE full attention every 4th layer, chunked attention elsewhere); a small vision tower
+    # config derive them (NoPE full attention every 2nd layer, chunked RoPE attention between); a tiny vision tower
     "llama4": lambda kw, d: dict(
         text_config={**kw["text_config"], "no_rope_layers": None, "moe_layers": None, "no_rope_layer_interval": 2},
         vision_config={**d["vision_config"], **TINY_VISION}),
