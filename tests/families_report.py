@@ -70,6 +70,11 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     "llama4": lambda kw, d: dict(
         text_config={**kw["text_config"], "no_rope_layers": None, "moe_layers": None, "no_rope_layer_interval": 2},
         vision_config={**d["vision_config"], **TINY_VISION}),
+    # nested attention/FFN sub-configs the shrink does not reach; DbrxAttention reads attn_config.rope_theta,
+    # which DbrxAttentionConfig no longer defines (real checkpoints' config.json carry it), so set it there
+    "dbrx": lambda kw, d: dict(
+        attn_config={**d["attn_config"], "kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},
+        ffn_config={**d["ffn_config"], "ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
