@@ -73,6 +73,7 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # nested attention/FFN sub-configs the shrink does not reach; DbrxAttention reads attn_config.rope_theta,
     # which DbrxAttentionConfig no longer defines (real checkpoints' config.json carry it), so set it there
     "dbrx": lambda kw, d: dict(
+        n_heads=4, n_layers=4,  # its own names for the head and layer counts
         attn_config={**d["attn_config"], "kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},
         ffn_config={**d["ffn_config"], "ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
 }
