@@ -76,6 +76,9 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
         n_heads=4, n_layers=4,  # its own names for the head and layer counts
         attn_config={**d["attn_config"], "kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},
         ffn_config={**d["ffn_config"], "ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
+    # the default leaves n_shared_experts None, which its MoE block multiplies by; dots.llm1's layout: one dense
+    # layer first, then MoE layers with shared experts beside the routed ones
+    "dots1": lambda kw, d: dict(n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
