@@ -79,6 +79,20 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # the default leaves n_shared_experts None, which its MoE block multiplies by; dots.llm1's layout: one dense
     # layer first, then MoE layers with shared experts beside the routed ones
     "dots1": lambda kw, d: dict(n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True),
+    # dots3_note_text wrapped with vision and audio towers: the text config's per-layer lists and per-layer
+    # (sliding-layer) overrides are sized for 46 layers, so they are derived again for 4, the sliding layers'
+    # own attention sizes (swa_*) shrunk, MLA key/value heads as many as query heads; the towers' adapters must
+    # output the text hidden size
+    "dots3_note": lambda kw, d: dict(
+        text_config={**{k: v for k, v in kw["text_config"].items()
+                        if k not in ("per_layer_config", "mlp_layer_types", "rope_parameters")},
+                     "num_key_value_heads": 4, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 4,
+                     "swa_q_lora_rank": 16, "swa_kv_lora_rank": 16, "swa_head_dim": 16, "swa_qk_nope_head_dim": 8,
+                     "swa_v_head_dim": 8},
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                           moe_intermediate_size=32, adapter_in_dim=32, adapter_out_dim=32, mlp_layer_types=["dense"]),
+        audio_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                          adapter_input_size=32, adapter_out_dim=32, downsample_hidden_size=32)),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
