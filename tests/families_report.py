@@ -93,6 +93,12 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
                            moe_intermediate_size=32, adapter_in_dim=32, adapter_out_dim=32, mlp_layer_types=["dense"]),
         audio_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                           adapter_input_size=32, adapter_out_dim=32, downsample_hidden_size=32)),
+    # the default config has no RoPE parameters at all (the rotary module then fails on a missing layer kind):
+    # Command-A-style layers, sliding windows with (multimodal, 3-axis) RoPE and one NoPE full-attention layer
+    "cohere_compass_text": lambda kw, d: dict(
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=50000.0, mrope_section=[2, 1, 1]),
+                         "full_attention": None}),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
