@@ -61,6 +61,12 @@ SMALL = dict(
 TINY_VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
                    vision_output_dim=32, projector_input_dim=32, projector_output_dim=32, image_size=28,
                    patch_size=14)
+# Qwen4-Exp's attention layers always build the QSA token indexer (block top-k sparse attention), whose sizes
+# default to None; small hyper-connections; per-layer n-gram embeddings (PLE) on one delta-net layer, over small
+# hashed vocabularies (the default base is 20M rows per head)
+QWEN4_EXP_TEXT = dict(
+    indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=8, indexer_budget=8, indexer_compress_ratio=4,
+    hc_count=2, hc_lowrank=16, ple_layer_ids=[2], ple_embed_dim=32, heads_per_ngram=2, ngram_vocab_size_base=1000)
 # Families whose default config the generic shrink leaves inconsistent (per-layer lists sized for the full
 # model, nested sub-configs, fields that must agree): what to set on top of it, as a function of the shrunk
 # keyword arguments and the default config's dict, returning the fields to change.
@@ -99,6 +105,11 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
         layer_types=["sliding_attention"] * 3 + ["full_attention"],
         rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=50000.0, mrope_section=[2, 1, 1]),
                          "full_attention": None}),
+    "qwen4_exp_text": lambda kw, d: QWEN4_EXP_TEXT,
+    "qwen4_exp": lambda kw, d: dict(
+        # number_of_conv_states is derived from ple_layer_ids: the default's (no PLE) must not come back in
+        text_config={**{k: v for k, v in kw["text_config"].items() if k != "number_of_conv_states"}, **QWEN4_EXP_TEXT},
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=32)),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
