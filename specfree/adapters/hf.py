@@ -148,11 +148,10 @@ class HFAdapter:
             # model's pick is split-invariant. (Qwen4-Exp's QSA, a top-k over per-query block lists, measures
             # split-invariant in transformers 5.23, but that is its implementation's property, not the kind's.)
             raise UnsupportedModelError(
-                f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers): each row "
-                "attends only to the keys a top-k over indexer scores picks, and in transformers that pick can "
-                "change with how the tokens are split between forwards (DeepSeek-V3.2-style indexers break ties "
-                "between equal scores differently for different splits), so specfree cannot guarantee generate's "
-                "output. Use another model family.")
+                f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers): a row sees "
+                "only the keys a top-k over indexer scores picks, and in transformers the pick can change with how "
+                "the tokens are split between forwards (DeepSeek-V3.2-style indexers break score ties by the "
+                "forward's length), so specfree cannot guarantee generate's output. Use another model family.")
         self.keeps_cache = keeps_kv_cache(model)
         self.chain_only = verifies_chains(model)
         if self.chain_only and self.slots is not None:
