@@ -105,8 +105,9 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
         layer_types=["sliding_attention"] * 3 + ["full_attention"],
         rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=50000.0, mrope_section=[2, 1, 1]),
                          "full_attention": None}),
-    # ZAYA's router picks one expert per token (its config refuses more)
-    "zaya": lambda kw, d: dict(num_experts_per_tok=1),
+    # ZAYA's router picks one expert per token (its config refuses more); its sliding-window layer kind too (the
+    # default is full attention everywhere), whose cache layer drops what falls out of the window
+    "zaya": lambda kw, d: dict(num_experts_per_tok=1, layer_types=["hybrid", "hybrid_sliding"] * 2, sliding_window=32),
     "qwen4_exp_text": lambda kw, d: QWEN4_EXP_TEXT,
     "qwen4_exp": lambda kw, d: dict(
         # number_of_conv_states is derived from ple_layer_ids: the default's (no PLE) must not come back in
