@@ -57,6 +57,16 @@ SMALL = dict(
     expert_layer_period=2, expert_layer_offset=1,
     bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3,
 )
+# A vision tower a multimodal family builds but the text-only report never runs: as small as it goes.
+TINY_VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                   vision_output_dim=32, projector_input_dim=32, projector_output_dim=32, image_size=28,
+                   patch_size=14)
+# Qwen4-Exp's attention layers always build the QSA token indexer (block top-k sparse attention), whose sizes
+# default to None; small hyper-connections; per-layer n-gram embeddings (PLE) on one delta-net layer, over small
+# hashed vocabularies (the default base is 20M rows per head)
+QWEN4_EXP_TEXT = dict(
+    indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=8, indexer_budget=8, indexer_compress_ratio=4,
+    hc_count=2, hc_lowrank=16, ple_layer_ids=[2], ple_embed_dim=32, heads_per_ngram=2, ngram_vocab_size_base=1000)
 # Families whose default config the generic shrink leaves inconsistent (per-layer lists sized for the full
 # model, nested sub-configs, fields that must agree): what to set on top of it, as a function of the shrunk
 # keyword arguments and the default config's dict, returning the fields to change.
@@ -86,6 +96,48 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # Bailing-hybrid (Ling 3): its dict names the expert groups num_expert_group, which SMALL misses: 8 groups
     # of 4 experts is none each; every 2nd layer full MLA attention, the others Kimi delta attention
     "bailing_hybrid": lambda kw, d: dict(n_group=1, layer_group_size=2),
+    # the text config's per-layer lists (no_rope_layers, moe_layers) are sized for 48 layers: let the 4-layer
+    # config derive them (NoPE full attention every 2nd layer, chunked RoPE attention between); a tiny vision tower
+    "llama4": lambda kw, d: dict(
+        text_config={**kw["text_config"], "no_rope_layers": None, "moe_layers": None, "no_rope_layer_interval": 2},
+        vision_config={**d["vision_config"], **TINY_VISION}),
+    # nested attention/FFN sub-configs the shrink does not reach; DbrxAttention reads attn_config.rope_theta,
+    # which DbrxAttentionConfig no longer defines (real checkpoints' config.json carry it), so set it there
+    "dbrx": lambda kw, d: dict(
+        n_heads=4, n_layers=4,  # its own names for the head and layer counts
+        attn_config={**d["attn_config"], "kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},
+        ffn_config={**d["ffn_config"], "ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
+    # the default leaves n_shared_experts None, which its MoE block multiplies by; dots.llm1's layout: one dense
+    # layer first, then MoE layers with shared experts beside the routed ones
+    "dots1": lambda kw, d: dict(n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True),
+    # dots3_note_text wrapped with vision and audio towers: the text config's per-layer lists and per-layer
+    # (sliding-layer) overrides are sized for 46 layers, so they are derived again for 4, the sliding layers'
+    # own attention sizes (swa_*) shrunk, MLA key/value heads as many as query heads; the towers' adapters must
+    # output the text hidden size
+    "dots3_note": lambda kw, d: dict(
+        text_config={**{k: v for k, v in kw["text_config"].items()
+                        if k not in ("per_layer_config", "mlp_layer_types", "rope_parameters")},
+                     "num_key_value_heads": 4, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 4,
+                     "swa_q_lora_rank": 16, "swa_kv_lora_rank": 16, "swa_head_dim": 16, "swa_qk_nope_head_dim": 8,
+                     "swa_v_head_dim": 8},
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                           moe_intermediate_size=32, adapter_in_dim=32, adapter_out_dim=32, mlp_layer_types=["dense"]),
+        audio_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                          adapter_input_size=32, adapter_out_dim=32, downsample_hidden_size=32)),
+    # the default config has no RoPE parameters at all (the rotary module then fails on a missing layer kind):
+    # Command-A-style layers, sliding windows with (multimodal, 3-axis) RoPE and one NoPE full-attention layer
+    "cohere_compass_text": lambda kw, d: dict(
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=50000.0, mrope_section=[2, 1, 1]),
+                         "full_attention": None}),
+    # ZAYA's router picks one expert per token (its config refuses more); its sliding-window layer kind too (the
+    # default is full attention everywhere), whose cache layer drops what falls out of the window
+    "zaya": lambda kw, d: dict(num_experts_per_tok=1, layer_types=["hybrid", "hybrid_sliding"] * 2, sliding_window=32),
+    "qwen4_exp_text": lambda kw, d: QWEN4_EXP_TEXT,
+    "qwen4_exp": lambda kw, d: dict(
+        # number_of_conv_states is derived from ple_layer_ids: the default's (no PLE) must not come back in
+        text_config={**{k: v for k, v in kw["text_config"].items() if k != "number_of_conv_states"}, **QWEN4_EXP_TEXT},
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=32)),
 }
 
 

@@ -144,10 +144,14 @@ class HFAdapter:
         self.cache_kind = recurrent.cache_kind(model)
         kinds = layer_kinds(model)
         if "indexed_attention" in kinds:
+            # Refused by kind: a probe over a few tokens never reaches the top-k budget, so it cannot show that a
+            # model's pick is split-invariant. (Qwen4-Exp's QSA, a top-k over per-query block lists, measures
+            # split-invariant in transformers 5.23, but that is its implementation's property, not the kind's.)
             raise UnsupportedModelError(
-                f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers), whose "
-                "logits in transformers depend on how the tokens are split between forwards, so specfree "
-                "cannot reproduce generate's output. Use another model family.")
+                f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers): a row sees "
+                "only the keys a top-k over indexer scores picks, and in transformers the pick can change with how "
+                "the tokens are split between forwards (DeepSeek-V3.2-style indexers break score ties by the "
+                "forward's length), so specfree cannot guarantee generate's output. Use another model family.")
         self.keeps_cache = keeps_kv_cache(model)
         self.chain_only = verifies_chains(model)
         if self.chain_only and self.slots is not None:
