@@ -60,7 +60,10 @@ SMALL = dict(
 # Families whose default config the generic shrink leaves inconsistent (per-layer lists sized for the full
 # model, nested sub-configs, fields that must agree): what to set on top of it, as a function of the shrunk
 # keyword arguments and the default config's dict, returning the fields to change.
-FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {}
+FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
+    # X-MOD's forward needs a language for its adapters when no lang_ids are passed: the first it names
+    "xmod": lambda kwargs, default: dict(default_language=default["languages"][0]),
+}
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
