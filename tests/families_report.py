@@ -63,14 +63,42 @@ SMALL = dict(
 FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # X-MOD's forward needs a language for its adapters when no lang_ids are passed: the first it names
     "xmod": lambda kwargs, default: dict(default_language=default["languages"][0]),
+    # MusicGen's start and pad token is the one past the codebook vocabulary, as in its checkpoints
+    "musicgen": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"], bos_token_id=kwargs["vocab_size"]),
+    "musicgen_melody": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"],
+                                                    bos_token_id=kwargs["vocab_size"]),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
-def tiny_config(model_type: str):
+def causal_lm_class(model_type: str):
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+
+
+def config_class(model_type: str):
+    """The config class the family's causal LM is built from: the family's own, or, where that is a
+    composite whose causal LM takes one of its sub-configs other than text_config (MusicGen's
+    decoder: ``AutoModelForCausalLM.from_config`` hands it the composite, which it cannot read), that
+    sub-config's class."""
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
+    takes = getattr(causal_lm_class(model_type), "config_class", None)
+    if takes is None or issubclass(cls, takes):
+        return cls
+    default = cls().to_dict()
+    if any(isinstance(sub, dict) and sub.get("model_type") == takes.model_type
+           for key, sub in default.items() if key != "text_config"):
+        return takes
+    return cls
+
+
+def tiny_config(model_type: str):
+
+    cls = config_class(model_type)
     default = cls().to_dict()
 
     def shrink(fields: dict) -> dict:
@@ -117,11 +145,15 @@ def try_family(model_type: str) -> dict:
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
+        config = tiny_config(model_type)
+        # a sub-config (MusicGen's decoder) is not in the auto mapping: its causal LM class builds it
+        build = transformers.AutoModelForCausalLM.from_config if type(config) is transformers.CONFIG_MAPPING[
+            model_type] else causal_lm_class(model_type)._from_config
         try:
-            model = transformers.AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation="sdpa")
+            model = build(config, attn_implementation="sdpa")
         except (ValueError, ImportError):  # no SDPA path in this family
             torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(tiny_config(model_type))
+            model = build(config)
         model.eval()
         model.generation_config.pad_token_id = 0
         # generate would force EOS as the last token (encoder-decoder configs); specfree's Engine has no
@@ -133,6 +165,12 @@ def try_family(model_type: str) -> dict:
         reference = reference_greedy(model, PROMPT, NEW_TOKENS, ignore_eos=True)
         truth = PROMPT + reference_greedy(model, PROMPT, NEW_TOKENS + 8, ignore_eos=True)
     except Exception as exc:
+        try:  # a model specfree refuses is refused, whatever its generate does
+            Engine.from_model(model, None, "prompt_lookup")
+        except UnsupportedModelError as refusal:
+            return dict(verdict="refused", why=_short(refusal, 400))
+        except Exception:
+            pass
         return dict(verdict="not tested", why=f"generate fails: {type(exc).__name__}: {_short(exc)}")
     strategies = dict(STRATEGIES, oracle=None)
     covered, mode = [], None

@@ -133,6 +133,20 @@ def test_sparse_top_k_attention_is_refused_by_name():
         HFAdapter(model)
 
 
+@pytest.mark.parametrize("codebooks", [1, 4])
+def test_one_lm_head_per_codebook_is_refused_by_name(codebooks):
+    """MusicGen's decoder predicts one token per codebook at each position (a list of LM heads), and
+    its generate offsets the codebooks by a delay pattern: even one codebook is not plain decoding
+    (the first prompt token becomes the start token, pad tokens leave the output)."""
+    config = transformers.MusicgenDecoderConfig(vocab_size=128, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                                num_attention_heads=4, num_codebooks=codebooks, pad_token_id=128,
+                                                bos_token_id=128, max_position_embeddings=512)
+    model = transformers.MusicgenForCausalLM(config).eval()
+    with pytest.raises(UnsupportedModelError, match=f"model family 'musicgen_decoder' keeps its LM heads in a "
+                                                    rf"list \({codebooks}, one per audio codebook"):
+        HFAdapter(model)
+
+
 def test_model_files_that_do_not_exist(tmp_path):
     with pytest.raises(ModelLoadError, match="GGUF file not found: .*missing.gguf"):
         load_model(str(tmp_path / "missing.gguf"))

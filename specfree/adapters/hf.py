@@ -104,6 +104,29 @@ def use_maskable_attention(model) -> None:
         "attn_implementation='sdpa' or 'eager'.")
 
 
+def check_one_token_per_position(model) -> None:
+    """Refuse, by name, a model without one LM head over its vocabulary: specfree drafts and
+    verifies one token sequence, one token per position. MusicGen's decoders have a list of heads,
+    one per audio codebook, and take one row of input_ids per codebook."""
+    heads = model.get_output_embeddings()
+    if isinstance(getattr(heads, "weight", None), torch.Tensor) and heads.weight.dim() == 2:
+        return
+    config = model.config
+    family = config.model_type
+    codebooks = getattr(config.get_text_config(decoder=True), "num_codebooks", None)
+    if isinstance(heads, torch.nn.ModuleList):
+        raise UnsupportedModelError(
+            f"model family '{family}' keeps its LM heads in a list ({len(heads)}"
+            + (f", one per audio codebook, num_codebooks={codebooks}: its input_ids hold one row per codebook, "
+               "and its generate offsets the codebooks by a delay pattern and drops pad tokens from its output"
+               if codebooks is not None else "")
+            + "), while specfree drafts and verifies one token sequence with one LM head. "
+            "Use another model family.")
+    raise UnsupportedModelError(
+        f"model family '{family}' has no single LM head over its vocabulary (its output embeddings are "
+        f"{type(heads).__name__}), so specfree cannot verify drafts on it. Use another model family.")
+
+
 def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "few_row",
                   cache_dir: str | None = None) -> int:
     """Swap in the kernels every adapter runs (each swap computes the same function; doing it twice
@@ -133,6 +156,7 @@ class HFAdapter:
         self._embeddings = model.get_input_embeddings()
         config = model.config
         self.family = config.model_type
+        check_one_token_per_position(model)
         self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
         self.runner = runner
         self.slots: StaticSlots | None = runner.slots if runner is not None else None
