@@ -153,7 +153,7 @@ def try_family(model_type: str) -> dict:
             model = build(config, attn_implementation="sdpa")
         except (ValueError, ImportError):  # no SDPA path in this family
             torch.manual_seed(0)
-            model = build(config)
+            model = build(tiny_config(model_type))  # a fresh config: the failed try set its attention
         model.eval()
         model.generation_config.pad_token_id = 0
         # generate would force EOS as the last token (encoder-decoder configs); specfree's Engine has no
