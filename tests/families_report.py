@@ -63,6 +63,13 @@ SMALL = dict(
 FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # X-MOD's forward needs a language for its adapters when no lang_ids are passed: the first it names
     "xmod": lambda kwargs, default: dict(default_language=default["languages"][0]),
+    # ReformerModelWithLMHead needs a decoder; one local and one LSH layer, chunks shorter than the report's text
+    # so both chunk, axial positions that cover max_position_embeddings and sum to hidden_size, a fixed bucket
+    # count and hash seed (else each forward draws its own random rotations: generate is not reproducible)
+    "reformer": lambda kwargs, default: dict(
+        is_decoder=True, attn_layers=["local", "lsh"], num_hidden_layers=2, feed_forward_size=64,
+        axial_pos_shape=[16, 32], axial_pos_embds_dim=[16, 16], local_attn_chunk_length=16,
+        lsh_attn_chunk_length=16, num_buckets=4, hash_seed=0),
     # MusicGen's start and pad token is the one past the codebook vocabulary, as in its checkpoints
     "musicgen": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"], bos_token_id=kwargs["vocab_size"]),
     "musicgen_melody": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"],

@@ -147,6 +147,20 @@ def test_one_lm_head_per_codebook_is_refused_by_name(codebooks):
         HFAdapter(model)
 
 
+def test_lsh_attention_is_refused_by_name():
+    """Reformer's LSH layers chunk the tokens by hash bucket past their chunk length: a row's logits
+    change with later tokens, and generate's cached one-token steps see other keys."""
+    config = transformers.ReformerConfig(vocab_size=128, hidden_size=32, attention_head_size=8, num_attention_heads=4,
+                                         feed_forward_size=64, attn_layers=["local", "lsh"], num_hidden_layers=2,
+                                         axial_pos_shape=[16, 32], axial_pos_embds_dim=[16, 16],
+                                         max_position_embeddings=512, local_attn_chunk_length=16,
+                                         lsh_attn_chunk_length=16, num_buckets=4, hash_seed=0, is_decoder=True)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UnsupportedModelError, match="model family 'reformer' runs LSH attention "
+                                                    r"\(attn_layers 'lsh', lsh_attn_chunk_length=16\)"):
+        HFAdapter(model)
+
+
 def test_model_files_that_do_not_exist(tmp_path):
     with pytest.raises(ModelLoadError, match="GGUF file not found: .*missing.gguf"):
         load_model(str(tmp_path / "missing.gguf"))

@@ -172,6 +172,15 @@ class HFAdapter:
                 f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers), whose "
                 "logits in transformers depend on how the tokens are split between forwards, so specfree "
                 "cannot reproduce generate's output. Use another model family.")
+        lsh_chunk = getattr(config, "lsh_attn_chunk_length", None)
+        if "lsh" in (getattr(config, "attn_layers", None) or ()) and (lsh_chunk or 0) < self.max_length:
+            raise UnsupportedModelError(
+                f"model family '{self.family}' runs LSH attention (attn_layers 'lsh', lsh_attn_chunk_length="
+                f"{lsh_chunk}): past {lsh_chunk} tokens a forward hashes the tokens into buckets and chunks them "
+                "by bucket, so a row's logits change when later tokens are appended, and generate's one-token "
+                "steps over its cache (past_buckets_states, which takes one token per forward) attend over "
+                "other keys than a forward over several tokens; verifying several tokens at once cannot reproduce "
+                "generate's output. Use another model family (or a model with local attention layers only).")
         self.keeps_cache = keeps_kv_cache(model)
         self.chain_only = verifies_chains(model)
         if self.chain_only and self.slots is not None:
