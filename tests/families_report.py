@@ -70,6 +70,22 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
         is_decoder=True, attn_layers=["local", "lsh"], num_hidden_layers=2, feed_forward_size=64,
         axial_pos_shape=[16, 32], axial_pos_embds_dim=[16, 16], local_attn_chunk_length=16,
         lsh_attn_chunk_length=16, num_buckets=4, hash_seed=0),
+    # BLT: every sub-config shrunk (local encoder and decoder 32 wide, global transformer 64 = 32 x cross_attn_k,
+    # entropy patcher), one vocabulary for all, and a small hash n-gram table (500002 rows x 6 by default);
+    # num_hidden_layers, which sizes generate's cache for the local encoder and decoder: the deeper of the two
+    "blt": lambda kwargs, default: dict(
+        num_hidden_layers=2, encoder_hash_byte_group_vocab=64, encoder_hash_byte_group_size=[3, 4],
+        local_attention_window_len=512,
+        encoder_config=dict(vocab_size=kwargs["vocab_size"], hidden_size=32, hidden_size_global=64,
+                            num_attention_heads=4, num_hidden_layers=1, intermediate_size=64,
+                            max_position_embeddings=512, cross_attn_k=2),
+        decoder_config=dict(vocab_size=kwargs["vocab_size"], hidden_size=32, hidden_size_global=64,
+                            num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
+                            max_position_embeddings=512, cross_attn_k=2),
+        global_config=dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128,
+                           max_position_embeddings=512),
+        patcher_config=dict(vocab_size=kwargs["vocab_size"], hidden_size=32, num_attention_heads=4,
+                            num_hidden_layers=2, intermediate_size=64, max_position_embeddings=512)),
     # MusicGen's start and pad token is the one past the codebook vocabulary, as in its checkpoints
     "musicgen": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"], bos_token_id=kwargs["vocab_size"]),
     "musicgen_melody": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"],

@@ -147,6 +147,17 @@ def test_one_lm_head_per_codebook_is_refused_by_name(codebooks):
         HFAdapter(model)
 
 
+def test_logits_that_depend_on_the_split_between_forwards_are_refused_by_name():
+    """BLT patches, hashes and runs its global transformer over each forward's own tokens."""
+    from tests.families_report import tiny_config
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("blt")).eval()
+    with pytest.raises(UnsupportedModelError, match="model family 'blt' runs its entropy patcher.* its logits "
+                                                    "depend on how the tokens are split between forwards"):
+        HFAdapter(model)
+
+
 def test_lsh_attention_is_refused_by_name():
     """Reformer's LSH layers chunk the tokens by hash bucket past their chunk length: a row's logits
     change with later tokens, and generate's cached one-token steps see other keys."""

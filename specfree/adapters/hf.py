@@ -51,6 +51,13 @@ def context_limit(config) -> int:
     return 2048
 
 
+# Families whose logits in transformers depend on how the tokens are split between forwards, so that no
+# verification of several tokens at once can reproduce generate's one-token steps: why, by family.
+SPLIT_DEPENDENT = {
+    "blt": "runs its entropy patcher, its hash n-gram embeddings and its global patch transformer over the tokens "
+           "of each forward only (its cache keeps just the local layers' keys and values)",
+}
+
 # Layer kinds one additive mask per kind can express (the names models use in ``layer_types``).
 MASKABLE_LAYERS = {"full_attention", "sliding_attention"}
 
@@ -172,6 +179,12 @@ class HFAdapter:
                 f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers), whose "
                 "logits in transformers depend on how the tokens are split between forwards, so specfree "
                 "cannot reproduce generate's output. Use another model family.")
+        if self.family in SPLIT_DEPENDENT:
+            raise UnsupportedModelError(
+                f"model family '{self.family}' {SPLIT_DEPENDENT[self.family]}, so its logits depend on how the "
+                "tokens are split between forwards (several tokens in one forward after a cached prefix differ "
+                "from as many one-token steps), and specfree cannot reproduce generate's output. Use another "
+                "model family.")
         lsh_chunk = getattr(config, "lsh_attn_chunk_length", None)
         if "lsh" in (getattr(config, "attn_layers", None) or ()) and (lsh_chunk or 0) < self.max_length:
             raise UnsupportedModelError(
