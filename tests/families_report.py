@@ -188,10 +188,11 @@ def try_family(model_type: str) -> dict:
         reference = reference_greedy(model, PROMPT, NEW_TOKENS, ignore_eos=True)
         truth = PROMPT + reference_greedy(model, PROMPT, NEW_TOKENS + 8, ignore_eos=True)
     except Exception as exc:
-        try:  # a model specfree refuses is refused, whatever its generate does
+        try:  # a model specfree refuses on its own grounds is refused, whatever its generate does
             Engine.from_model(model, None, "prompt_lookup")
         except UnsupportedModelError as refusal:
-            return dict(verdict="refused", why=_short(refusal, 400))
+            if refusal.__cause__ is None:  # not a probe forward that failed: that is the model's own failure
+                return dict(verdict="refused", why=_short(refusal, 400))
         except Exception:
             pass
         return dict(verdict="not tested", why=f"generate fails: {type(exc).__name__}: {_short(exc)}")
