@@ -153,7 +153,7 @@ def test_logits_that_depend_on_the_split_between_forwards_are_refused_by_name():
 
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config("blt")).eval()
-    with pytest.raises(UnsupportedModelError, match="model family 'blt' runs its entropy patcher.* its logits "
+    with pytest.raises(UnsupportedModelError, match="model family 'blt' patches, hashes n-grams.* its logits "
                                                     "depend on how the tokens are split between forwards"):
         HFAdapter(model)
 

@@ -54,8 +54,8 @@ def context_limit(config) -> int:
 # Families whose logits in transformers depend on how the tokens are split between forwards, so that no
 # verification of several tokens at once can reproduce generate's one-token steps: why, by family.
 SPLIT_DEPENDENT = {
-    "blt": "runs its entropy patcher, its hash n-gram embeddings and its global patch transformer over the tokens "
-           "of each forward only (its cache keeps just the local layers' keys and values)",
+    "blt": "patches, hashes n-grams and runs its global transformer over each forward's own tokens (its cache "
+           "keeps only the local layers' keys and values)",
 }
 
 # Layer kinds one additive mask per kind can express (the names models use in ``layer_types``).
@@ -182,18 +182,16 @@ class HFAdapter:
         if self.family in SPLIT_DEPENDENT:
             raise UnsupportedModelError(
                 f"model family '{self.family}' {SPLIT_DEPENDENT[self.family]}, so its logits depend on how the "
-                "tokens are split between forwards (several tokens in one forward after a cached prefix differ "
-                "from as many one-token steps), and specfree cannot reproduce generate's output. Use another "
+                "tokens are split between forwards and specfree cannot reproduce generate's output. Use another "
                 "model family.")
         lsh_chunk = getattr(config, "lsh_attn_chunk_length", None)
         if "lsh" in (getattr(config, "attn_layers", None) or ()) and (lsh_chunk or 0) < self.max_length:
             raise UnsupportedModelError(
                 f"model family '{self.family}' runs LSH attention (attn_layers 'lsh', lsh_attn_chunk_length="
-                f"{lsh_chunk}): past {lsh_chunk} tokens a forward hashes the tokens into buckets and chunks them "
-                "by bucket, so a row's logits change when later tokens are appended, and generate's one-token "
-                "steps over its cache (past_buckets_states, which takes one token per forward) attend over "
-                "other keys than a forward over several tokens; verifying several tokens at once cannot reproduce "
-                "generate's output. Use another model family (or a model with local attention layers only).")
+                f"{lsh_chunk}): past {lsh_chunk} tokens a forward sorts the tokens into hash-bucket chunks, so a "
+                "row's logits change with later tokens, and generate's one-token cached steps attend over other keys "
+                "than a forward over several tokens. Use a model with local attention layers only, or another "
+                "model family.")
         self.keeps_cache = keeps_kv_cache(model)
         self.chain_only = verifies_chains(model)
         if self.chain_only and self.slots is not None:
