@@ -138,6 +138,35 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
         # number_of_conv_states is derived from ple_layer_ids: the default's (no PLE) must not come back in
         text_config={**{k: v for k, v in kw["text_config"].items() if k != "number_of_conv_states"}, **QWEN4_EXP_TEXT},
         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=32)),
+    # X-MOD's forward needs a language for its adapters when no lang_ids are passed: the first it names
+    "xmod": lambda kwargs, default: dict(default_language=default["languages"][0]),
+    # ReformerModelWithLMHead needs a decoder; one local and one LSH layer, chunks shorter than the report's text
+    # so both chunk, axial positions that cover max_position_embeddings and sum to hidden_size, a fixed bucket
+    # count and hash seed (else each forward draws its own random rotations: generate is not reproducible)
+    "reformer": lambda kwargs, default: dict(
+        is_decoder=True, attn_layers=["local", "lsh"], num_hidden_layers=2, feed_forward_size=64,
+        axial_pos_shape=[16, 32], axial_pos_embds_dim=[16, 16], local_attn_chunk_length=16,
+        lsh_attn_chunk_length=16, num_buckets=4, hash_seed=0),
+    # BLT: every sub-config shrunk (local encoder and decoder 32 wide, global transformer 64 = 32 x cross_attn_k,
+    # entropy patcher), one vocabulary for all, and a small hash n-gram table (500002 rows x 6 by default);
+    # num_hidden_layers, which sizes generate's cache for the local encoder and decoder: the deeper of the two
+    "blt": lambda kwargs, default: dict(
+        num_hidden_layers=2, encoder_hash_byte_group_vocab=64, encoder_hash_byte_group_size=[3, 4],
+        local_attention_window_len=512,
+        encoder_config=dict(vocab_size=kwargs["vocab_size"], hidden_size=32, hidden_size_global=64,
+                            num_attention_heads=4, num_hidden_layers=1, intermediate_size=64,
+                            max_position_embeddings=512, cross_attn_k=2),
+        decoder_config=dict(vocab_size=kwargs["vocab_size"], hidden_size=32, hidden_size_global=64,
+                            num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
+                            max_position_embeddings=512, cross_attn_k=2),
+        global_config=dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128,
+                           max_position_embeddings=512),
+        patcher_config=dict(vocab_size=kwargs["vocab_size"], hidden_size=32, num_attention_heads=4,
+                            num_hidden_layers=2, intermediate_size=64, max_position_embeddings=512)),
+    # MusicGen's start and pad token is the one past the codebook vocabulary, as in its checkpoints
+    "musicgen": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"], bos_token_id=kwargs["vocab_size"]),
+    "musicgen_melody": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"],
+                                                    bos_token_id=kwargs["vocab_size"]),
 }
 
 
@@ -213,10 +242,33 @@ NOT_TESTED["gemma3n"] = ("(Gemma3nModel always builds its vision tower, a timm M
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
-def tiny_config(model_type: str):
+def causal_lm_class(model_type: str):
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+
+
+def config_class(model_type: str):
+    """The config class the family's causal LM is built from: the family's own, or, where that is a
+    composite whose causal LM takes one of its sub-configs other than text_config (MusicGen's
+    decoder: ``AutoModelForCausalLM.from_config`` hands it the composite, which it cannot read), that
+    sub-config's class."""
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
+    takes = getattr(causal_lm_class(model_type), "config_class", None)
+    if takes is None or issubclass(cls, takes):
+        return cls
+    default = cls().to_dict()
+    if any(isinstance(sub, dict) and sub.get("model_type") == takes.model_type
+           for key, sub in default.items() if key != "text_config"):
+        return takes
+    return cls
+
+
+def tiny_config(model_type: str):
+    cls = config_class(model_type)
     default = cls(**DEFAULT_KWARGS.get(model_type, {})).to_dict()
 
     def shrink(fields: dict) -> dict:
@@ -263,11 +315,15 @@ def try_family(model_type: str) -> dict:
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
+        config = tiny_config(model_type)
+        # a sub-config (MusicGen's decoder) is not in the auto mapping: its causal LM class builds it
+        build = transformers.AutoModelForCausalLM.from_config if type(config) is transformers.CONFIG_MAPPING[
+            model_type] else causal_lm_class(model_type)._from_config
         try:
-            model = transformers.AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation="sdpa")
+            model = build(config, attn_implementation="sdpa")
         except (ValueError, ImportError):  # no SDPA path in this family
             torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(tiny_config(model_type))
+            model = build(tiny_config(model_type))  # a fresh config: the failed try set its attention
         model.eval()
         model.generation_config.pad_token_id = 0
         # generate would force EOS as the last token (encoder-decoder configs); specfree's Engine has no
@@ -280,6 +336,13 @@ def try_family(model_type: str) -> dict:
         reference = reference_greedy(model, PROMPT, NEW_TOKENS, ignore_eos=True)
         truth = PROMPT + reference_greedy(model, PROMPT, NEW_TOKENS + 8, ignore_eos=True)
     except Exception as exc:
+        try:  # a model specfree refuses on its own grounds is refused, whatever its generate does
+            Engine.from_model(model, None, "prompt_lookup")
+        except UnsupportedModelError as refusal:
+            if refusal.__cause__ is None:  # not a probe forward that failed: that is the model's own failure
+                return dict(verdict="refused", why=_short(refusal, 400))
+        except Exception:
+            pass
         return dict(verdict="not tested", why=f"generate fails: {type(exc).__name__}: {_short(exc)}")
     strategies = dict(STRATEGIES, oracle=None)
     covered, mode = [], None

@@ -133,6 +133,45 @@ def test_sparse_top_k_attention_is_refused_by_name():
         HFAdapter(model)
 
 
+@pytest.mark.parametrize("codebooks", [1, 4])
+def test_one_lm_head_per_codebook_is_refused_by_name(codebooks):
+    """MusicGen's decoder predicts one token per codebook at each position (a list of LM heads), and
+    its generate offsets the codebooks by a delay pattern: even one codebook is not plain decoding
+    (the first prompt token becomes the start token, pad tokens leave the output)."""
+    config = transformers.MusicgenDecoderConfig(vocab_size=128, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                                num_attention_heads=4, num_codebooks=codebooks, pad_token_id=128,
+                                                bos_token_id=128, max_position_embeddings=512)
+    model = transformers.MusicgenForCausalLM(config).eval()
+    with pytest.raises(UnsupportedModelError, match=f"model family 'musicgen_decoder' keeps its LM heads in a "
+                                                    rf"list \({codebooks}, one per audio codebook"):
+        HFAdapter(model)
+
+
+def test_logits_that_depend_on_the_split_between_forwards_are_refused_by_name():
+    """BLT patches, hashes and runs its global transformer over each forward's own tokens."""
+    from tests.families_report import tiny_config
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("blt")).eval()
+    with pytest.raises(UnsupportedModelError, match="model family 'blt' patches, hashes n-grams.* its logits "
+                                                    "depend on how the tokens are split between forwards"):
+        HFAdapter(model)
+
+
+def test_lsh_attention_is_refused_by_name():
+    """Reformer's LSH layers chunk the tokens by hash bucket past their chunk length: a row's logits
+    change with later tokens, and generate's cached one-token steps see other keys."""
+    config = transformers.ReformerConfig(vocab_size=128, hidden_size=32, attention_head_size=8, num_attention_heads=4,
+                                         feed_forward_size=64, attn_layers=["local", "lsh"], num_hidden_layers=2,
+                                         axial_pos_shape=[16, 32], axial_pos_embds_dim=[16, 16],
+                                         max_position_embeddings=512, local_attn_chunk_length=16,
+                                         lsh_attn_chunk_length=16, num_buckets=4, hash_seed=0, is_decoder=True)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UnsupportedModelError, match="model family 'reformer' runs LSH attention "
+                                                    r"\(attn_layers 'lsh', lsh_attn_chunk_length=16\)"):
+        HFAdapter(model)
+
+
 def test_model_files_that_do_not_exist(tmp_path):
     with pytest.raises(ModelLoadError, match="GGUF file not found: .*missing.gguf"):
         load_model(str(tmp_path / "missing.gguf"))

@@ -36,6 +36,7 @@ from specfree.adapters import probes, recurrent
 from specfree.adapters.attention import use_grouped_sdpa
 from specfree.adapters.kv import StaticSlots
 from specfree.adapters.norms import fuse_norms
+from specfree.adapters.refusals import refuse_unverifiable
 from specfree.adapters.runners import StepRunner
 from specfree.errors import UnsupportedModelError
 from specfree.kernels import linear_path, use_few_row_linears
@@ -133,6 +134,7 @@ class HFAdapter:
         self._embeddings = model.get_input_embeddings()
         config = model.config
         self.family = config.model_type
+        refuse_unverifiable(model, context_limit(config))
         self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
         self.runner = runner
         self.slots: StaticSlots | None = runner.slots if runner is not None else None
@@ -142,16 +144,6 @@ class HFAdapter:
         # Recurrent layers cannot branch, and layer kinds one mask per kind cannot express (chunked
         # attention) can still take causal rows: one chain per step (max_chain drafts, None: any).
         self.cache_kind = recurrent.cache_kind(model)
-        kinds = layer_kinds(model)
-        if "indexed_attention" in kinds:
-            # Refused by kind: a probe over a few tokens never reaches the top-k budget, so it cannot show that a
-            # model's pick is split-invariant. (Qwen4-Exp's QSA, a top-k over per-query block lists, measures
-            # split-invariant in transformers 5.23, but that is its implementation's property, not the kind's.)
-            raise UnsupportedModelError(
-                f"model family '{self.family}' runs sparse top-k attention (indexed_attention layers): a row sees "
-                "only the keys a top-k over indexer scores picks, and in transformers the pick can change with how "
-                "the tokens are split between forwards (DeepSeek-V3.2-style indexers break score ties by the "
-                "forward's length), so specfree cannot guarantee generate's output. Use another model family.")
         self.keeps_cache = keeps_kv_cache(model)
         self.chain_only = verifies_chains(model)
         if self.chain_only and self.slots is not None:

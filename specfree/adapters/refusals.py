@@ -1,0 +1,71 @@
+"""Models refused by what they are, before any probe: their logits cannot be reproduced by verifying
+several tokens at once, whatever the drafts, or they do not decode one token sequence.
+
+The wrap-time probes (``probes``) refuse what a few forwards can show. These are the cases a short probe
+cannot show, or shows only as a confusing crash; each message names the family and the reason.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specfree.errors import UnsupportedModelError
+
+# Families whose logits in transformers depend on how the tokens are split between forwards, so that no
+# verification of several tokens at once can reproduce generate's one-token steps: why, by family.
+SPLIT_DEPENDENT = {
+    "blt": "patches, hashes n-grams and runs its global transformer over each forward's own tokens (its cache "
+           "keeps only the local layers' keys and values)",
+}
+
+
+def refuse_unverifiable(model, max_length: int) -> None:
+    """Raise ``UnsupportedModelError`` for a model specfree cannot verify exactly (``max_length``: the
+    context it will decode up to)."""
+    config = model.config
+    family = config.model_type
+    check_one_lm_head(model)
+    kinds = set(getattr(config.get_text_config(decoder=True), "layer_types", None) or [])
+    if "indexed_attention" in kinds:
+        # Refused by kind: a probe over a few tokens never reaches the top-k budget, so it cannot show that a
+        # model's pick is split-invariant. (Qwen4-Exp's QSA, a top-k over per-query block lists, measures
+        # split-invariant in transformers 5.23, but that is its implementation's property, not the kind's.)
+        raise UnsupportedModelError(
+            f"model family '{family}' runs sparse top-k attention (indexed_attention layers): a row sees "
+            "only the keys a top-k over indexer scores picks, and in transformers the pick can change with how "
+            "the tokens are split between forwards (DeepSeek-V3.2-style indexers break score ties by the "
+            "forward's length), so specfree cannot guarantee generate's output. Use another model family.")
+    if family in SPLIT_DEPENDENT:
+        raise UnsupportedModelError(
+            f"model family '{family}' {SPLIT_DEPENDENT[family]}, so its logits depend on how the tokens are split "
+            "between forwards and specfree cannot reproduce generate's output. Use another model family.")
+    lsh_chunk = getattr(config, "lsh_attn_chunk_length", None)
+    if "lsh" in (getattr(config, "attn_layers", None) or ()) and (lsh_chunk or 0) < max_length:
+        raise UnsupportedModelError(
+            f"model family '{family}' runs LSH attention (attn_layers 'lsh', lsh_attn_chunk_length={lsh_chunk}): "
+            f"past {lsh_chunk} tokens a forward sorts the tokens into hash-bucket chunks, so a row's logits change "
+            "with later tokens, and generate's one-token cached steps attend over other keys than a forward over "
+            "several tokens. Use a model with local attention layers only, or another model family.")
+
+
+def check_one_lm_head(model) -> None:
+    """Refuse a model without one LM head over its vocabulary: specfree drafts and verifies one token
+    sequence, one token per position. MusicGen's decoders have a list of heads, one per audio codebook,
+    and take one row of input_ids per codebook."""
+    heads = model.get_output_embeddings()
+    if isinstance(getattr(heads, "weight", None), torch.Tensor) and heads.weight.dim() == 2:
+        return
+    config = model.config
+    family = config.model_type
+    codebooks = getattr(config.get_text_config(decoder=True), "num_codebooks", None)
+    if isinstance(heads, torch.nn.ModuleList):
+        raise UnsupportedModelError(
+            f"model family '{family}' keeps its LM heads in a list ({len(heads)}"
+            + (f", one per audio codebook, num_codebooks={codebooks}: its input_ids hold one row per codebook, "
+               "and its generate offsets the codebooks by a delay pattern and drops pad tokens from its output"
+               if codebooks is not None else "")
+            + "), while specfree drafts and verifies one token sequence with one LM head. "
+            "Use another model family.")
+    raise UnsupportedModelError(
+        f"model family '{family}' has no single LM head over its vocabulary (its output embeddings are "
+        f"{type(heads).__name__}), so specfree cannot verify drafts on it. Use another model family.")
