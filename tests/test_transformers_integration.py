@@ -10,6 +10,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from specfree import ConfigError, Engine, Generation, speculative_generate
+from specfree.adapters.kv import cache_in
 from tests.tiny_models import FAMILIES, PAD, VOCAB, tiny_model, tiny_tokenizer
 
 FEW = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -70,7 +71,7 @@ def test_return_dict_carries_sequences_and_specfree_steps():
     assert isinstance(out.specfree, Generation)
     assert out.specfree.tokens == out.sequences[0, PROMPT.shape[1]:].tolist()
     assert sum(step.emitted for step in out.specfree.steps) == len(out.specfree.tokens)
-    assert out.scores is None and out.past_key_values is None
+    assert out.scores is None and cache_in(out) is None
 
 
 def test_eos_and_max_length_are_honoured():

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from specfree.adapters.attention import GROUPED_SDPA, is_grouped_query, stock_attention
 from specfree.adapters.hf import HFAdapter
+from specfree.adapters.kv import cache_in
 from specfree.masks.tree import ancestors, build_layout
 from specfree.tree import merge
 from tests.tiny_models import FAMILIES, VOCAB, tiny_model
@@ -82,7 +83,7 @@ def test_tree_rows_and_committed_kv_match_a_plain_forward(family, seed):
     # position; a sliding layer of the plain cache keeps only the last window - 1 of them.
     adapter.commit([0, *tree.path_to(node)], rows=layout.rows)
     assert adapter.past_len == len(prefix) + len(path_tokens)
-    for ours, ref in zip(adapter.cache.layers, plain.past_key_values.layers):
+    for ours, ref in zip(adapter.cache.layers, cache_in(plain).layers):
         assert ours.keys.shape[-2] == adapter.past_len
         kept = ref.keys.shape[-2]
         torch.testing.assert_close(ours.keys[..., -kept:, :], ref.keys, atol=1e-5, rtol=1e-4)

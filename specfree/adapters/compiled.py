@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from specfree.adapters.hf import HFAdapter, prepare_model, verifies_chains
-from specfree.adapters.kv import StaticSlots, growing_cache
+from specfree.adapters.kv import StaticSlots, cache_argument, growing_cache
 from specfree.adapters.packaged import StepPackage
 from specfree.adapters.runners import GraphRunner, PackageRunner
 from specfree.masks.bucketed import ROW_BUCKETS
@@ -99,8 +99,8 @@ def layer_shapes(model) -> list[tuple[torch.Size, torch.Size]]:
     """Each cache layer's key and value shape for one token, from one eager forward."""
     probe = growing_cache()
     device = model.get_input_embeddings().weight.device
-    model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=probe, use_cache=True,
-          logits_to_keep=1)
+    model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=True, logits_to_keep=1,
+          **{cache_argument(model): probe})
     return [(layer.keys.shape, layer.values.shape) for layer in probe.layers]
 
 

@@ -34,7 +34,7 @@ from transformers import PreTrainedModel
 
 from specfree.adapters import probes, recurrent
 from specfree.adapters.attention import use_grouped_sdpa
-from specfree.adapters.kv import StaticSlots
+from specfree.adapters.kv import StaticSlots, cache_argument, cache_in
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.refusals import refuse_unverifiable
 from specfree.adapters.runners import StepRunner
@@ -63,8 +63,7 @@ def layer_kinds(model) -> set[str]:
 
 def keeps_kv_cache(model) -> bool:
     """Whether the model's forward takes a cache at all (GPT-1's does not: it reruns the whole sequence)."""
-    parameters = inspect.signature(model.forward).parameters
-    return "past_key_values" in parameters or "cache_params" in parameters
+    return cache_argument(model) is not None
 
 
 def verifies_chains(model) -> bool:
@@ -158,7 +157,7 @@ class HFAdapter:
         self.rollback_s = 0.0  # the last commit's rollback time (chain-only models)
         self._step: tuple | None = None
         parameters = inspect.signature(model.forward).parameters
-        self._cache_argument = "past_key_values" if "past_key_values" in parameters else "cache_params"
+        self._cache_argument = cache_argument(model)
         # Mamba-style models take no positions, and pass unknown arguments on to their kernels.
         self._takes_positions = "position_ids" in parameters or not self.chain_only
         self.reset()
@@ -303,7 +302,7 @@ class HFAdapter:
             inputs["position_ids"] = positions.to(self.device)[None]
         out = self.model(**inputs)
         if self.cache is None:  # a family that builds its own cache class in its forward
-            self.cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
+            self.cache = cache_in(out)
         self._length += tokens.numel()
         return out.logits[0]
 
@@ -408,7 +407,7 @@ class HFAdapter:
         positions = torch.arange(past, past + q)
         mask = self._slots_mask(torch.ones(q, q, dtype=torch.bool).tril(), past, positions)
         self.model(input_ids=ids.to(self.device)[None], position_ids=positions.to(self.device)[None],
-                   attention_mask=mask, past_key_values=self.slots.cache, use_cache=True, logits_to_keep=1)
+                   attention_mask=mask, use_cache=True, logits_to_keep=1, **{self._cache_argument: self.slots.cache})
         self.slots.set_length(past + q)
 
     @torch.inference_mode()

@@ -9,10 +9,27 @@ SmolLM2-135M at 1024 tokens of context, a step took 5–10 ms less.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 MIN_CAPACITY = 256  # tokens a buffer holds at first
+# What a forward calls its cache: transformers 5.24 renamed `past_key_values` (and the SSMs'
+# `cache_params`) to `cache`, keeping the old names as deprecated aliases until 5.40.
+CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params")
+
+
+def cache_argument(model) -> str | None:
+    """The name of the argument through which ``model.forward`` takes its cache; None where it takes
+    none (GPT-1 reruns the whole sequence)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in CACHE_ARGUMENTS if name in parameters), None)
+
+
+def cache_in(mapping) -> Cache | None:
+    """The cache in a forward's output (or in its inputs), under whichever name this transformers uses."""
+    return next((mapping[name] for name in CACHE_ARGUMENTS if mapping.get(name) is not None), None)
 
 
 class GrowingLayer(DynamicLayer):

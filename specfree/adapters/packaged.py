@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
+from specfree.adapters.kv import cache_argument
+
 
 class SlotLayer(StaticLayer):
     """A static KV layer over given buffers [1, H, slots, D] that writes a step's rows at
@@ -47,13 +49,14 @@ class SlotStep(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
+        self.cache_argument = cache_argument(model)
 
     def forward(self, ids, positions, mask, slot_index, kv: list[torch.Tensor]) -> torch.Tensor:
         # ids, positions [1, Q]; mask [1, 1, Q, slots] (or a dict per layer kind); slot_index [Q];
         # kv: keys and values of each layer, [1, H, slots, D] -> logits [1, Q, V]
         cache = Cache(layers=[SlotLayer(kv[i], kv[i + 1], slot_index) for i in range(0, len(kv), 2)])
-        return self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
-                          use_cache=True).logits
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                          **{self.cache_argument: cache}).logits
 
 
 MAX_ROWS = 64  # rows a package takes; more run eagerly on the same static cache

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specfree.adapters.kv import StaticSlots
+from specfree.adapters.kv import StaticSlots, cache_argument
 from specfree.adapters.packaged import MAX_ROWS as PACKAGE_MAX_ROWS
 from specfree.adapters.packaged import StepPackage
 from specfree.kernels import linear_path
@@ -32,8 +32,8 @@ RECOMPILE_LIMIT = 256
 
 def eager_step(model, slots: StaticSlots, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
     # ids, positions [1, B]; mask [1, 1, B, slots] (or one per layer kind) -> logits [1, B, V]
-    return model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=slots.cache,
-                 use_cache=True).logits
+    return model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                 **{cache_argument(model): slots.cache}).logits
 
 
 class StepRunner:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from specfree.adapters import as_shipped
+from specfree.adapters.kv import cache_argument
 from specfree.bench.metrics import PHASES
 from specfree.conf.schema import STEP_KNOBS
 from specfree.engine import Engine
@@ -168,7 +169,7 @@ class HFSystem:
         cache.reset()
         config = CompileConfig()
         config._compile_all_devices = True  # transformers compiles by itself on GPUs only; a CPU user asks so
-        return {"past_key_values": cache, "compile_config": config}
+        return {cache_argument(self.model): cache, "compile_config": config}
 
     @torch.inference_mode()
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:

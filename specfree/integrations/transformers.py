@@ -30,6 +30,7 @@ from transformers.generation import (
 
 from specfree.adapters.compiled import check_compile, make_adapter
 from specfree.adapters.hf import HFAdapter
+from specfree.adapters.kv import CACHE_ARGUMENTS, cache_in
 from specfree.adapters.norms import fused_norms
 from specfree.kernels import few_row_linears
 from specfree.engine import DEFAULT_STRATEGY, Engine
@@ -42,7 +43,7 @@ from specfree.types import Generation
 STOP_REASONS = {MaxLengthCriteria: "max_new_tokens", EosTokenCriteria: "eos", StopStringCriteria: "stop_string",
                 MaxTimeCriteria: "max_time"}
 # Model inputs generate prepares for its own loop; the engine builds its own cache, mask and positions.
-PREPARED_INPUTS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep",
+PREPARED_INPUTS = {"attention_mask", "position_ids", *CACHE_ARGUMENTS, "use_cache", "logits_to_keep",
                    "cache_position"}
 # Outputs specfree's loop does not produce: refusing beats returning None where the user expects data.
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
@@ -173,9 +174,10 @@ class SpeculativeGenerate:
         if mask is not None and not bool(mask.all()):
             raise ConfigError("specfree decodes one unpadded prompt: the attention_mask has zeros; "
                               "pass the prompt without padding")
-        cache = model_kwargs.get("past_key_values")
+        cache = cache_in(model_kwargs)
         if cache is not None and cache.get_seq_length() > 0:
-            raise ConfigError("specfree builds its own KV cache: pass the full prompt without past_key_values")
+            raise ConfigError("specfree builds its own KV cache: pass the full prompt without a cache "
+                              "(past_key_values)")
         extra = sorted(k for k, v in model_kwargs.items() if k not in PREPARED_INPUTS and v is not None)
         if extra:
             raise ConfigError(f"specfree feeds the model token ids only; it cannot pass {', '.join(extra)}")
