@@ -44,7 +44,7 @@ def test_the_probes_choose_chains_and_describe_says_why(family):
     adapter = HFAdapter(tiny_model(family))
     assert adapter.chain_only and adapter.verification in (probes.CHAIN_OWN_MASK, probes.CHAIN_CUSTOM_MASK)
     text = adapter.describe()
-    assert text.startswith(f"{family.split('_')[0]}: verifies {probes.MODES[adapter.verification]}")
+    assert text.startswith(f"{adapter.model.config.model_type}: verifies {probes.MODES[adapter.verification]}")
     # why not a tree: the tree probe's finding, or the model keeps no KV cache at all
     assert ("no draft trees: it " in text) != ("keeps no KV cache" in text)
     assert adapter.chain_mask == (adapter.verification == probes.CHAIN_CUSTOM_MASK)

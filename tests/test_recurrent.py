@@ -62,7 +62,8 @@ def test_every_strategy_reproduces_generate(family, strategy, datastore):
 
 
 # Families whose cache is transformers' own linear-attention layers: rollbacks re-run their mixers only.
-MIXERS = ["bailing_hybrid", "falcon_h1", "lfm2", "mamba2", "nemotron_h", "qwen3_5_text", "qwen3_next", "zamba2"]
+MIXERS = ["bailing_hybrid", "falcon_h1", "lfm2", "mamba2", "nemotron_h", "qwen3_5_text", "qwen3_next", "zamba2",
+          "zaya"]
 
 
 @pytest.mark.parametrize("wrong_at", [0, 2])

@@ -42,6 +42,8 @@ LAYERS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_att
 # Mixed sliding/full layers with a window shorter than the tests' prompt + output, so the
 # window really cuts attention.
 WINDOWED = dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+FOUR_WINDOWED = dict(LAYERS, num_hidden_layers=4, head_dim=8, sliding_window=16,
+                     layer_types=["sliding_attention", "full_attention"] * 2)
 CONFIGS.update({
     "gemma": lambda: transformers.GemmaConfig(head_dim=8, **LAYERS, **COMMON),
     # Gemma2 adds attention-logit soft-capping (eager attention only) to the mixed windows.
@@ -58,6 +60,26 @@ CONFIGS.update({
     "olmo2": lambda: transformers.Olmo2Config(**LAYERS, **COMMON),
     "starcoder2": lambda: transformers.Starcoder2Config(**LAYERS, **COMMON),
     "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **LAYERS, **COMMON),
+    # Gemma 3n: layers 2-3 reuse layers 0-1's KV (no cache of their own), per-layer inputs, AltUp, LAuReL,
+    # activation-sparse feed-forwards, mixed sliding/full layers past the window
+    "gemma3n_text": lambda: transformers.Gemma3nTextConfig(
+        num_kv_shared_layers=2, activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0], vocab_size_per_layer_input=VOCAB,
+        hidden_size_per_layer_input=8, laurel_rank=8, **FOUR_WINDOWED, **COMMON),
+    # Gemma 4: KV sharing as above; full layers with wider heads and keys as values (KV of other shapes per
+    # layer); per-layer inputs, experts, double-wide MLPs on the shared layers
+    "gemma4_text": lambda: transformers.Gemma4TextConfig(
+        num_kv_shared_layers=2, global_head_dim=16, attention_k_eq_v=True, num_global_key_value_heads=1,
+        use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32, **FOUR_WINDOWED, **COMMON),
+    # three-axis RoPE on sliding layers beside a full layer without RoPE (Command A's layout)
+    "cohere_compass_text": lambda: transformers.CohereCompassTextConfig(
+        layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+        rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=50000.0, mrope_section=[2, 1, 1]),
+                         "full_attention": None}, **LAYERS, **COMMON),
+    # an encoder family (RoBERTa-like, with per-language adapters) loaded as a decoder: causal, so trees
+    "xmod": lambda: transformers.XmodConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, max_position_embeddings=512, is_decoder=True,
+                                            default_language="en_XX", **COMMON),
 })
 FAMILIES = sorted(CONFIGS)
 
@@ -120,6 +142,13 @@ RECURRENT_CONFIGS = {
         num_attention_heads=4, num_key_value_heads=4, n_mamba_heads=4, mamba_d_state=8, chunk_size=16,
         use_shared_attention_adapter=True, adapter_rank=8, time_step_min=1e-9, max_position_embeddings=512,
         **COMMON),
+    # attention whose Q/K/V projection writes a conv state, and a sliding-window KV layer (which drops old
+    # positions) inside a state layer that rolls back; one expert per token
+    "zaya": lambda: transformers.ZayaConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                            num_key_value_heads=2, head_dim=8, moe_intermediate_size=32, num_experts=4,
+                                            num_experts_per_tok=1, router_hidden_size=16,
+                                            layer_types=["hybrid", "hybrid_sliding"] * 2, sliding_window=16,
+                                            max_position_embeddings=512, **COMMON),
     # a cache class of its own, passed as cache_params; mLSTM matrix memory (hidden 64 with q/k/v factors 1:
     # its layers size heads from hidden * factor, its cache from that rounded up to a multiple of 64)
     "xlstm": lambda: transformers.xLSTMConfig(hidden_size=64, num_hidden_layers=2, num_heads=4, qk_dim_factor=1.0,
@@ -150,6 +179,18 @@ CHAIN_CONFIGS = {
     # whole sequence runs again each step
     "rwkv": lambda: transformers.RwkvConfig(hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
                                             intermediate_size=64, context_length=512, **COMMON),
+    # chunked attention (8 tokens) one mask per layer kind cannot express, beside NoPE full layers that scale
+    # their queries by position
+    "llama4_text": lambda: transformers.Llama4TextConfig(
+        hidden_size=32, intermediate_size=32, intermediate_size_mlp=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=1, no_rope_layer_interval=2,
+        attention_chunk_size=8, floor_scale=8, max_position_embeddings=512, **COMMON),
+    # local (chunked) attention only, and a cache (past_buckets_states) that takes one token a forward: the
+    # whole sequence runs again each step, past the 8-token chunk
+    "reformer": lambda: transformers.ReformerConfig(
+        hidden_size=32, attention_head_size=8, num_attention_heads=4, feed_forward_size=64, attn_layers=["local"] * 2,
+        axial_pos_shape=[16, 32], axial_pos_embds_dim=[16, 16], local_attn_chunk_length=8,
+        max_position_embeddings=512, is_decoder=True, **COMMON),
     "marian": lambda: transformers.MarianConfig(decoder_vocab_size=VOCAB, decoder_start_token_id=PAD,
                                                 **ENCODER_DECODER_LAYERS, **COMMON),
 }

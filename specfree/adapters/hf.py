@@ -71,8 +71,20 @@ def verifies_chains(model) -> bool:
     recurrent layers cannot branch, layer kinds one mask per kind cannot express (chunked attention)
     take causal rows only, and a model without a KV cache reruns the whole sequence under its own
     causal mask. (Models that reject or ignore a custom mask are found by ``probes`` instead.)"""
-    return (recurrent.cache_kind(model) != "growing" or not keeps_kv_cache(model)
-            or not layer_kinds(model) <= MASKABLE_LAYERS | {"dummy", "moe", "mlp"})
+    return not keeps_kv_cache(model) or why_no_trees(model) is not None
+
+
+def why_no_trees(model) -> str | None:
+    """Why ``model``'s structure rules out draft trees (a phrase following its family's name), or None."""
+    kind = recurrent.cache_kind(model)
+    if kind == "states":
+        return "has recurrent layers, whose states a tree cannot branch"
+    if kind == "own":
+        return "keeps a cache of its own kind, which specfree copies whole to roll back and a tree cannot branch"
+    unmaskable = layer_kinds(model) - MASKABLE_LAYERS - {"dummy", "moe", "mlp"}
+    if unmaskable:
+        return f"has {', '.join(sorted(unmaskable))} layers, which one tree mask per layer kind cannot express"
+    return None
 
 
 def ignores_custom_masks(attn_implementation: str | None) -> bool:
@@ -150,7 +162,8 @@ class HFAdapter:
                                         "path only")
         self.verification = probes.CHAIN_OWN_MASK if self.chain_only else probes.TREE
         self.chain_mask = False  # whether chain rows get specfree's causal 4D mask (else none)
-        self.why_chains: str | None = None  # the tree probe's finding, where it chose chains
+        # why not trees: the structure's reason, or the tree probe's finding (``use_chains``)
+        self.why_chains: str | None = why_no_trees(model) if self.chain_only and self.keeps_cache else None
         # A chain's rows are causal: the model masks its own windows, over its own window layers.
         self.sliding_window, self.layer_windows = (None, None) if self.chain_only else self._attention_windows(config)
         self.max_chain: int | None = None
@@ -459,7 +472,7 @@ class HFAdapter:
             text += " (one row a step: the forward cannot continue its state over several tokens)"
         elif not self.keeps_cache:
             text += ", the whole sequence run again each step (the model keeps no KV cache)"
-        if self.why_chains:
+        elif self.why_chains:
             text += f" (no draft trees: it {self.why_chains})"
         return text
 
