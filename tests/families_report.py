@@ -60,7 +60,14 @@ SMALL = dict(
 # Families whose default config the generic shrink leaves inconsistent (per-layer lists sized for the full
 # model, nested sub-configs, fields that must agree): what to set on top of it, as a function of the shrunk
 # keyword arguments and the default config's dict, returning the fields to change.
-FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {}
+FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
+    # Dory: input, looped and output sections must add up to the layers (the default 8 + 8 input and output
+    # layers left -12 looped ones, so every layer ran twice into one cache layer); one layer in, two looped
+    # twice (each loop its own copy of their cache layers), one out, both layer kinds in the loop.
+    "dory": lambda kwargs, default: dict(
+        n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=2,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
+}
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 
