@@ -79,6 +79,11 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
         unpadded_vocab_size=kwargs["vocab_size"], log_scaling_n_floor=16, rel_extent=24,
         num_hidden_layers=6, layer_types=["hybrid_sliding", "hybrid"] * 3, n_layers_per_attn_res_block=2,
         loop_layer_index_start=2, loop_layer_index_end=4, loop_num_passes=3),
+    # Sarvam-MLA: multi-head latent attention with queries projected directly (no query LoRA), as released.
+    "sarvam_mla": lambda kwargs, default: dict(q_lora_rank=default["q_lora_rank"]),
+    # Apertus 1.5: the LM head pruned to the text prefix of the vocabulary, as released (logits narrower than
+    # the embedding).
+    "apertus1p5_text": lambda kwargs, default: dict(output_vocab_size=96),
 }
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
