@@ -172,6 +172,23 @@ def test_lsh_attention_is_refused_by_name():
         HFAdapter(model)
 
 
+@pytest.mark.skipif("dory" not in transformers.CONFIG_MAPPING, reason="Dory came with transformers 5.24")
+def test_logits_that_depend_on_how_tokens_are_split_are_refused_by_name():
+    """Dory's `last_loop` cache mode: earlier loops read the last loop's keys for cached tokens but their
+    own for new rows, so transformers' own logits change with the split; `per_loop` (the default) is exact."""
+    from tests.families_report import tiny_config
+
+    config = tiny_config("dory")
+    torch.manual_seed(0)
+    assert HFAdapter(transformers.AutoModelForCausalLM.from_config(config).eval()).verification == "tree"
+    config.recurrent_kv_cache_mode = "last_loop"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UnsupportedModelError, match="model family 'dory' gives logits that depend on how the tokens "
+                                                    "are split between forwards, in transformers itself"):
+        HFAdapter(model)
+
+
 def test_model_files_that_do_not_exist(tmp_path):
     with pytest.raises(ModelLoadError, match="GGUF file not found: .*missing.gguf"):
         load_model(str(tmp_path / "missing.gguf"))

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
+from specfree.adapters import recurrent
 from specfree.errors import UnsupportedModelError, one_line
 
 TREE = "tree"
@@ -36,7 +37,11 @@ def choose_verification(adapter) -> None:
     """Probe ``adapter``'s model and set how it verifies (``adapter.verification``), or refuse it."""
     check_causal(adapter)
     if adapter.chain_only:  # its layers cannot branch (recurrent state, chunked attention, no KV cache)
-        check_chain(adapter)
+        try:
+            check_chain(adapter)
+        except UnsupportedModelError as refusal:
+            check_split_invariant(adapter, refusal)  # the cause, where it lies in transformers itself
+            raise
         return
     tree_failure = tree_mask_failure(adapter)
     if tree_failure is None:
@@ -50,6 +55,7 @@ def choose_verification(adapter) -> None:
             return
         except UnsupportedModelError as refusal:
             chain_refusal = refusal
+    check_split_invariant(adapter, chain_refusal)  # the cause of both failures, where it lies in transformers
     raise UnsupportedModelError(f"model family '{adapter.family}' {tree_failure}, and its chains fail too: "
                                 f"{chain_refusal}") from chain_refusal
 
@@ -138,6 +144,47 @@ def honours_custom_masks(adapter) -> bool:
     except UnsupportedModelError:
         return False
     return not close(adapter, masked, causal)
+
+
+@torch.inference_mode()
+def check_split_invariant(adapter, refusal: UnsupportedModelError) -> None:
+    """Refuse, naming the cause, a model whose own forward gives logits that depend on how the tokens
+    are split between forwards: over the cache ``generate`` builds, a cached prefix then one token at a
+    time must give the logits of one forward over the whole sequence. Where it does not (Dory's
+    ``recurrent_kv_cache_mode="last_loop"``: earlier loops read the last loop's keys for cached tokens but
+    their own for new ones), rows verified together in one forward cannot reproduce ``generate``'s
+    one-token steps, whatever the mask, and the tree and chain probes fail for that reason. Run only on a
+    refusal (``refusal``, which it chains), so models that pass pay nothing."""
+    if not adapter.keeps_cache or adapter.slots is not None:
+        return  # a model without a KV cache runs the whole sequence every time
+    ids = _ids(adapter, 7)
+    try:
+        with probing(adapter, "its own cache", ""):
+            adapter.cache = recurrent.generate_cache(adapter.model)
+            whole = adapter._forward(ids, torch.arange(7), None)[3:]
+            adapter.cache = recurrent.generate_cache(adapter.model)
+            adapter._forward(ids[:3], torch.arange(3), None)
+            singles = torch.stack([adapter._forward(ids[i : i + 1], torch.tensor([i]), None)[-1] for i in range(3, 7)])
+            held = _cached_tokens(adapter.cache)
+    except UnsupportedModelError:
+        return  # its own cache does not run here either: the refusal stands as it is
+    if held is not None and held != 7:
+        return  # the forward does not keep the tokens in the cache it is given: the refusal says so
+    if not close(adapter, singles, whole):
+        raise UnsupportedModelError(
+            f"model family '{adapter.family}' gives logits that depend on how the tokens are split between "
+            "forwards, in transformers itself: over the cache generate builds, a cached prefix then one token "
+            "at a time differs from one forward over the whole sequence, so draft rows verified together in one "
+            "forward (a tree or a chain alike) cannot reproduce generate's one-token steps. Use another model "
+            "family or configuration.") from refusal
+
+
+def _cached_tokens(cache) -> int | None:
+    """How many tokens ``cache`` holds, None where it cannot say (recurrent layers only)."""
+    try:
+        return int(cache.get_seq_length())
+    except Exception:
+        return None
 
 
 @torch.inference_mode()

@@ -59,6 +59,17 @@ def new_cache(model, kind: str) -> Cache | None:
     return cache
 
 
+def generate_cache(model) -> Cache | None:
+    """An empty cache of the kind ``generate`` builds for ``model`` (None: the model makes its own in its
+    forward), for probes that check what transformers itself computes."""
+    if not _default_cache_works(model):
+        return None
+    try:
+        return DynamicCache(config=model.config.get_text_config(decoder=True))
+    except (KeyError, AttributeError, TypeError, ValueError):  # layer kinds DynamicCache does not know
+        return DynamicCache()
+
+
 def _default_cache_works(model) -> bool:
     """generate's own test: False for families that build a cache class of their own (MiniMax)."""
     supports = getattr(model, "_supports_default_dynamic_cache", None)
