@@ -81,6 +81,10 @@ CONFIGS.update({
                                             num_attention_heads=4, max_position_embeddings=512, is_decoder=True,
                                             default_language="en_XX", **COMMON),
 })
+if hasattr(transformers, "DoryConfig"):  # transformers 5.24 on
+    # looped layers: each loop writes its own copy of the looped layers' KV (6 cache layers for 4 layers)
+    CONFIGS["dory"] = lambda: transformers.DoryConfig(
+        n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=2, **FOUR_WINDOWED, **COMMON)
 FAMILIES = sorted(CONFIGS)
 
 # Families whose layers keep a recurrent state (verified one chain a step, ``adapters/recurrent.py``):

@@ -1,8 +1,9 @@
 """Models refused by what they are, before any probe: their logits cannot be reproduced by verifying
 several tokens at once, whatever the drafts, or they do not decode one token sequence.
 
-The wrap-time probes (``probes``) refuse what a few forwards can show. These are the cases a short probe
-cannot show, or shows only as a confusing crash; each message names the family and the reason.
+The wrap-time probes (``probes``) refuse what a few forwards can show (a row that sees later rows, logits
+that change with how the tokens are split between forwards). These are the cases a short probe cannot
+show; each message names the family and the reason.
 """
 
 from __future__ import annotations
@@ -10,13 +11,6 @@ from __future__ import annotations
 import torch
 
 from specfree.errors import UnsupportedModelError
-
-# Families whose logits in transformers depend on how the tokens are split between forwards, so that no
-# verification of several tokens at once can reproduce generate's one-token steps: why, by family.
-SPLIT_DEPENDENT = {
-    "blt": "patches, hashes n-grams and runs its global transformer over each forward's own tokens (its cache "
-           "keeps only the local layers' keys and values)",
-}
 
 
 def refuse_unverifiable(model, max_length: int) -> None:
@@ -35,10 +29,6 @@ def refuse_unverifiable(model, max_length: int) -> None:
             "only the keys a top-k over indexer scores picks, and in transformers the pick can change with how "
             "the tokens are split between forwards (DeepSeek-V3.2-style indexers break score ties by the "
             "forward's length), so specfree cannot guarantee generate's output. Use another model family.")
-    if family in SPLIT_DEPENDENT:
-        raise UnsupportedModelError(
-            f"model family '{family}' {SPLIT_DEPENDENT[family]}, so its logits depend on how the tokens are split "
-            "between forwards and specfree cannot reproduce generate's output. Use another model family.")
     lsh_chunk = getattr(config, "lsh_attn_chunk_length", None)
     if "lsh" in (getattr(config, "attn_layers", None) or ()) and (lsh_chunk or 0) < max_length:
         raise UnsupportedModelError(
