@@ -75,8 +75,9 @@ def test_tree_rows_and_committed_kv_match_a_plain_forward(family, seed):
     # Each tree row's logits equal a plain forward over exactly its own prefix.
     node = int(rng.integers(0, len(tree)))
     path_tokens = [tree.tokens[0]] + [tree.tokens[n] for n in tree.path_to(node)]
-    with torch.no_grad():
-        plain = model(torch.tensor([prefix + path_tokens]), use_cache=True)
+    ids = torch.tensor([prefix + path_tokens])
+    with torch.no_grad():  # positions as generate passes them (RoBERTa-style models would count from pad + 1)
+        plain = model(ids, position_ids=torch.arange(ids.shape[1])[None], use_cache=True)
     torch.testing.assert_close(logits[node], plain.logits[0, -1], atol=1e-4, rtol=1e-4)
 
     # After committing the path root..node, the cache equals the plain forward's cache. specfree keeps every
