@@ -260,8 +260,9 @@ NOT_TESTED = dict.fromkeys(("gemma4_assistant", "gemma4_unified_assistant"), (
     "kv_sharing_modes rejects: no layer produces it). Not a standalone LM either: a drafting head whose forward "
     "ignores input_ids and takes a Gemma 4 target's last hidden state and KV (inputs_embeds, shared_kv_states); "
     "generate runs it only as a Gemma 4 / Gemma 3n target's assistant_model"))
-NOT_TESTED["gemma3n"] = ("(Gemma3nModel always builds its vision tower, a timm MobileNetV5, and timm is not installed "
-                         "here; the decoder it wraps is gemma3n_text's)")
+NOT_TESTED["gemma3n"] = ("(Gemma3nModel always builds its vision tower, a timm MobileNetV5; timm needs torchvision, "
+                         "and PyPI's torchvision does not load beside the CPU torch 2.13 wheel: 'operator "
+                         "torchvision::nms does not exist'. The decoder it wraps is gemma3n_text's, verified above)")
 WINDOWS = ("sliding_window", "attention_window_size", "attention_chunk_size", "sliding_window_size", "window_size")
 
 

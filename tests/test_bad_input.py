@@ -173,6 +173,19 @@ def test_lsh_attention_is_refused_by_name():
         HFAdapter(model)
 
 
+def test_a_drafting_head_is_refused_by_name():
+    """Gemma 4's assistant drafts for a Gemma 4 target from its hidden state and KV: not an LM on its own."""
+    from tests.families_report import tiny_config
+
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(tiny_config("gemma4_assistant")).eval()
+    except ValueError:  # its config validation rejects every layer sharing KV
+        pytest.skip("transformers 5.23 cannot build a Gemma 4 assistant")
+    with pytest.raises(UnsupportedModelError, match="model family 'gemma4_assistant' is a drafting head for another "
+                                                    "model: .*Give specfree the model it drafts for"):
+        HFAdapter(model)
+
+
 @pytest.mark.skipif("dory" not in transformers.CONFIG_MAPPING, reason="Dory came with transformers 5.24")
 def test_logits_that_depend_on_how_tokens_are_split_are_refused_by_name():
     """Dory's `last_loop` cache mode: earlier loops read the last loop's keys for cached tokens but their

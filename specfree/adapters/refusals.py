@@ -8,6 +8,8 @@ show; each message names the family and the reason.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from specfree.errors import UnsupportedModelError
@@ -18,6 +20,11 @@ def refuse_unverifiable(model, max_length: int) -> None:
     context it will decode up to)."""
     config = model.config
     family = config.model_type
+    if "shared_kv_states" in inspect.signature(model.forward).parameters:
+        raise UnsupportedModelError(
+            f"model family '{family}' is a drafting head for another model: its forward ignores input_ids and "
+            "takes that model's last hidden state and keys and values (inputs_embeds, shared_kv_states), so it "
+            "is not a language model on its own. Give specfree the model it drafts for.")
     check_one_lm_head(model)
     kinds = set(getattr(config.get_text_config(decoder=True), "layer_types", None) or [])
     if "indexed_attention" in kinds:
