@@ -124,7 +124,7 @@ def test_a_model_whose_rows_see_later_rows_is_refused_by_name():
 
 
 def test_sparse_top_k_attention_is_refused_by_name():
-    from tests.families_report import tiny_config
+    from tests.family_configs import tiny_config
 
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config("hy_v4")).eval()
@@ -150,7 +150,7 @@ def test_one_lm_head_per_codebook_is_refused_by_name(codebooks):
 def test_logits_that_depend_on_the_split_between_forwards_are_refused_by_name():
     """BLT patches, hashes and runs its global transformer over each forward's own tokens: the probes
     find that transformers' own cached steps differ from one forward over the whole sequence."""
-    from tests.families_report import tiny_config
+    from tests.family_configs import tiny_config
 
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config("blt")).eval()
@@ -175,7 +175,7 @@ def test_lsh_attention_is_refused_by_name():
 
 def test_a_drafting_head_is_refused_by_name():
     """Gemma 4's assistant drafts for a Gemma 4 target from its hidden state and KV: not an LM on its own."""
-    from tests.families_report import tiny_config
+    from tests.family_configs import tiny_config
 
     try:
         model = transformers.AutoModelForCausalLM.from_config(tiny_config("gemma4_assistant")).eval()
@@ -190,7 +190,7 @@ def test_a_drafting_head_is_refused_by_name():
 def test_logits_that_depend_on_how_tokens_are_split_are_refused_by_name():
     """Dory's `last_loop` cache mode: earlier loops read the last loop's keys for cached tokens but their
     own for new rows, so transformers' own logits change with the split; `per_loop` (the default) is exact."""
-    from tests.families_report import tiny_config
+    from tests.family_configs import tiny_config
 
     config = tiny_config("dory")
     torch.manual_seed(0)
