@@ -36,7 +36,7 @@ from specfree.adapters import probes, recurrent
 from specfree.adapters.attention import use_grouped_sdpa
 from specfree.adapters.kv import StaticSlots, cache_argument, cache_in
 from specfree.adapters.norms import fuse_norms
-from specfree.adapters.refusals import refuse_unverifiable
+from specfree.adapters.refusals import layer_kinds, refuse_unverifiable
 from specfree.adapters.runners import StepRunner
 from specfree.errors import UnsupportedModelError
 from specfree.kernels import linear_path, use_few_row_linears
@@ -54,11 +54,6 @@ def context_limit(config) -> int:
 
 # Layer kinds one additive mask per kind can express (the names models use in ``layer_types``).
 MASKABLE_LAYERS = {"full_attention", "sliding_attention"}
-
-
-def layer_kinds(model) -> set[str]:
-    """The layer kinds a model's config names (``layer_types``), empty where it names none."""
-    return set(getattr(model.config.get_text_config(decoder=True), "layer_types", None) or [])
 
 
 def keeps_kv_cache(model) -> bool:
@@ -145,13 +140,13 @@ class HFAdapter:
         self._embeddings = model.get_input_embeddings()
         config = model.config
         self.family = config.model_type
-        refuse_unverifiable(model, context_limit(config))
+        self.max_length = context_limit(config)
+        refuse_unverifiable(model, self.max_length)
         self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
         self.runner = runner
         self.slots: StaticSlots | None = runner.slots if runner is not None else None
         self._step_start = 0  # the slot where the last step began (static slots)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.max_length = context_limit(config)
         # Recurrent layers cannot branch, and layer kinds one mask per kind cannot express (chunked
         # attention) can still take causal rows: one chain per step (max_chain drafts, None: any).
         self.cache_kind = recurrent.cache_kind(model)

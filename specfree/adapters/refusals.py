@@ -26,8 +26,7 @@ def refuse_unverifiable(model, max_length: int) -> None:
             "takes that model's last hidden state and keys and values (inputs_embeds, shared_kv_states), so it "
             "is not a language model on its own. Give specfree the model it drafts for.")
     check_one_lm_head(model)
-    kinds = set(getattr(config.get_text_config(decoder=True), "layer_types", None) or [])
-    if "indexed_attention" in kinds:
+    if "indexed_attention" in layer_kinds(model):
         # Refused by kind: a probe over a few tokens never reaches the top-k budget, so it cannot show that a
         # model's pick is split-invariant. (Qwen4-Exp's QSA, a top-k over per-query block lists, measures
         # split-invariant in transformers 5.23, but that is its implementation's property, not the kind's.)
@@ -43,6 +42,11 @@ def refuse_unverifiable(model, max_length: int) -> None:
             f"past {lsh_chunk} tokens a forward sorts the tokens into hash-bucket chunks, so a row's logits change "
             "with later tokens, and generate's one-token cached steps attend over other keys than a forward over "
             "several tokens. Use a model with local attention layers only, or another model family.")
+
+
+def layer_kinds(model) -> set[str]:
+    """The layer kinds a model's config names (``layer_types``), empty where it names none."""
+    return set(getattr(model.config.get_text_config(decoder=True), "layer_types", None) or [])
 
 
 def check_one_lm_head(model) -> None:
