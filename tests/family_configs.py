@@ -135,10 +135,6 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
                            max_position_embeddings=512),
         patcher_config=dict(vocab_size=kwargs["vocab_size"], hidden_size=32, num_attention_heads=4,
                             num_hidden_layers=2, intermediate_size=64, max_position_embeddings=512)),
-    # MusicGen's start and pad token is the one past the codebook vocabulary, as in its checkpoints
-    "musicgen": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"], bos_token_id=kwargs["vocab_size"]),
-    "musicgen_melody": lambda kwargs, default: dict(pad_token_id=kwargs["vocab_size"],
-                                                    bos_token_id=kwargs["vocab_size"]),
     # Dory: input, looped and output sections must add up to the layers (the default 8 + 8 input and output
     # layers left -12 looped ones, so every layer ran twice into one cache layer); one layer in, two looped
     # twice (each loop its own copy of their cache layers), one out, both layer kinds in the loop.
@@ -148,21 +144,27 @@ FAMILY_FIXES: dict[str, Callable[[dict, dict], dict]] = {
     # Inkling 2: the LM head has `unpadded_vocab_size` rows (200058 by default), the embedding `vocab_size`:
     # greedy picks ids past the tiny embedding. Shrunk together; queries scaled from position 16 on, and the
     # relative bias of full layers cut at 24 tokens back, so a 36-token run reaches both.
-    "inkling2_text": lambda kwargs, default: dict(
-        unpadded_vocab_size=kwargs["vocab_size"], log_scaling_n_floor=16, rel_extent=24),
+    "inkling2_text": lambda kwargs, default: _inkling2(kwargs),
     # Inkling 2 Loop, as Inkling 2, and a loop that exists in the tiny model (the default loops layers 6..17, past
     # its 4 layers): 6 layers in residual blocks of 2, layers 2-3 (one sliding, one full) looped in 3 passes, each
     # pass with its own copies of their cache layers.
     "inkling2_loop_text": lambda kwargs, default: dict(
-        unpadded_vocab_size=kwargs["vocab_size"], log_scaling_n_floor=16, rel_extent=24,
-        num_hidden_layers=6, layer_types=["hybrid_sliding", "hybrid"] * 3, n_layers_per_attn_res_block=2,
-        loop_layer_index_start=2, loop_layer_index_end=4, loop_num_passes=3),
+        _inkling2(kwargs), num_hidden_layers=6, layer_types=["hybrid_sliding", "hybrid"] * 3,
+        n_layers_per_attn_res_block=2, loop_layer_index_start=2, loop_layer_index_end=4, loop_num_passes=3),
     # Sarvam-MLA: multi-head latent attention with queries projected directly (no query LoRA), as released.
     "sarvam_mla": lambda kwargs, default: dict(q_lora_rank=default["q_lora_rank"]),
     # Apertus 1.5: the LM head pruned to the text prefix of the vocabulary, as released (logits narrower than
     # the embedding).
     "apertus1p5_text": lambda kwargs, default: dict(output_vocab_size=96),
 }
+
+# MusicGen's start and pad token is the one past the codebook vocabulary, as in its checkpoints
+FAMILY_FIXES["musicgen"] = FAMILY_FIXES["musicgen_melody"] = lambda kwargs, default: dict(
+    pad_token_id=kwargs["vocab_size"], bos_token_id=kwargs["vocab_size"])
+
+
+def _inkling2(kwargs: dict) -> dict:
+    return dict(unpadded_vocab_size=kwargs["vocab_size"], log_scaling_n_floor=16, rel_extent=24)
 
 
 def _gemma3n_text(kwargs: dict, default: dict) -> dict:

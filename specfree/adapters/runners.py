@@ -30,10 +30,12 @@ from specfree.masks.bucketed import ROW_BUCKETS, bucket_for
 RECOMPILE_LIMIT = 256
 
 
-def eager_step(model, slots: StaticSlots, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
-    # ids, positions [1, B]; mask [1, 1, B, slots] (or one per layer kind) -> logits [1, B, V]
+def eager_step(model, cache_name: str, slots: StaticSlots, ids: torch.Tensor, positions: torch.Tensor,
+               mask) -> torch.Tensor:
+    # ids, positions [1, B]; mask [1, 1, B, slots] (or one per layer kind) -> logits [1, B, V];
+    # cache_name: what the forward calls its cache argument (``kv.cache_argument``)
     return model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                 **{cache_argument(model): slots.cache}).logits
+                 **{cache_name: slots.cache}).logits
 
 
 class StepRunner:
@@ -41,6 +43,7 @@ class StepRunner:
 
     def __init__(self, model: torch.nn.Module, slots: StaticSlots):
         self.model, self.slots = model, slots
+        self.cache_name = cache_argument(model)  # read once: not inside a traced step
         self.compiled = True  # False once the compiler failed: every step then runs eagerly
         self.compile_s = 0.0  # wall time of the calls that compiled (or loaded) a new step
         self.failure: str | None = None  # why compiling was given up, if it was
@@ -70,7 +73,7 @@ class StepRunner:
                     self._shapes_seen.add(shape)
                     self.compile_s += time.perf_counter() - start
                 return logits
-        return eager_step(self.model, slots, ids, positions, mask)
+        return eager_step(self.model, self.cache_name, slots, ids, positions, mask)
 
     def give_up(self, exc: Exception) -> None:
         self.compiled = False
@@ -152,7 +155,7 @@ class GraphRunner(StepRunner):
         return f"compiling the forward for {rows} row{'s' * (rows > 1)}"
 
     def _step(self, ids, positions, mask) -> torch.Tensor:
-        return eager_step(self.model, self.slots, ids, positions, mask)
+        return eager_step(self.model, self.cache_name, self.slots, ids, positions, mask)
 
     def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
         with (torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT),
