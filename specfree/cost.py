@@ -8,15 +8,15 @@ the expected accepted tokens pay for them.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from specfree.files import fingerprint, write_atomic
 from specfree.kernels import linear_path
+from specfree.timing import clock
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -66,12 +66,10 @@ class CostModel:
         best = [float("inf")] * len(sizes)
         for round_ in range(repeats + 1):  # round 0 warms the kernels up
             for i, (tokens, allowed) in enumerate(inputs):
-                start = time.perf_counter()
+                start = clock(adapter.device)
                 adapter.forward(tokens, None if len(tokens) == 1 else allowed)
-                if adapter.device.type == "cuda":
-                    torch.cuda.synchronize(adapter.device)
                 if round_:
-                    best[i] = min(best[i], time.perf_counter() - start)
+                    best[i] = min(best[i], clock(adapter.device) - start)
                 adapter.commit([0], rows=len(tokens))  # keep one row: the context barely grows
         adapter.reset()
         return cls(list(sizes), best)
@@ -92,8 +90,7 @@ class CostModel:
                  torch.__version__, model.config._attn_implementation, layers, linear_path(model), kv]
         if compiled is not None:
             setup.append(["compiled", compiled, runner.options])
-        key = hashlib.sha1(json.dumps(setup).encode()).hexdigest()[:16]
-        path = Path(cache_dir) / "costs" / f"{key}.json"
+        path = Path(cache_dir) / "costs" / f"{fingerprint(setup)}.json"
         if path.is_file():
             try:
                 data = json.loads(path.read_text())
@@ -102,7 +99,5 @@ class CostModel:
                 pass  # a damaged cache file is simply measured again
         costs = cls.measure(adapter)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(costs.as_dict()))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(costs.as_dict()))
         return costs

@@ -185,17 +185,12 @@ def _options(args: Sequence[str]) -> tuple[str, dict[str, str]]:
 def main(args: Sequence[str]) -> int:
     """``python -m specfree datastore build|answers ...``: build with a progress bar."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specfree.adapters.loading import load_tokenizer
+    from specfree.progress import progress_bar
 
     command, options = _options(args)
     console = Console(stderr=True)
-
-    def progress_bar(*columns):  # only on a terminal: logged, the last frame would sit above errors
-        return Progress(TextColumn("{task.description}"), BarColumn(), *columns, TimeElapsedColumn(),
-                        console=console, disable=not console.is_terminal)
-
     if command == "build":
         inputs = [p for p in options["input"].strip("[]").split(",") if p]
         missing = [p for p in inputs if not Path(p).expanduser().is_file()]
@@ -204,9 +199,9 @@ def main(args: Sequence[str]) -> int:
         fields = [f for f in options.get("fields", "").strip("[]").split(",") if f] or None
         tokenizer = load_tokenizer(options.get("model", "smollm2"), cache_dir=options.get("cache_dir"))
     else:  # the answering engine's tokenizer indexes the answers
-        answers, tokenizer = _answer(options, console, progress_bar)
+        answers, tokenizer = _answer(options, console)
         inputs, fields = [answers], ["text"]
-    with progress_bar() as bar:
+    with progress_bar(console, counted=False) as bar:
         task = bar.add_task("reading", total=1.0)
         stats = build_datastore(inputs, tokenizer, options["out"], fields,
                                 progress=lambda stage, f: bar.update(task, description=stage, completed=f))
@@ -216,11 +211,9 @@ def main(args: Sequence[str]) -> int:
     return 0
 
 
-def _answer(options: dict[str, str], console, progress_bar):
+def _answer(options: dict[str, str], console):
     """``datastore answers``: the model answers the prompts it has not answered yet; the answers
     file and the model's tokenizer."""
-    from rich.progress import MofNCompleteColumn
-
     from specfree.adapters.loading import load_tokenizer
     from specfree.bench.prompts import load_prompts
     from specfree.engine import Engine
@@ -254,7 +247,9 @@ def _answer(options: dict[str, str], console, progress_bar):
         return answers, load_tokenizer(model, cache_dir=cache_dir)
     # Prompt lookup: its greedy output is plain greedy decoding's, token for token, only sooner.
     engine = Engine.from_pretrained(model, "prompt_lookup", cache_dir=cache_dir)
-    with progress_bar(MofNCompleteColumn()) as bar:
+    from specfree.progress import progress_bar
+
+    with progress_bar(console) as bar:
         task = bar.add_task("answering", total=len(todo))
         _append_answers(engine, todo, answers, setup, progress=lambda k, n: bar.update(task, completed=k))
     console.print(f"{answers}: {len(todo)} new answers, {kept}")

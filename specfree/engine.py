@@ -21,6 +21,7 @@ from specfree.errors import ConfigError, check_int
 from specfree.masks.tree import Layout, build_layout
 from specfree.pricing import AcceptanceModel, Plan, Pricer, as_proposed
 from specfree.strategies.base import Outcome, Strategy
+from specfree.timing import clock
 from specfree.tree import DraftTree
 from specfree.types import AuxBlock, Generation, StepRecord
 from specfree.verifiers import GreedyVerifier
@@ -242,7 +243,7 @@ class Engine:
                 # [Q, V]; a lone root row needs no mask: the plain causal path is fastest.
                 logits = adapter.forward(layout.tokens, None if layout.rows == 1 else layout.allowed,
                                          layout.positions)
-                t3 = self._sync()
+                t3 = clock(adapter.device)
                 if self._costs is not None:
                     self._costs.observe(layout.rows, t3 - t2)
                 verdict = verifier.verify(logits[: layout.num_tree], tree, torch.from_numpy(context))
@@ -315,11 +316,5 @@ class Engine:
                 return "stop_string"
         return None
 
-    def _sync(self) -> float:
-        """Wall clock after the device has finished its queued work (CUDA runs asynchronously)."""
-        if self.adapter.device.type == "cuda":
-            torch.cuda.synchronize(self.adapter.device)
-        return time.perf_counter()
-
     def _elapsed(self, start: float) -> float:
-        return self._sync() - start
+        return clock(self.adapter.device) - start

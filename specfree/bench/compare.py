@@ -20,7 +20,8 @@ from rich.table import Table
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
 from specfree.bench.plots import write_plots
-from specfree.bench.report import HEADERS, cells, markdown_table, rich_table, speedup_matrix, wide_console
+from specfree.bench.report import markdown as markdown_report
+from specfree.bench.report import rich_table, wide_console
 from specfree.errors import ConfigError
 
 
@@ -65,8 +66,7 @@ def compare(paths: Sequence[str], out: str | None = None, markdown: bool = False
         raise ConfigError(f"compare: no {store_mod.FILENAME} or result.json under {', '.join(map(str, paths))}")
     if bench_files:
         rows, systems = bench_rows(bench_files)
-        text = "\n\n".join(["## Speedup vs autoregressive (same run)", markdown_table(*speedup_matrix(rows), left=1),
-                            "## Details", markdown_table(HEADERS, [cells(r) for r in rows])]) + "\n"
+        text = markdown_report(rows)
         if markdown:
             console.print(text, markup=False, highlight=False)
         else:

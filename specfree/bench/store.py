@@ -8,12 +8,11 @@ ended in an error are run again.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from specfree.errors import ConfigError
+from specfree.files import write_atomic
 
 FILENAME = "bench.json"
 SCHEMA = "specfree-bench/1"
@@ -86,14 +85,4 @@ class RecordStore:
 
     def save(self) -> None:
         doc = {"schema": SCHEMA, "meta": self.meta, "systems": self.systems, "records": self.records}
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{FILENAME}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, separators=(",", ":"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; the records are an ordinary output file
-            os.replace(tmp, self.path)  # atomic: readers see the old file or the new one, never half
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, json.dumps(doc, separators=(",", ":")))  # never half a file, even killed

@@ -8,7 +8,6 @@ system (perf_counter around the call, after a device sync), so the columns compa
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from specfree.conf.schema import STEP_KNOBS
 from specfree.engine import Engine
 from specfree.errors import ConfigError
 from specfree.plugins import Registry, build_plugin_manager, registry
+from specfree.timing import clock
 
 HF_BASELINES = ("hf_generate", "hf_prompt_lookup", "hf_static_compiled")
 STATIC_SLOTS = 512  # hf_static_compiled's StaticCache grows in multiples of this
@@ -44,12 +44,6 @@ class Turn:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _sync(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def _as_list(value: Any) -> Any:
@@ -104,9 +98,9 @@ class SpecfreeSystem:
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
         device = self.engine.adapter.device
-        start = _sync(device)
+        start = clock(device)
         gen = self.engine.generate(ids, max_new_tokens, seed=self.seed)
-        wall = _sync(device) - start
+        wall = clock(device) - start
         self.engine.adapter.reset()  # free this system's KV cache before the next one runs
         return Turn(tokens=list(gen.tokens), wall_s=wall, prompt_tokens=gen.prompt_tokens,
                     stop_reason=gen.stop_reason, prefill_s=gen.prefill_s, steps=len(gen.steps),
@@ -190,13 +184,13 @@ class HFSystem:
         try:
             # transformers as shipped, not the kernels a specfree engine gave the shared model
             with as_shipped(self.model):
-                start = _sync(device)
+                start = clock(device)
                 out = self.model.generate(
                     input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=budget, do_sample=False,
                     num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,  # plain greedy, whatever the
                     eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0],      # model's generation_config says
                     **static, **self.knobs)
-                wall = _sync(device) - start
+                wall = clock(device) - start
         finally:
             handle.remove()
         tokens = out[0, len(ids):].tolist()

@@ -17,7 +17,6 @@ Where it cannot be built or the CPU lacks AVX2, ``load_kernels`` warns once and 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import warnings
 from pathlib import Path
 
@@ -26,18 +25,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.adapters.swap import swap_modules, swapped_modules
+from specfree.files import atomic_path, fingerprint
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
-MAX_ROWS = 16  # more rows go to the library's GEMM, inside the op
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 BACKENDS = ("few_row", "library")  # "library": torch's F.linear, the fallback
 
 
 def kernel_dir(cache_dir: str | Path | None = None) -> Path:
     """Where a build of this source for this torch lives: a new source or torch builds anew."""
-    key = hashlib.sha1(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
     root = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "specfree"
-    return root / "kernels" / key
+    return root / "kernels" / fingerprint(SOURCE.read_text(), torch.__version__)
 
 
 def _registered() -> bool:
@@ -64,7 +62,6 @@ def _build(folder: Path, progress: bool) -> Path:
     at all (an interrupted build leaves no library behind)."""
     import shutil
     import subprocess
-    import tempfile
 
     library = folder / LIBRARY
     if library.is_file():
@@ -78,13 +75,11 @@ def _build(folder: Path, progress: bool) -> Path:
         from rich.console import Console
 
         status = Console(stderr=True).status("building specfree's few-row linear kernel (first use, ~10 s)")
-    with status, tempfile.TemporaryDirectory(dir=folder) as scratch:
-        partial = Path(scratch) / LIBRARY
+    with status, atomic_path(library) as partial:
         run = subprocess.run(_compile_command(compiler, SOURCE, partial), capture_output=True, text=True)
         if run.returncode != 0:
             error = next((line for line in run.stderr.splitlines() if "error" in line), run.stderr.strip()[:200])
             raise RuntimeError(f"{Path(compiler).name} failed: {error}")
-        partial.replace(library)
     return library
 
 

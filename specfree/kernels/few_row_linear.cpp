@@ -19,7 +19,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
 namespace {

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
+from specfree.files import write_atomic
 from specfree.pools.base import PoolFileError
 
 
@@ -67,14 +68,8 @@ def leaf_paths(tokens: list[int], parents: list[int]) -> list[list[int]]:
 # --- pool files: MAGIC (16 bytes) | header struct | payload, every part checked on load ---
 
 def write_file(path: str | os.PathLike, magic: bytes, header: bytes, chunks: Iterable[bytes]) -> None:
-    """Write atomically (temp file + rename) so a crash never leaves a half-written pool."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(magic)
-        f.write(header)
-        f.writelines(chunks)
-    os.replace(tmp, path)
+    """Written atomically, so a crash never leaves a half-written pool."""
+    write_atomic(path, itertools.chain([magic, header], chunks))
 
 
 def read_header(path: str | os.PathLike, magic: bytes, fmt: str, what: str) -> tuple:

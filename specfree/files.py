@@ -1,0 +1,54 @@
+"""Files: paths as the user typed them, and what specfree keeps between runs (written whole or
+not at all, named by what they depend on)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def user_path(value: str | os.PathLike) -> Path:
+    """A path the user typed: ``~`` expanded, and relative to the folder the command started in,
+    even where Hydra has changed the working folder since."""
+    from hydra.utils import to_absolute_path
+
+    return Path(to_absolute_path(os.path.expanduser(value)))
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write (itself or through a tool); when the
+    block ends it replaces ``path`` in one rename, and when it raises it is removed: readers see the
+    old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # unique: writers may race
+    try:
+        yield tmp
+        with open(tmp, "rb") as written:
+            os.fsync(written.fileno())  # on disk before the rename, so a crash cannot leave it empty
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes | Iterable[bytes]) -> None:
+    """Write ``data`` (text as UTF-8, bytes, or chunks of bytes) to ``path`` atomically."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if isinstance(data, bytes):
+            f.write(data)
+        else:
+            f.writelines(data)
+
+
+def fingerprint(*parts: Any) -> str:
+    """16 hex digits that change when any of ``parts`` does: the name of a cache entry built from
+    them (parts as JSON; anything JSON cannot hold by its ``str``)."""
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
