@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specfree.errors import ConfigError, SpecfreeError, check_int
+from specfree.files import user_path
 from specfree.sweeps import CoreShares, available_cpus
 
 if TYPE_CHECKING:
@@ -288,7 +289,7 @@ def read_prompt(cfg, piped: str | None = None) -> str:
             raise ConfigError('the prompt is empty: give prompt="..." with some text')
         return str(cfg.prompt)
     if cfg.prompt_file is not None:
-        return read_prompt_file(_original_path(cfg.prompt_file))
+        return read_prompt_file(user_path(cfg.prompt_file))
     text = read_stdin() if piped is None else piped
     if not text.strip():
         raise ConfigError('no prompt: give prompt="...", prompt_file=PATH, or pipe text on stdin')
@@ -381,7 +382,7 @@ def _write_result(cfg, result: dict) -> Path | None:
     from hydra.core.hydra_config import HydraConfig
 
     if cfg.output is not None:
-        path = _original_path(cfg.output)
+        path = user_path(cfg.output)
     elif HydraConfig.initialized():
         path = Path(HydraConfig.get().runtime.output_dir) / "result.json"
     else:
@@ -391,18 +392,6 @@ def _write_result(cfg, result: dict) -> Path | None:
         path.write_text(json.dumps(result, indent=1), encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot write the result to {path}: {exc.strerror} (set output=FILE.json)") from None
-    return path
-
-
-def _original_path(value: str) -> Path:
-    """A user's relative path is relative to where they ran the command, even if Hydra chdir'ed."""
-    from hydra.core.hydra_config import HydraConfig
-
-    path = Path(str(value)).expanduser()
-    if not path.is_absolute() and HydraConfig.initialized():
-        from hydra.utils import get_original_cwd
-
-        path = Path(get_original_cwd()) / path
     return path
 
 

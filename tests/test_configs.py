@@ -215,9 +215,9 @@ def test_model_linear_kernel_reaches_the_adapter(tiny_llama_dir):
     assert not few_row(["model.linear_kernel=library"])
     with pytest.raises(ConfigError, match="linear_kernel must be one of few_row, library"):
         Engine.from_config(overrides=["model=local", f"model.path={tiny_llama_dir}", "model.linear_kernel=mkl"])
-    settings = BenchSettings.from_config({"model": {"name": "smollm2", "linear_kernel": "library"},
+    settings = BenchSettings.from_config({"model": {"name": "smollm2", "path": None, "linear_kernel": "library"},
                                           "bench": {"prompts": "p.jsonl", "out": "out"}})
-    assert settings.linear_kernel == "library" and "linear_kernel" not in settings.model_options
+    assert settings.config.model.linear_kernel == "library" and "linear_kernel" not in settings.model_options
 
 
 def test_a_hub_model_without_network_fails_at_once(monkeypatch):

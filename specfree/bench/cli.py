@@ -16,12 +16,11 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
@@ -30,73 +29,72 @@ from specfree.bench.prompts import load_prompts
 from specfree.bench.report import markdown, rich_table, wide_console
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
 from specfree.adapters.compiled import check_compile, make_adapter
+from specfree.conf.schema import BenchConfig, SpecfreeConfig
 from specfree.errors import ConfigError, check_int
+from specfree.files import user_path
+from specfree.progress import progress_bar
 
 INTERRUPTED = 130
 
 
 @dataclass
 class BenchSettings:
-    """Everything ``bench`` reads from the config, validated, as plain values."""
+    """What ``bench`` runs: the config as the schema's dataclasses (typed and checked by OmegaConf),
+    and what follows from it."""
 
-    prompts: Path
+    config: SpecfreeConfig
+    prompts: Path  # absolute: a relative path is relative to where the command started
     out: Path
-    model: str
-    strategies: list[SystemSpec]
+    strategies: list[SystemSpec]  # the main strategy first
     baselines: list[SystemSpec]
-    format: str = "spec_bench"
-    fields: dict[str, str] = field(default_factory=dict)
-    limit: int | None = None
-    per_category: int | None = None
-    max_new_tokens: int = 128
-    repeats: int = 1
-    warmup: int = 1
-    resume: bool = False
-    chat: bool = True
-    markdown: bool = False
-    cost_curves: bool = True  # the linear layers' and the forward's cost curves, measured before the runs
-    device: str = "cpu"
-    dtype: str = "float32"
-    threads: int | None = None
-    seed: int | None = None
-    cache_dir: str | None = None
-    model_options: dict[str, Any] = field(default_factory=dict)  # attn_implementation, revision
-    linear_kernel: str = "few_row"  # the engines' linear layers (model.linear_kernel: few_row or library)
-    compile: str = "auto"  # auto/true: strategies on the compiled forward, beside the eager baseline
+    compile: str  # auto/true: strategies on the compiled forward, beside the eager baseline
+
+    @property
+    def bench(self) -> BenchConfig:
+        return self.config.bench
+
+    @property
+    def model(self) -> str:
+        return self.config.model.path or self.config.model.name
+
+    @property
+    def model_options(self) -> dict[str, Any]:  # attn_implementation, revision
+        model = self.config.model
+        options = {"attn_implementation": model.attn_implementation, "revision": model.revision}
+        return {k: v for k, v in options.items() if v is not None}
 
     @classmethod
     def from_config(cls, cfg: Any) -> BenchSettings:
-        root = _plain(cfg)
-        bench = root.get("bench")
-        if not isinstance(bench, Mapping):
-            raise ConfigError("the bench command needs a bench config: add bench=spec_bench (or bench=custom)")
-        if not bench.get("prompts"):
-            raise ConfigError("bench.prompts is not set: point it at a prompt file, e.g. "
-                              "bench.prompts=/data/spec_bench/question.jsonl")
-        main = _spec(root.get("strategy") or BASELINE, "strategy")
-        if root.get("pool"):  # the pool group feeds the main strategy
-            main.knobs["pool"] = root["pool"]
-        _check_greedy(root.get("verifier"))
-        strategies = [main]
-        strategies += [_spec(s, "bench.strategies") for s in bench.get("strategies") or []]
-        baselines = [_spec(b, "bench.baselines") for b in bench.get("baselines") or []]
-        out = bench.get("out") or _hydra_output_dir()
+        from omegaconf import OmegaConf
+
+        from specfree.conf.messages import config_error
+
+        try:
+            plain = OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)  # untyped: Any stays plain
+            if not isinstance(plain.get("bench"), Mapping):
+                raise ConfigError("the bench command needs a bench config: add bench=spec_bench (or bench=custom)")
+            if not plain["bench"].get("prompts"):
+                raise ConfigError("bench.prompts is not set: point it at a prompt file, e.g. "
+                                  "bench.prompts=/data/spec_bench/question.jsonl")
+            config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SpecfreeConfig), plain))
+        except Exception as exc:
+            raise config_error(exc) from None
+        # What the schema's types cannot say.
+        bench = config.bench
+        check_int("bench.max_new_tokens", bench.max_new_tokens, low=1)
+        check_int("bench.repeats", bench.repeats, low=1)
+        check_int("bench.warmup", bench.warmup, low=0)
+        _check_greedy(config.verifier)
+        main = _spec(config.strategy or BASELINE, "strategy")
+        if config.pool:  # the pool group feeds the main strategy
+            main.knobs["pool"] = config.pool
+        out = bench.out or _hydra_output_dir()
         if out is None:
             raise ConfigError("bench.out is not set and no Hydra run folder exists: set bench.out=DIR")
-        return cls(
-            prompts=_absolute(bench["prompts"]), out=_absolute(out), model=_model_name(root.get("model")),
-            model_options=_model_options(root.get("model")),
-            linear_kernel=_linear_kernel_option(root.get("model")),
-            strategies=strategies, baselines=baselines, format=bench.get("format") or "spec_bench",
-            fields=dict(bench.get("fields") or {}), limit=bench.get("limit"), per_category=bench.get("per_category"),
-            max_new_tokens=check_int("bench.max_new_tokens", bench.get("max_new_tokens", 128), low=1),
-            repeats=check_int("bench.repeats", bench.get("repeats", 1), low=1),
-            warmup=check_int("bench.warmup", bench.get("warmup", 1), low=0),
-            resume=bool(bench.get("resume", False)), chat=bool(bench.get("chat", True)),
-            markdown=bool(bench.get("markdown", False)), cost_curves=bool(bench.get("cost_curves", True)),
-            device=str(root.get("device") or "cpu"),
-            dtype=str(root.get("dtype") or "float32"), threads=root.get("threads"), seed=root.get("seed"),
-            cache_dir=root.get("cache_dir"), compile=check_compile("auto" if root.get("compile") is None else root.get("compile")))
+        return cls(config, prompts=user_path(bench.prompts).resolve(), out=user_path(out).resolve(),
+                   strategies=[main, *(_spec(s, "bench.strategies") for s in bench.strategies)],
+                   baselines=[_spec(b, "bench.baselines") for b in bench.baselines],
+                   compile=check_compile(config.compile))
 
     def meta(self) -> dict[str, Any]:
         import torch
@@ -104,11 +102,12 @@ class BenchSettings:
 
         import specfree
 
-        return {"model": self.model, "prompts": str(self.prompts), "format": self.format, "fields": self.fields,
-                "limit": self.limit, "per_category": self.per_category, "max_new_tokens": self.max_new_tokens,
-                "repeats": self.repeats, "warmup": self.warmup, "chat": self.chat, "device": self.device,
-                "dtype": self.dtype, "threads": self.threads, "seed": self.seed, "baseline": BASELINE,
-                "linear_kernel": self.linear_kernel, "compile": self.compile,
+        bench, config = self.bench, self.config
+        return {"model": self.model, "prompts": str(self.prompts), "format": bench.format, "fields": bench.fields,
+                "limit": bench.limit, "per_category": bench.per_category, "max_new_tokens": bench.max_new_tokens,
+                "repeats": bench.repeats, "warmup": bench.warmup, "chat": bench.chat, "device": config.device,
+                "dtype": config.dtype, "threads": config.threads, "seed": config.seed, "baseline": BASELINE,
+                "linear_kernel": config.model.linear_kernel, "compile": self.compile,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu": cpu_name(),
                 "versions": {"specfree": specfree.__version__, "torch": torch.__version__,
                              "transformers": transformers.__version__, "python": platform.python_version()}}
@@ -153,14 +152,14 @@ def compiled_adapter(model, settings: BenchSettings, slots: int):
     where compiling cannot or did not work (it warned)."""
     if settings.compile == "false":
         return None
-    adapter = make_adapter(model, "true", cache_dir=settings.cache_dir, slots=slots)
+    adapter = make_adapter(model, "true", cache_dir=settings.config.cache_dir, slots=slots)
     return adapter if adapter.runner is not None else None
 
 
 def kv_slots_needed(tokenizer, items, settings: BenchSettings) -> int:
     """KV slots for the longest prompt (all its turns) and its answers: static caches sized so no
     graph is compiled during the timed runs."""
-    longest = max(len(tokenizer(" ".join(item.turns)).input_ids) + len(item.turns) * settings.max_new_tokens
+    longest = max(len(tokenizer(" ".join(item.turns)).input_ids) + len(item.turns) * settings.bench.max_new_tokens
                   for item in items)
     return longest + 64  # the chat template's own tokens, the last step's rows
 
@@ -169,23 +168,24 @@ def run(cfg: Any, console: Console | None = None) -> int:
     """Run the benchmark described by ``cfg``; return the exit code (0, or 130 when interrupted)."""
     console = console or wide_console()
     settings = BenchSettings.from_config(cfg)
-    items = load_prompts(settings.prompts, settings.format, settings.fields, settings.limit, settings.per_category)
-    store = store_mod.RecordStore(settings.out, settings.meta(), resume=settings.resume)
+    bench = settings.bench
+    items = load_prompts(settings.prompts, bench.format, bench.fields, bench.limit, bench.per_category)
+    store = store_mod.RecordStore(settings.out, settings.meta(), resume=settings.bench.resume)
 
     import torch
 
     from specfree.adapters.loading import load_model
 
-    if settings.threads:
-        torch.set_num_threads(check_int("threads", settings.threads, low=1))
-    model, tokenizer = load_model(settings.model, device=settings.device, dtype=settings.dtype,
-                                  cache_dir=settings.cache_dir, **settings.model_options)
-    if settings.chat and not getattr(tokenizer, "chat_template", None):
+    if settings.config.threads:
+        torch.set_num_threads(check_int("threads", settings.config.threads, low=1))
+    model, tokenizer = load_model(settings.model, device=settings.config.device, dtype=settings.config.dtype,
+                                  cache_dir=settings.config.cache_dir, **settings.model_options)
+    if settings.bench.chat and not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"{settings.model}'s tokenizer has no chat template: set bench.chat=false")
     slots = kv_slots_needed(tokenizer, items, settings)
     compiled = compiled_adapter(model, settings, slots)
-    systems = build_systems(model, tokenizer, settings.strategies, settings.baselines, settings.seed,
-                            settings.linear_kernel, compiled)
+    systems = build_systems(model, tokenizer, settings.strategies, settings.baselines, settings.config.seed,
+                            settings.config.model.linear_kernel, compiled)
     for system in systems:
         if system.strategy == "hf_static_compiled":
             system.static_slots = slots
@@ -193,14 +193,14 @@ def run(cfg: Any, console: Console | None = None) -> int:
     if compiled is not None:
         store.meta["compile_s"] = compiled.compile_s
         store.meta["compiled_by"] = compiled.describe()
-    if settings.cost_curves and not settings.resume:
+    if settings.bench.cost_curves and not settings.bench.resume:
         with Console(stderr=True).status("measuring the cost curves of the linear layers and the forward"):
             store.meta.update(cost_curves(model, systems[0].engine.adapter, compiled))
     engine = systems[0].engine
     describe = getattr(engine.adapter, "describe_verification", None)  # trees, or chains and why
     store.meta["verification"] = describe() if describe is not None else None
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                settings.chat)
+                                settings.bench.chat)
 
     status = Console(stderr=True)
     try:
@@ -211,15 +211,15 @@ def run(cfg: Any, console: Console | None = None) -> int:
         interrupted = True
         status.print(f"[yellow]interrupted: {len(store.records)} finished records kept in {store.path}; "
                      f"rerun with bench.resume=true to continue[/yellow]")
-    report(settings.out, console, settings.markdown)
+    report(settings.out, console, settings.bench.markdown)
     return INTERRUPTED if interrupted else 0
 
 
 def _execute(items, systems, conversation, store, settings: BenchSettings, status: Console) -> None:
     """Warm up, then run with a progress bar (a terminal) or one line per record (a log file)."""
-    total = len(items) * settings.repeats * len(systems)
+    total = len(items) * settings.bench.repeats * len(systems)
     with status.status("warming up"):
-        warm_up(systems, conversation, settings.max_new_tokens, settings.warmup)
+        warm_up(systems, conversation, settings.bench.max_new_tokens, settings.bench.warmup)
     if not status.is_terminal:
         count = 0
 
@@ -229,16 +229,15 @@ def _execute(items, systems, conversation, store, settings: BenchSettings, statu
             if record is not None:
                 status.print(f"[{count}/{total}] {progress_line(record)}", highlight=False)
 
-        run_records(items, systems, conversation, store, settings.max_new_tokens, settings.repeats, log)
+        run_records(items, systems, conversation, store, settings.bench.max_new_tokens, settings.bench.repeats, log)
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=status) as progress:
+    with progress_bar(status, remaining=True) as progress:
         task = progress.add_task("bench", total=total)
 
         def advance(item, system, record):
             progress.update(task, advance=1, description=f"{item.category} {item.id} {system.label}")
 
-        run_records(items, systems, conversation, store, settings.max_new_tokens, settings.repeats, advance)
+        run_records(items, systems, conversation, store, settings.bench.max_new_tokens, settings.bench.repeats, advance)
 
 
 @contextlib.contextmanager
@@ -317,19 +316,6 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
     return 0
 
 
-def _plain(cfg: Any) -> dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(f"bench config must be a mapping, got {type(cfg).__name__}")
-    return dict(cfg)
-
-
 def _spec(value: Any, where: str) -> SystemSpec:
     """A strategy/baseline given as a name or as {name: ..., knob: value, ...}."""
     if isinstance(value, str):
@@ -338,26 +324,6 @@ def _spec(value: Any, where: str) -> SystemSpec:
         knobs = {k: v for k, v in value.items() if k != "name" and not str(k).startswith("_")}
         return SystemSpec(str(value["name"]), knobs)
     raise ConfigError(f"{where}: each entry must be a name or a mapping with 'name' and knobs, got {value!r}")
-
-
-def _model_name(model: Any) -> str:
-    if isinstance(model, str) and model:
-        return model
-    if isinstance(model, Mapping):
-        for key in ("path", "name"):
-            if model.get(key):
-                return str(model[key])
-    raise ConfigError("no model given: set model=smollm2, or model.path=FOLDER_OR_GGUF")
-
-
-def _model_options(model: Any) -> dict[str, Any]:
-    if not isinstance(model, Mapping):
-        return {}
-    return {k: model[k] for k in ("attn_implementation", "revision") if model.get(k) is not None}
-
-
-def _linear_kernel_option(model: Any) -> str:
-    return model.get("linear_kernel", "few_row") if isinstance(model, Mapping) else "few_row"
 
 
 def _check_greedy(verifier: Any) -> None:
@@ -375,15 +341,3 @@ def _hydra_output_dir() -> str | None:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
-
-
-def _absolute(path: str | Path) -> Path:
-    """Relative paths are relative to where the user started the command (Hydra may chdir)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    path = Path(str(path)).expanduser()
-    if not path.is_absolute() and HydraConfig.initialized():
-        from hydra.utils import get_original_cwd
-
-        path = Path(get_original_cwd()) / path
-    return path.resolve()

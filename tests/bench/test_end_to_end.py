@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,20 +129,29 @@ def test_sweep_plot_and_compare(tiny_model_dir, prompts, tmp_path):
 def test_bad_bench_configs_are_config_errors(tmp_path):
     from specfree.errors import ConfigError
 
+    model = {"name": "smollm2", "path": None}
     with pytest.raises(ConfigError, match="bench.prompts is not set"):
-        cli.BenchSettings.from_config({"model": "smollm2", "bench": {"prompts": None, "out": str(tmp_path)}})
+        cli.BenchSettings.from_config({"model": model, "bench": {"prompts": None, "out": str(tmp_path)}})
     with pytest.raises(ConfigError, match="needs a bench config"):
-        cli.BenchSettings.from_config({"model": "smollm2"})
+        cli.BenchSettings.from_config({"model": model})
     with pytest.raises(ConfigError, match="verifier=greedy"):
-        cli.BenchSettings.from_config({"model": "smollm2", "verifier": {"name": "sampling"},
+        cli.BenchSettings.from_config({"model": model, "verifier": {"name": "sampling"},
                                        "bench": {"prompts": "p.jsonl", "out": str(tmp_path)}})
-    with pytest.raises(ConfigError, match="each entry must be a name"):
-        cli.BenchSettings.from_config({"model": "smollm2", "bench": {"prompts": "p.jsonl", "out": str(tmp_path),
-                                                                     "strategies": [3]}})
-    settings = cli.BenchSettings.from_config({"model": {"name": "smollm2"}, "strategy": {"name": "trie"},
+    with pytest.raises(ConfigError, match="bench.strategies: each entry must be a name"):
+        cli.BenchSettings.from_config({"model": model, "bench": {"prompts": "p.jsonl", "out": str(tmp_path),
+                                                                 "strategies": [3]}})
+    # the schema's types, then the ranges it cannot express, each one line naming the field
+    with pytest.raises(ConfigError, match=r"^bench.limit: expected int or null, got 'ten'$"):
+        cli.BenchSettings.from_config({"model": model, "bench": {"prompts": "p.jsonl", "limit": "ten"}})
+    with pytest.raises(ConfigError, match=r"^bench.repeats must be >= 1, got 0$"):
+        cli.BenchSettings.from_config({"model": model, "bench": {"prompts": "p.jsonl", "out": "o", "repeats": 0}})
+    with pytest.raises(ConfigError, match=r"^model.path is required"):
+        cli.BenchSettings.from_config({"model": {"name": "smollm2"}, "bench": {"prompts": "p.jsonl"}})
+    settings = cli.BenchSettings.from_config({"model": model, "strategy": {"name": "trie"},
                                               "pool": {"name": "lru", "capacity": 10},
                                               "bench": {"prompts": "p.jsonl", "out": str(tmp_path)}})
     assert settings.strategies[0].knobs == {"pool": {"name": "lru", "capacity": 10}}
+    assert settings.prompts == Path.cwd().resolve() / "p.jsonl" and settings.bench.max_new_tokens == 128  # the schema's
 
 
 def test_transformers_baselines_run_as_shipped_on_the_shared_model():
