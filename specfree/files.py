@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,18 +24,24 @@ def user_path(value: str | os.PathLike) -> Path:
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary path beside ``path`` for the block to write (itself or through a tool); when the
-    block ends it replaces ``path`` in one rename, and when it raises it is removed: readers see the
-    old file or the new one, never half of one."""
+    """A temporary path beside ``path`` for the block to fill (a file or a folder, itself or through
+    a tool); when the block ends it replaces ``path`` in one rename, and when it raises it is removed:
+    readers see the old entry or the new one, never half of one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # unique: writers may race
     try:
         yield tmp
-        with open(tmp, "rb") as written:
-            os.fsync(written.fileno())  # on disk before the rename, so a crash cannot leave it empty
+        if tmp.is_file():
+            with open(tmp, "rb") as written:
+                os.fsync(written.fileno())  # on disk before the rename, so a crash cannot leave it empty
+        elif path.is_dir():
+            shutil.rmtree(path)  # a folder is replaced whole, never merged
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes | Iterable[bytes]) -> None:

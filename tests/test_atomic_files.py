@@ -20,6 +20,16 @@ def test_a_file_is_replaced_whole_or_not_at_all(tmp_path):
     assert path.read_text() == "new" and list(tmp_path.iterdir()) == [path]  # no temporary file left
 
 
+def test_a_folder_is_replaced_whole(tmp_path):
+    folder = tmp_path / "model"
+    for files in (["a", "b"], ["c"]):
+        with atomic_path(folder) as tmp:
+            tmp.mkdir()
+            for name in files:
+                (tmp / name).write_text(name)
+    assert sorted(p.name for p in folder.iterdir()) == ["c"] and list(tmp_path.iterdir()) == [folder]
+
+
 def test_a_fingerprint_follows_every_part():
     assert fingerprint("a", [1, {"b": 2, "c": 3}]) == fingerprint("a", [1, {"c": 3, "b": 2}])
     assert fingerprint("a", 1) != fingerprint("a", 2) != fingerprint("b", 2)
