@@ -28,7 +28,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     a tool); when the block ends it replaces ``path`` in one rename, and when it raises it is removed:
     readers see the old entry or the new one, never half of one."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # unique: writers may race
+    # Unique (writers may race), and ending like ``path``: some tools check the suffix (AOTInductor: .pt2).
+    tmp = path.with_name(f".tmp-{secrets.token_hex(4)}-{path.name}")
     try:
         yield tmp
         if tmp.is_file():
