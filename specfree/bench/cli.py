@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
 from specfree.bench.plots import cost_curve_plot, write_plots
-from specfree.bench.prompts import load_prompts
+from specfree.bench.prompts import load_prompts, shipped_prompts
 from specfree.bench.report import markdown, rich_table, wide_console
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
 from specfree.adapters.compiled import check_compile, make_adapter
@@ -84,7 +84,7 @@ class BenchSettings:
         if out is None:
             raise ConfigError("bench.out is not set and no Hydra run folder exists: set bench.out=DIR")
         return cls(
-            prompts=_absolute(bench["prompts"]), out=_absolute(out), model=_model_name(root.get("model")),
+            prompts=shipped_prompts(bench["prompts"]) or _absolute(bench["prompts"]), out=_absolute(out), model=_model_name(root.get("model")),
             model_options=_model_options(root.get("model")),
             linear_kernel=_linear_kernel_option(root.get("model")),
             strategies=strategies, baselines=baselines, format=bench.get("format") or "spec_bench",
