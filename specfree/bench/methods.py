@@ -75,8 +75,10 @@ def method_rows(records: Sequence[dict], systems_meta: Sequence[dict]) -> list[M
     return rows
 
 
-HEADERS = ("system", "path", "accepted/step", "rows/step kept/offered", "speedup vs same path's autoregressive",
-           "paper: speedup", "paper: accepted/step", "paper: model, hardware, benchmark", "paper")
+# Text first (system, path, the paper and its setting), then each number measured here beside the paper's.
+HEADERS = ("system", "path", "paper", "paper's model, hardware, benchmark", "accepted/step", "paper: accepted/step",
+           "speedup vs same path's autoregressive", "paper: speedup", "rows/step kept/offered")
+TEXT_COLUMNS = 4
 
 
 def cells(row: MethodRow) -> list[str]:
@@ -84,11 +86,11 @@ def cells(row: MethodRow) -> list[str]:
     if row.speedup_range and row.speedup_range[0] != row.speedup_range[1]:
         speedup += f" ({row.speedup_range[0]:.2f}–{row.speedup_range[1]:.2f})"
     paper = row.paper
-    return [row.system, row.path, "–" if row.accepted is None else f"{row.accepted:.2f}",
-            f"{row.rows_per_step[0]:.1f}/{row.rows_per_step[1]:.1f}" if row.rows_per_step else "–", speedup,
+    return [row.system, row.path, paper.paper if paper else "–", (paper.setting() or "–") if paper else "–",
+            "–" if row.accepted is None else f"{row.accepted:.2f}",
+            f"{paper.accepted:.2f}" if paper and paper.accepted is not None else "–", speedup,
             (paper.speedup_text() or "–") if paper else "–",
-            f"{paper.accepted:.2f}" if paper and paper.accepted is not None else "–",
-            (paper.setting() or "–") if paper else "–", paper.paper if paper else "–"]
+            f"{row.rows_per_step[0]:.1f}/{row.rows_per_step[1]:.1f}" if row.rows_per_step else "–"]
 
 
 def overall(rows: Sequence[MethodRow]) -> list[MethodRow]:

@@ -132,6 +132,9 @@ def paper_vs_measured(method_rows: Sequence, path: Path) -> Path | None:
         papers = [paper_value(r.paper) if r.paper is not None else None for r in rows]
         ax.bar(x - 0.2, measured, 0.4, label="measured here")
         ax.bar(x + 0.2, [p or 0.0 for p in papers], 0.4, hatch="//", fill=False, label="its paper")
+        for xi, r in zip(x, rows):  # a reported range: its bottom marked on the bar
+            if attr == "speedup" and r.paper is not None and r.paper.speedup_low:
+                ax.hlines(r.paper.speedup_low, xi, xi + 0.4, color="black", linewidth=1.5)
         for xi, p in zip(x, papers):
             if p is None:
                 ax.text(xi + 0.2, 0.02, "n/a", ha="center", va="bottom", fontsize="x-small", rotation=90)

@@ -82,7 +82,8 @@ def method_section(rows: Sequence[methods.MethodRow]) -> str:
     if not rows:
         return ""
     parts = ["## Per method: measured here, and what its paper reports",
-             markdown_table(methods.HEADERS, [methods.cells(r) for r in methods.overall(rows)], left=2),
+             markdown_table(methods.HEADERS, [methods.cells(r) for r in methods.overall(rows)],
+                            left=methods.TEXT_COLUMNS),
              "Speedup over the same path's autoregressive loop (compiled strategies over "
              "`autoregressive (compiled)`, eager ones over `autoregressive`), per task:",
              markdown_table(*methods.speedup_matrix(rows), left=1)]
@@ -94,12 +95,14 @@ def method_section(rows: Sequence[methods.MethodRow]) -> str:
 
 
 def rich_method_table(rows: Sequence[methods.MethodRow]) -> Table:
-    table = Table("system", "path", "acc/step", "rows k/o", "speedup (same path)", "paper speedup", "paper acc/step",
-                  "paper setting", title="Per method, beside its paper", header_style="bold")
-    for col in table.columns[2:7]:
+    table = Table("system", "path", "paper", "its setting", "acc/step", "paper", "speedup (same path)", "paper",
+                  "rows k/o", title="Per method, beside its paper's own numbers", header_style="bold")
+    for col in table.columns[methods.TEXT_COLUMNS:]:
         col.justify = "right"
+    for col in table.columns[:methods.TEXT_COLUMNS]:
+        col.overflow = "fold"
     for row in methods.overall(rows):
-        table.add_row(*methods.cells(row)[:8])
+        table.add_row(*methods.cells(row))
     return table
 
 
