@@ -7,6 +7,11 @@ always charge to the same system (the baseline). A multi-turn prompt runs turn b
 system continues the conversation with ITS OWN earlier answers. A prompt that fails is
 recorded with its error and the run goes on; Ctrl-C (KeyboardInterrupt) propagates after the
 finished records are safely stored.
+
+Prompts run in the order given, as one sequence of requests: every system keeps ONE engine for
+the whole run, so what its strategy keeps across requests (a persistent trie, any drafter that
+learns from past outputs) carries from prompt to prompt, from the warm-up and from earlier
+repeats. Systems never share that state.
 """
 
 from __future__ import annotations
