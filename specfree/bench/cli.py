@@ -85,7 +85,7 @@ class BenchSettings:
         if out is None:
             raise ConfigError("bench.out is not set and no Hydra run folder exists: set bench.out=DIR")
         return cls(
-            prompts=shipped_prompts(bench["prompts"]) or _absolute(bench["prompts"]), out=_absolute(out), model=_model_name(root.get("model")),
+            prompts=_prompts_path(bench["prompts"]), out=_absolute(out), model=_model_name(root.get("model")),
             model_options=_model_options(root.get("model")),
             linear_kernel=_linear_kernel_option(root.get("model")),
             strategies=strategies, baselines=baselines, format=bench.get("format") or "spec_bench",
@@ -380,6 +380,11 @@ def _hydra_output_dir() -> str | None:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
+
+
+def _prompts_path(name: str | Path) -> Path:
+    """A shipped prompt set's file (``code_edits``), else the path made absolute."""
+    return shipped_prompts(name) or _absolute(name)
 
 
 def _absolute(path: str | Path) -> Path:
