@@ -27,7 +27,6 @@ class MethodRow:
     rows_per_step: tuple[float, float] | None = None  # kept, offered
     speedup: float | None = None  # tokens/s over ``baseline``'s on the same prompts and repeat
     speedup_range: tuple[float, float] | None = None
-    identical: str = "–"
     paper: PaperResult | None = None
 
 
@@ -67,10 +66,9 @@ def method_rows(records: Sequence[dict], systems_meta: Sequence[dict]) -> list[M
                 continue
             baseline = same_path_baseline(paths[label])
             summary = summarize_group(group, label, baseline, category)
-            identical = f"{summary.identical}/{summary.compared}" if summary.compared else "–"
             rows.append(MethodRow(category, label, meta.get("strategy", label), paths[label], baseline,
                                   summary.mean_accepted, summary.rows_per_step, summary.speedup,
-                                  summary.speedup_range if summary.repeats > 1 else None, identical,
+                                  summary.speedup_range if summary.repeats > 1 else None,
                                   paper_for(meta.get("strategy", ""))))
     return rows
 
