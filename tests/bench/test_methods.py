@@ -104,8 +104,8 @@ def test_the_runner_keeps_each_engines_drafter_state_across_prompts(long_tiny_mo
     from specfree.bench.store import RecordStore
 
     model, tokenizer = load_model(str(long_tiny_model_dir))
-    systems = build_systems(model, tokenizer, [SystemSpec("trie", {"persist": True}),
-                                               SystemSpec("trie", {"persist": False})], [], seed=0)
+    systems = build_systems(model, tokenizer, [SystemSpec("trie", {"persist": True, "priced": False}),
+                                               SystemSpec("trie", {"persist": False, "priced": False})], [], seed=0)
     conversation = Conversation(systems[0].engine.encode, lambda ids: tokenizer.decode(ids), chat=True)
     store = RecordStore(tmp_path, {})
     items = [PromptItem("1", "a", ["def f(x):\n    return x + 1"]), PromptItem("2", "a", ["zzz"])]
@@ -115,6 +115,6 @@ def test_the_runner_keeps_each_engines_drafter_state_across_prompts(long_tiny_mo
     assert answer not in {tuple(second[i:i + 3]) for i in range(len(second))}  # prompt 2 did not make it again
     kept = systems[1].engine.strategy.pool.to_dict()
     dropped = systems[2].engine.strategy.pool.to_dict()
-    assert systems[1].label == "trie" and systems[2].label == "trie(persist=False)"
+    assert systems[1].label == "trie(priced=False)" and systems[2].label == "trie(persist=False,priced=False)"
     assert kept.get(answer, (0, 0))[1] > 0  # prompt 1's answer, counted as output, survived prompt 2
     assert dropped.get(answer, (0, 0))[1] == 0
