@@ -34,7 +34,7 @@ REQUIRED_OPTIONS = {
     "verifier": {"greedy", "sampling"},
     "pool": {"lru", "trie", "suffix_array"},
     "mask": {"tree"},
-    "bench": {"spec_bench", "custom"},
+    "bench": {"spec_bench", "custom", "code_edits"},
 }
 
 

@@ -24,9 +24,10 @@ from rich.console import Console
 
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
-from specfree.bench.plots import cost_curve_plot, write_plots
-from specfree.bench.prompts import load_prompts
-from specfree.bench.report import markdown, rich_table, wide_console
+from specfree.bench.methods import method_rows
+from specfree.bench.plots import cost_curve_plot, paper_vs_measured, write_plots
+from specfree.bench.prompts import load_prompts, shipped_prompts
+from specfree.bench.report import markdown, method_section, rich_method_table, rich_table, wide_console
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
 from specfree.adapters.compiled import check_compile, make_adapter
 from specfree.conf.schema import BenchConfig, SpecfreeConfig
@@ -91,7 +92,7 @@ class BenchSettings:
         out = bench.out or _hydra_output_dir()
         if out is None:
             raise ConfigError("bench.out is not set and no Hydra run folder exists: set bench.out=DIR")
-        return cls(config, prompts=user_path(bench.prompts).resolve(), out=user_path(out).resolve(),
+        return cls(config, prompts=_prompts_path(bench.prompts), out=user_path(out).resolve(),
                    strategies=[main, *(_spec(s, "bench.strategies") for s in bench.strategies)],
                    baselines=[_spec(b, "bench.baselines") for b in bench.baselines],
                    compile=check_compile(config.compile))
@@ -304,14 +305,18 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
                if any(s.get("strategy") == "hf_static_compiled" for s in doc.get("systems", [])) else []),
              *(f"failed: prompt {pid} on {', '.join(dict.fromkeys(names))}: {error}"
                for (pid, error), names in list(failures.items())[:20])]
-    text = markdown(rows, title, notes)
+    per_method = method_rows(doc["records"], doc.get("systems", []))
+    text = markdown(rows, title, notes, sections=[method_section(per_method)])
     (folder / "report.md").write_text(text, encoding="utf-8")
     write_plots(rows, doc.get("systems", []), folder, doc["meta"].get("baseline", BASELINE))
+    paper_vs_measured(per_method, folder / "paper_vs_measured.png")
     cost_curve_plot(meta, folder / "cost_curves.png")
     if as_markdown:
         console.print(text, markup=False, highlight=False)
     else:
         console.print(rich_table(rows, title))
+        if per_method:
+            console.print(rich_method_table(per_method))
         console.print(f"records: {folder / store_mod.FILENAME}   report: {folder / 'report.md'}")
     return 0
 
@@ -341,3 +346,8 @@ def _hydra_output_dir() -> str | None:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
+
+
+def _prompts_path(name: str | Path) -> Path:
+    """A shipped prompt set's file (``code_edits``), else the path as the user meant it."""
+    return shipped_prompts(name) or user_path(name).resolve()

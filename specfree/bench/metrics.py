@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 BASELINE = "autoregressive"
+COMPILED = " (compiled)"  # label suffix of the compiled autoregressive loop (BASELINE + COMPILED)
 OVERALL = "overall"
 PHASES = ("draft_s", "mask_s", "forward_s", "verify_s", "other_s")
 

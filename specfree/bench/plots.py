@@ -115,6 +115,38 @@ def cost_curve_plot(meta: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def paper_vs_measured(method_rows: Sequence, path: Path) -> Path | None:
+    """Two panels, one bar pair per strategy (overall): speedup over the same path's autoregressive
+    loop and accepted tokens per step, measured here beside its paper's number (hatched) where known."""
+    rows = [r for r in method_rows if r.category == OVERALL]
+    if not rows:
+        return None
+    names = [r.system for r in rows]
+    x = np.arange(len(names))
+    fig = Figure(figsize=(max(7.0, 1.2 * len(names) + 4), 4.8))
+    panels = (("speedup", lambda p: p.speedup, "speedup vs same path's autoregressive"),
+              ("accepted", lambda p: p.accepted, "accepted tokens per step"))
+    for i, (attr, paper_value, label) in enumerate(panels):
+        ax = fig.add_subplot(1, 2, i + 1)
+        measured = [getattr(r, attr) or 0.0 for r in rows]
+        papers = [paper_value(r.paper) if r.paper is not None else None for r in rows]
+        ax.bar(x - 0.2, measured, 0.4, label="measured here")
+        ax.bar(x + 0.2, [p or 0.0 for p in papers], 0.4, hatch="//", fill=False, label="its paper")
+        for xi, r in zip(x, rows):  # a reported range: its bottom marked on the bar
+            if attr == "speedup" and r.paper is not None and r.paper.speedup_low:
+                ax.hlines(r.paper.speedup_low, xi, xi + 0.4, color="black", linewidth=1.5)
+        for xi, p in zip(x, papers):
+            if p is None:
+                ax.text(xi + 0.2, 0.02, "n/a", ha="center", va="bottom", fontsize="x-small", rotation=90)
+        if attr == "speedup":
+            ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(x, names, rotation=25, ha="right", fontsize="small")
+        ax.set_ylabel(label)
+        ax.legend(fontsize="small")
+    fig.suptitle("Measured here vs the paper's own number (its model and GPU)", fontsize="medium")
+    return _save(fig, path)
+
+
 def write_plots(rows: Sequence[Row], systems_meta: Sequence[dict], folder: str | Path,
                 baseline: str = BASELINE) -> list[Path]:
     folder = Path(folder)

@@ -20,6 +20,9 @@ SPEC_BENCH_FIELDS = {"id": "question_id", "category": "category", "turns": "turn
 # A generic JSONL row needs a prompt ("turns" list or one "prompt" string); id and category are optional.
 JSONL_FIELDS = {"id": "id", "category": "category", "prompt": "prompt"}
 FIELD_ROLES = ("id", "category", "turns", "prompt")
+# Prompt sets shipped with specfree, by name (``bench.prompts=code_edits``); made by specfree.bench.code_edits.
+DATA = Path(__file__).parent / "data"
+SHIPPED = {"code_edits": DATA / "code_edits.jsonl", "code_edits_multi_turn": DATA / "code_edits_multi_turn.jsonl"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,11 @@ def load_prompts(path: str | Path, format: str = "spec_bench", fields: Mapping[s
     if not items:
         raise ConfigError(f"{path}: no prompts selected")
     return items
+
+
+def shipped_prompts(name: str | Path) -> Path | None:
+    """The file of a prompt set shipped with specfree, or None when ``name`` names none."""
+    return SHIPPED.get(str(name))
 
 
 def select_per_category(items: list[PromptItem], k: int) -> list[PromptItem]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from specfree.bench import methods
 from specfree.bench.metrics import OVERALL, PHASES, Row
 
 HEADERS = ("task", "system", "prompts", "new tokens", "wall s", "tokens/s", "speedup", "accepted/step",
@@ -76,11 +77,42 @@ def speedup_matrix(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     return ["system", *tasks], body
 
 
-def markdown(rows: Sequence[Row], title: str | None = None, notes: Sequence[str] = ()) -> str:
-    """The whole report: speedup per task, then the detailed table."""
+def method_section(rows: Sequence[methods.MethodRow]) -> str:
+    """Per method: measured here against the same path's autoregressive loop, beside its paper."""
+    if not rows:
+        return ""
+    parts = ["## Per method: measured here, and what its paper reports",
+             markdown_table(methods.HEADERS, [methods.cells(r) for r in methods.overall(rows)],
+                            left=methods.TEXT_COLUMNS),
+             "Speedup over the same path's autoregressive loop (compiled strategies over "
+             "`autoregressive (compiled)`, eager ones over `autoregressive`), per task:",
+             markdown_table(*methods.speedup_matrix(rows), left=1)]
+    notes = methods.sources(rows)
+    if notes:
+        parts.append("Papers' numbers are their own headline results on their models and GPUs, read from: "
+                     + "; ".join(notes) + ". A dash: not found there.")
+    return "\n\n".join(parts)
+
+
+def rich_method_table(rows: Sequence[methods.MethodRow]) -> Table:
+    table = Table("system", "path", "paper", "its setting", "acc/step", "paper", "speedup (same path)", "paper",
+                  "rows k/o", title="Per method, beside its paper's own numbers", header_style="bold")
+    for col in table.columns[methods.TEXT_COLUMNS:]:
+        col.justify = "right"
+    for col in table.columns[:methods.TEXT_COLUMNS]:
+        col.overflow = "fold"
+    for row in methods.overall(rows):
+        table.add_row(*methods.cells(row))
+    return table
+
+
+def markdown(rows: Sequence[Row], title: str | None = None, notes: Sequence[str] = (),
+             sections: Sequence[str] = ()) -> str:
+    """The whole report: speedup per task, the detailed table, then ``sections`` (Markdown)."""
     parts = [f"# {title}"] if title else []
     parts += ["## Speedup vs autoregressive (same run)", markdown_table(*speedup_matrix(rows), left=1),
               "## Details", markdown_table(HEADERS, [cells(r) for r in rows])]
+    parts += [s for s in sections if s]
     if notes:
         parts.append("\n".join(f"- {n}" for n in notes))
     return "\n\n".join(parts) + "\n"

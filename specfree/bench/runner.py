@@ -7,6 +7,11 @@ always charge to the same system (the baseline). A multi-turn prompt runs turn b
 system continues the conversation with ITS OWN earlier answers. A prompt that fails is
 recorded with its error and the run goes on; Ctrl-C (KeyboardInterrupt) propagates after the
 finished records are safely stored.
+
+Prompts run in the order given, as one sequence of requests: every system keeps ONE engine for
+the whole run, so what its strategy keeps across requests (a persistent trie, any drafter that
+learns from past outputs) carries from prompt to prompt, from the warm-up and from earlier
+repeats. Systems never share that state.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specfree.bench.metrics import BASELINE, same_output
+from specfree.bench.metrics import BASELINE, COMPILED, same_output
 from specfree.bench.prompts import PromptItem
 from specfree.bench.store import RecordStore
 from specfree.bench.systems import HFSystem, SpecfreeSystem, Turn
@@ -31,6 +36,7 @@ class System(Protocol):
     kind: str
     knobs: dict[str, Any]
     params: dict[str, Any]
+    path: str
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn: ...
 
@@ -41,9 +47,6 @@ class SystemSpec:
 
     name: str
     knobs: dict[str, Any]
-
-
-COMPILED = " (compiled)"  # label suffix of the compiled autoregressive loop
 
 
 def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines: Sequence[SystemSpec],
@@ -71,8 +74,9 @@ def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines:
 
 
 def system_meta(system: System) -> dict[str, Any]:
-    """Label, kind, strategy, the knobs given, and the knobs in effect (defaults filled in)."""
-    return {"label": system.label, "kind": system.kind, "strategy": system.strategy,
+    """Label, kind, strategy, path (eager, compiled or transformers), the knobs given, and the
+    knobs in effect (defaults filled in)."""
+    return {"label": system.label, "kind": system.kind, "strategy": system.strategy, "path": system.path,
             "knobs": _jsonable(system.knobs), "params": _jsonable(system.params)}
 
 

@@ -69,6 +69,7 @@ class SpecfreeSystem:
     label: str = ""
     seed: int | None = None
     kind: str = "specfree"
+    path: str = "eager"  # the forward it runs on: eager, or compiled (a shared compiled adapter)
 
     @classmethod
     def build(cls, model, tokenizer, strategy: str, knobs: dict[str, Any] | None = None,
@@ -94,7 +95,8 @@ class SpecfreeSystem:
         # The label names only the knobs that differ from the documented defaults.
         shown = {k: (v.get("name", v) if isinstance(v, Mapping) else v) for k, v in knobs.items()
                  if k not in documented or _as_list(documented[k]) != _as_list(v)}
-        return cls(strategy, engine, knobs, {**actual, **knobs}, describe(strategy, shown) + suffix, seed)
+        return cls(strategy, engine, knobs, {**actual, **knobs}, describe(strategy, shown) + suffix, seed,
+                   path="eager" if adapter is None else "compiled")
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
         device = self.engine.adapter.device
@@ -119,6 +121,7 @@ class HFSystem:
     max_length: int
     knobs: dict[str, Any] = field(default_factory=dict)
     kind: str = "transformers"
+    path: str = "transformers"  # its own loop: no specfree autoregressive loop runs the same path
     static_slots: int = STATIC_SLOTS  # hf_static_compiled: the StaticCache's size, unless a prompt needs more
 
     @property

@@ -31,21 +31,30 @@ def make_tokenizer():
     return tok
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
+def save_tiny_llama(folder, context: int = CONTEXT):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    folder = tmp_path_factory.mktemp("tiny-llama")
     tok = make_tokenizer()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=CONTEXT,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context,
                          eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
                          pad_token_id=tok.pad_token_id)
     LlamaForCausalLM(config).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def long_tiny_model_dir(tmp_path_factory):
+    """The same tiny Llama with 2048 positions: room for a code-edit conversation in bytes."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-2k"), context=2048)
 
 
 def _write_jsonl(path, rows):
