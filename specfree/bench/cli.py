@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from specfree.bench import llama_cpp as llama_rows
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
 from specfree.bench.plots import cost_curve_plot, write_plots
@@ -169,6 +170,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
     """Run the benchmark described by ``cfg``; return the exit code (0, or 130 when interrupted)."""
     console = console or wide_console()
     settings = BenchSettings.from_config(cfg)
+    llama, llama_line = llama_rows.select(settings.baselines, settings.model)  # before the slow model load
     items = load_prompts(settings.prompts, settings.format, settings.fields, settings.limit, settings.per_category)
     store = store_mod.RecordStore(settings.out, settings.meta(), resume=settings.resume)
 
@@ -184,8 +186,18 @@ def run(cfg: Any, console: Console | None = None) -> int:
         raise ConfigError(f"{settings.model}'s tokenizer has no chat template: set bench.chat=false")
     slots = kv_slots_needed(tokenizer, items, settings)
     compiled = compiled_adapter(model, settings, slots)
-    systems = build_systems(model, tokenizer, settings.strategies, settings.baselines, settings.seed,
+    systems = build_systems(model, tokenizer, settings.strategies,
+                            [b for b in settings.baselines if b.name not in llama_rows.BASELINES], settings.seed,
                             settings.linear_kernel, compiled)
+    if llama:
+        systems += llama_rows.build(llama, llama_rows.source_gguf(settings.model), settings.dtype,
+                                    llama_rows.cache_folder(settings.cache_dir), torch.get_num_threads(),
+                                    llama_rows.context_size(slots, systems[0].engine.adapter.max_length),
+                                    systems[0].engine.eos_ids)
+        llama_line = llama_rows.describe_rows(systems)
+    if llama_line:
+        Console(stderr=True).print(llama_line, highlight=False, markup=False, soft_wrap=True)
+        store.meta["llama_cpp"] = llama_line
     for system in systems:
         if system.strategy == "hf_static_compiled":
             system.static_slots = slots
@@ -301,6 +313,7 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
                f"{' / '.join(f'{v:.1f}' for v in curve.values())}"
                for name, curve in (meta.get("forward_curves_ms") or {}).items()),
              *([f"drafts verified: {meta['verification']}"] if meta.get("verification") else []),
+             *([meta["llama_cpp"]] if meta.get("llama_cpp") else []),
              *([f"hf_static_compiled: its compile happens in the warm-up, outside the timed runs"]
                if any(s.get("strategy") == "hf_static_compiled" for s in doc.get("systems", [])) else []),
              *(f"failed: prompt {pid} on {', '.join(dict.fromkeys(names))}: {error}"
