@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import logging
 import os
 import tempfile
 import time
@@ -30,7 +31,7 @@ from typing import Any
 from specfree.bench.systems import LLAMA_CPP_BASELINES as BASELINES
 from specfree.bench.systems import Turn, describe
 from specfree.conf.schema import DEFAULT_BASELINES
-from specfree.errors import ConfigError
+from specfree.errors import ConfigError, check_int
 
 INSTALL = 'pip install "specfree[llama-cpp]"'
 BUILD_NOTE = "it builds llama.cpp from source"
@@ -115,6 +116,9 @@ def converted_gguf(source: Path, dtype: str, cache_dir: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".gguf")
     os.close(handle)
+    log = logging.getLogger("llama-cpp-python")  # where llama-cpp-python sends llama.cpp's log
+    level = log.level
+    log.setLevel(logging.ERROR)  # not a line per tensor
     try:
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = ftype
@@ -123,8 +127,10 @@ def converted_gguf(source: Path, dtype: str, cache_dir: Path) -> Path:
         if llama_cpp.llama_model_quantize(str(source).encode(), tmp.encode(), params) != 0:
             raise ConfigError(f"llama.cpp could not convert {source} to {name}: set bench.baselines without "
                               f"the llama_cpp rows, or give a GGUF llama.cpp reads")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; it is an ordinary cache file
         os.replace(tmp, target)  # a half-written file never looks complete
     finally:
+        log.setLevel(level)
         if os.path.exists(tmp):
             os.remove(tmp)
     return target
@@ -144,8 +150,7 @@ class LlamaCppSystem:
 
     @property
     def label(self) -> str:
-        shown = {k: v for k, v in self.knobs.items() if KNOBS[self.strategy].get(k) != v}
-        return f"{describe(self.strategy, shown)}[{self.precision}]"
+        return label(self.strategy, self.knobs, self.precision)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -224,33 +229,45 @@ def context_size(needed: int, max_length: int) -> int:
 
 def build(specs: Sequence[Any], source: Path, dtype: str, cache_dir: Path, threads: int, n_ctx: int,
           eos_ids: Sequence[int]) -> list[LlamaCppSystem]:
-    """Every llama.cpp row asked for, on ``source`` and on its conversion to the run's precision."""
+    """Every llama.cpp row asked for, on its conversion to the run's precision and on ``source``."""
     llama_cpp = import_llama_cpp()
     if dtype not in FTYPES:
         raise ConfigError(f"the llama.cpp rows need dtype float32, bfloat16 or float16, got {dtype!r}")
-    files = {gguf_precision(source): source}
-    files.setdefault(FTYPES[dtype][0], converted_gguf(source, dtype, cache_dir))  # unless it is already
+    rows = [(spec.name, check_knobs(spec.name, spec.knobs)) for spec in specs]
+    labels = [label(name, knobs, "") for name, knobs in rows]
+    dup = next((x for x in labels if labels.count(x) > 1), None)
+    if dup:
+        raise ConfigError(f"{dup!r} is listed twice in bench.baselines; each entry must differ")
+    run_precision = FTYPES[dtype][0]
+    files: dict[str, Path | None] = {run_precision: None, gguf_precision(source): source}
+    if files[run_precision] is None:  # the model's GGUF is not already at the run's precision
+        files[run_precision] = converted_gguf(source, dtype, cache_dir)
     cls = _recording(llama_cpp)
     systems = []
-    for spec in specs:
-        knobs = dict(spec.knobs)
-        unknown = sorted(set(knobs) - set(KNOBS[spec.name]))
-        if unknown:
-            raise ConfigError(f"{spec.name} takes no {', '.join(unknown)}; its knobs: "
-                              f"{', '.join(KNOBS[spec.name]) or 'none'}")
-        for precision, path in sorted(files.items(), key=lambda item: item[0] != FTYPES[dtype][0]):
+    for name, knobs in rows:
+        for precision, path in files.items():
             draft = None
-            if spec.name == "llama_cpp_lookup":
+            if name == "llama_cpp_lookup":
                 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-                draft = LlamaPromptLookupDecoding(**{**KNOBS[spec.name], **knobs})
+                draft = LlamaPromptLookupDecoding(**{**KNOBS[name], **knobs})
+            # logits_all: the draft model's rows are verified from their logits (llama-cpp-python needs it)
             llama = cls(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                         n_threads=threads, n_threads_batch=threads, draft_model=draft,
                         logits_all=draft is not None, verbose=False)
             details = {"gguf": str(path), "n_threads": threads, "n_ctx": n_ctx}
-            systems.append(LlamaCppSystem(spec.name, llama, precision, sorted(eos_ids), knobs, details))
-    labels = [s.label for s in systems]
-    dup = next((x for x in labels if labels.count(x) > 1), None)
-    if dup:
-        raise ConfigError(f"system {dup!r} is listed twice in bench.baselines; each entry must differ")
+            systems.append(LlamaCppSystem(name, llama, precision, sorted(eos_ids), knobs, details))
     return systems
+
+
+def check_knobs(name: str, knobs: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(knobs) - set(KNOBS[name]))
+    if unknown:
+        raise ConfigError(f"{name} takes no {', '.join(unknown)}; its knobs: {', '.join(KNOBS[name]) or 'none'}")
+    return {k: check_int(f"{name}.{k}", v, low=1) for k, v in knobs.items()}
+
+
+def label(name: str, knobs: dict[str, Any], precision: str) -> str:
+    """``llama_cpp_lookup(num_pred_tokens=4)[F32]``: the knobs that differ from the defaults, the weights."""
+    shown = {k: v for k, v in knobs.items() if KNOBS[name].get(k) != v}
+    return f"{describe(name, shown)}[{precision}]"
