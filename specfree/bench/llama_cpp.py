@@ -216,7 +216,7 @@ def describe_rows(systems: Sequence[Any]) -> str:
     mine = [s for s in systems if isinstance(s, LlamaCppSystem)]
     files = dict.fromkeys(f"{s.details['gguf']} ({s.precision})" for s in mine)
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
-    isa = [part.split("=")[0].strip() for part in info.split("|") if part.strip().endswith("= 1")]
+    isa = [part.split("=")[0].split()[-1] for part in info.split("|") if part.strip().endswith("= 1")]
     return (f"llama.cpp rows: llama-cpp-python {llama_cpp.__version__}, CPU features {' '.join(isa) or 'none'}, "
             f"{mine[0].details['n_threads']} threads, on {', '.join(files)}; greedy, fed specfree's token ids; "
             f"'identical' counts the prompts where its output agrees with specfree's (other kernels: not lossless)")
