@@ -75,6 +75,8 @@ def select(baselines: Sequence[Any], model: str) -> tuple[list[Any], str | None]
     mine = [b for b in baselines if b.name in BASELINES]
     if not mine:
         return [], None
+    for b in mine:
+        check_knobs(b.name, b.knobs)
     explicit = [(b.name, b.knobs) for b in baselines] != [(name, {}) for name in DEFAULT_BASELINES]
     names = ", ".join(dict.fromkeys(b.name for b in mine))
     if source_gguf(model) is None:

@@ -55,6 +55,16 @@ def test_without_llama_cpp_rows_asked_for_are_one_config_error(without_llama_cpp
         llama_rows.select(specs("hf_generate", "llama_cpp_lookup"), "/models/m.gguf")
 
 
+def test_llama_cpp_knobs_are_checked_before_anything_loads():
+    with pytest.raises(ConfigError, match="llama_cpp_lookup takes no draft_len; its knobs: num_pred_tokens, "
+                                          "max_ngram_size"):
+        llama_rows.select([SystemSpec("llama_cpp_lookup", {"draft_len": 4})], "/models/m.gguf")
+    with pytest.raises(ConfigError, match="llama_cpp_lookup.num_pred_tokens must be >= 1, got 0"):
+        llama_rows.select([SystemSpec("llama_cpp_lookup", {"num_pred_tokens": 0})], "/models/m.gguf")
+    assert llama_rows.label("llama_cpp_lookup", {"num_pred_tokens": 4, "max_ngram_size": 2}, "F32") == \
+        "llama_cpp_lookup(num_pred_tokens=4)[F32]"
+
+
 def test_a_model_from_a_folder_has_no_gguf_for_llama_cpp(tmp_path):
     for asked in (DEFAULT_BASELINES, ("llama_cpp",)):
         rows, line = llama_rows.select(specs(*asked), str(tmp_path))
