@@ -91,7 +91,9 @@ def select(baselines: Sequence[Any], model: str) -> tuple[list[Any], str | None]
 
 
 def missing_line(names: str = ", ".join(BASELINES)) -> str:
-    return f"llama.cpp rows ({names}) skipped: llama-cpp-python is not installed; add them with {INSTALL} ({BUILD_NOTE})"
+    """The line a run prints where llama-cpp-python is missing and nobody asked for its rows by name."""
+    return (f"llama.cpp rows ({names}) skipped: llama-cpp-python is not installed; "
+            f"add them with {INSTALL} ({BUILD_NOTE})")
 
 
 def gguf_precision(path: Path) -> str:
