@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
+from specfree.bench import llama_cpp as llama_rows
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
 from specfree.bench.methods import method_rows
@@ -170,6 +171,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
     console = console or wide_console()
     settings = BenchSettings.from_config(cfg)
     bench = settings.bench
+    llama, llama_line = llama_rows.select(settings.baselines, settings.model)  # before the slow model load
     items = load_prompts(settings.prompts, bench.format, bench.fields, bench.limit, bench.per_category)
     store = store_mod.RecordStore(settings.out, settings.meta(), resume=settings.bench.resume)
 
@@ -185,8 +187,18 @@ def run(cfg: Any, console: Console | None = None) -> int:
         raise ConfigError(f"{settings.model}'s tokenizer has no chat template: set bench.chat=false")
     slots = kv_slots_needed(tokenizer, items, settings)
     compiled = compiled_adapter(model, settings, slots)
-    systems = build_systems(model, tokenizer, settings.strategies, settings.baselines, settings.config.seed,
-                            settings.config.model.linear_kernel, compiled)
+    systems = build_systems(model, tokenizer, settings.strategies,
+                            [b for b in settings.baselines if b.name not in llama_rows.BASELINES],
+                            settings.config.seed, settings.config.model.linear_kernel, compiled)
+    if llama:
+        systems += llama_rows.build(llama, llama_rows.source_gguf(settings.model), settings.config.dtype,
+                                    llama_rows.cache_folder(settings.config.cache_dir), torch.get_num_threads(),
+                                    llama_rows.context_size(slots, systems[0].engine.adapter.max_length),
+                                    systems[0].engine.eos_ids)
+        llama_line = llama_rows.describe_rows(systems)
+    if llama_line:
+        Console(stderr=True).print(llama_line, highlight=False, markup=False, soft_wrap=True)
+        store.meta["llama_cpp"] = llama_line
     for system in systems:
         if system.strategy == "hf_static_compiled":
             system.static_slots = slots
@@ -301,6 +313,7 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
                f"{' / '.join(f'{v:.1f}' for v in curve.values())}"
                for name, curve in (meta.get("forward_curves_ms") or {}).items()),
              *([f"drafts verified: {meta['verification']}"] if meta.get("verification") else []),
+             *([meta["llama_cpp"]] if meta.get("llama_cpp") else []),
              *([f"hf_static_compiled: its compile happens in the warm-up, outside the timed runs"]
                if any(s.get("strategy") == "hf_static_compiled" for s in doc.get("systems", [])) else []),
              *(f"failed: prompt {pid} on {', '.join(dict.fromkeys(names))}: {error}"

@@ -7,6 +7,8 @@ emitted tokens), ``emitted`` (tokens per step) and ``split`` (seconds per phase)
 
 - tokens/s      = sum(new tokens) / sum(wall seconds) over the group's prompts, per repeat
 - speedup       = tokens/s / the baseline's tokens/s over the SAME prompts and repeat of the run
+- prompt tok/s  = sum(prompt tokens) / sum(prefill seconds), over every repeat
+- decode tok/s  = sum(new tokens made after the prefill) / sum(wall - prefill seconds), over every repeat
 - accepted/step = sum(new tokens) / sum(steps)
 - rows/step     = sum(rows kept) / sum(steps), and of the rows the drafters offered (pricing keeps some)
 - split         = each phase's share of the summed step time
@@ -38,6 +40,8 @@ class Row:
     tokens_per_s_range: tuple[float, float] | None = None
     speedup: float | None = None
     speedup_range: tuple[float, float] | None = None
+    prompt_tokens_per_s: float | None = None  # prompt processing (the prefill) alone
+    decode_tokens_per_s: float | None = None  # the decode loop alone
     mean_accepted: float | None = None
     rows_per_step: tuple[float, float] | None = None  # (kept, offered): what pricing ran of what was offered
     split: dict[str, float] | None = None
@@ -121,6 +125,7 @@ def summarize_group(records: Sequence[dict], system: str, baseline: str = BASELI
     row.speedup, row.speedup_range = _median_range(speedups)
 
     turns = [t for r in ok for t in r["turns"]]
+    row.prompt_tokens_per_s, row.decode_tokens_per_s = prompt_and_decode(turns)
     if all(t.get("steps") is not None for t in turns):
         steps = sum(t["steps"] for t in turns)
         row.mean_accepted = sum(len(t["tokens"]) for t in turns) / steps if steps else None
@@ -139,6 +144,17 @@ def summarize_group(records: Sequence[dict], system: str, baseline: str = BASELI
             row.compared += 1
             row.identical += same_output(r, b)
     return row
+
+
+def prompt_and_decode(turns: Sequence[dict]) -> tuple[float | None, float | None]:
+    """Tokens/s of the prompt processing and of the decode loop, apart; None where a turn lacks its prefill time."""
+    if not turns or any(t.get("prefill_s") is None for t in turns):
+        return None, None
+    prefill = sum(t["prefill_s"] for t in turns)
+    decode = sum(t["wall_s"] - t["prefill_s"] for t in turns)
+    decoded = sum(len(t["tokens"]) - t.get("prefill_emitted", 0) for t in turns)
+    return (sum(t["prompt_tokens"] for t in turns) / prefill if prefill > 0 else None,
+            decoded / decode if decode > 0 else None)
 
 
 def _median_range(values: list[float]) -> tuple[float | None, tuple[float, float] | None]:

@@ -10,10 +10,10 @@ from rich.table import Table
 from specfree.bench import methods
 from specfree.bench.metrics import OVERALL, PHASES, Row
 
-HEADERS = ("task", "system", "prompts", "new tokens", "wall s", "tokens/s", "speedup", "accepted/step",
-           "rows/step kept/offered", "split % draft/mask/fwd/verify/other", "identical")
-SHORT_HEADERS = ("task", "system", "n", "tokens", "wall s", "tok/s", "speedup", "acc/step", "rows k/o", "d/m/f/v/o %",
-                 "identical")
+HEADERS = ("task", "system", "prompts", "new tokens", "wall s", "tokens/s", "prompt tok/s", "decode tok/s",
+           "speedup", "accepted/step", "rows/step kept/offered", "split % draft/mask/fwd/verify/other", "identical")
+SHORT_HEADERS = ("task", "system", "n", "tokens", "wall s", "tok/s", "prompt t/s", "decode t/s", "speedup", "acc/step",
+                 "rows k/o", "d/m/f/v/o %", "identical")
 
 
 def wide_console() -> Console:
@@ -40,6 +40,7 @@ def cells(row: Row) -> list[str]:
         identical += f" ({row.errors} failed)"
     return [row.category, row.system, str(row.prompts), f"{row.new_tokens:.0f}", f"{row.wall_s:.2f}",
             _num(row.tokens_per_s, ".1f", row.tokens_per_s_range if spread else None),
+            _num(row.prompt_tokens_per_s, ".0f"), _num(row.decode_tokens_per_s, ".1f"),
             _num(row.speedup, ".2f", row.speedup_range if spread else None, "x"),
             _num(row.mean_accepted, ".2f"),
             f"{row.rows_per_step[0]:.1f}/{row.rows_per_step[1]:.1f}" if row.rows_per_step else "–", split, identical]
@@ -47,7 +48,8 @@ def cells(row: Row) -> list[str]:
 
 def rich_table(rows: Sequence[Row], title: str | None = None) -> Table:
     table = Table(*SHORT_HEADERS, title=title, header_style="bold",
-                  caption="split: share of step time in draft/mask/forward/verify/other; ranges: min–max over repeats")
+                  caption="prompt/decode t/s: the prefill and the decode loop apart; split: share of step time in "
+                          "draft/mask/forward/verify/other; ranges: min–max over repeats")
     for col in table.columns[2:]:
         col.justify = "right"
     table.columns[1].overflow = "fold"

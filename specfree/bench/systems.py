@@ -24,6 +24,8 @@ from specfree.plugins import Registry, build_plugin_manager, registry
 from specfree.timing import clock
 
 HF_BASELINES = ("hf_generate", "hf_prompt_lookup", "hf_static_compiled")
+LLAMA_CPP_BASELINES = ("llama_cpp", "llama_cpp_lookup")  # built by bench/llama_cpp.py
+OUTSIDE_BASELINES = (*HF_BASELINES, *LLAMA_CPP_BASELINES)
 STATIC_SLOTS = 512  # hf_static_compiled's StaticCache grows in multiples of this
 
 
@@ -35,7 +37,8 @@ class Turn:
     wall_s: float
     prompt_tokens: int
     stop_reason: str | None = None
-    prefill_s: float | None = None  # None where the system does not expose it
+    prefill_s: float | None = None  # seconds before the decode loop: the prompt's forward; None if unknown
+    prefill_emitted: int = 0  # new tokens the prefill itself made (transformers: the first one)
     steps: int | None = None  # forwards that emitted tokens (specfree: after its prefill; transformers: all)
     emitted: list[int] | None = None  # tokens emitted by each step
     rows: int | None = None  # rows pushed through all forwards
@@ -132,7 +135,7 @@ class HFSystem:
     def build(cls, model, name: str, eos_ids, max_length: int, knobs: dict[str, Any] | None = None) -> HFSystem:
         knobs = dict(knobs or {})
         if name not in HF_BASELINES:
-            raise ConfigError(f"unknown outside baseline {name!r}; available: {', '.join(HF_BASELINES)}")
+            raise ConfigError(f"unknown outside baseline {name!r}; available: {', '.join(OUTSIDE_BASELINES)}")
         if name == "hf_prompt_lookup":
             knobs.setdefault("prompt_lookup_num_tokens", 10)
         elif "prompt_lookup_num_tokens" in knobs:
@@ -184,6 +187,7 @@ class HFSystem:
 
         handle = self.model.register_forward_pre_hook(count)
         static = self._static_inputs(len(ids) + budget) if self.strategy == "hf_static_compiled" else {}
+        first = FirstTokens(device)
         try:
             # transformers as shipped, not the kernels a specfree engine gave the shared model
             with as_shipped(self.model):
@@ -192,7 +196,7 @@ class HFSystem:
                     input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=budget, do_sample=False,
                     num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,  # plain greedy, whatever the
                     eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0],      # model's generation_config says
-                    **static, **self.knobs)
+                    streamer=first, **static, **self.knobs)
                 wall = clock(device) - start
         finally:
             handle.remove()
@@ -201,4 +205,24 @@ class HFSystem:
             stop = "eos"
         else:
             stop = "max_new_tokens" if budget == max_new_tokens else "context_length"
-        return Turn(tokens=tokens, wall_s=wall, prompt_tokens=len(ids), stop_reason=stop, steps=forwards)
+        # The prefill: up to the first new tokens (the prompt's forward, with prompt lookup its first draft too).
+        prefill = wall if first.at is None else first.at - start
+        return Turn(tokens=tokens, wall_s=wall, prompt_tokens=len(ids), stop_reason=stop, steps=forwards,
+                    prefill_s=prefill, prefill_emitted=first.count if first.at is not None else len(tokens))
+
+
+class FirstTokens:
+    """A generate() streamer that notes when its first new tokens arrive, and how many: the end of
+    the prefill. (generate() puts the prompt first, then the tokens of each step.)"""
+
+    def __init__(self, device: torch.device):
+        self.device, self.puts, self.at, self.count = device, 0, None, 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at = _sync(self.device)
+            self.count = int(value.numel())
+
+    def end(self) -> None:
+        pass

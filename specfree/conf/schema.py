@@ -40,6 +40,11 @@ class ModelConfig:
     linear_kernel: str = "few_row"
 
 
+# The outside systems a bench runs unless told otherwise. The llama.cpp rows among them are skipped,
+# with one line saying how to add them, where llama-cpp-python is missing or the model is no GGUF.
+DEFAULT_BASELINES = ("hf_generate", "hf_prompt_lookup", "hf_static_compiled", "llama_cpp", "llama_cpp_lookup")
+
+
 @dataclass
 class BenchConfig:
     prompts: str = MISSING
@@ -48,7 +53,7 @@ class BenchConfig:
     limit: int | None = None
     per_category: int | None = None
     max_new_tokens: int = 128
-    baselines: list[Any] = field(default_factory=lambda: ["hf_generate", "hf_prompt_lookup", "hf_static_compiled"])
+    baselines: list[Any] = field(default_factory=lambda: list(DEFAULT_BASELINES))
     strategies: list[Any] = field(default_factory=list)
     repeats: int = 1
     warmup: int = 1
