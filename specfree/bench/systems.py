@@ -221,7 +221,7 @@ class FirstTokens:
     def put(self, value: torch.Tensor) -> None:
         self.puts += 1
         if self.puts == 2:
-            self.at = _sync(self.device)
+            self.at = clock(self.device)
             self.count = int(value.numel())
 
     def end(self) -> None:
