@@ -200,3 +200,15 @@ def test_sam_refuses_bad_knobs_in_one_line(knobs, message):
 def test_logit_spec_refuses_a_rank_schedule_that_does_not_fit():
     with pytest.raises(ConfigError, match=r"^logit_spec.rank_lengths must hold one more length than rank_bounds"):
         Engine.from_model(tiny_model("llama"), None, "logit_spec", rank_bounds=[8, 32], rank_lengths=[4, 3])
+
+
+def test_sam_composes_from_a_config_with_its_pool_and_fallback():
+    from specfree.config import build_strategy, compose
+    from specfree.plugins import build_plugin_manager, registry
+
+    reg = registry(build_plugin_manager())
+    cfg = compose(["strategy=sam", "strategy.fallback=prompt_lookup", "pool=suffix_automaton", "pool.max_tokens=99"],
+                  reg)
+    sam = build_strategy(cfg, reg)
+    assert sam.pool.max_tokens == 99 and sam.fallback.name == "prompt_lookup"
+    assert build_strategy(compose(["strategy=sam", "strategy.fallback=null"], reg), reg).fallback is None

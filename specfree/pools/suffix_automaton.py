@@ -121,7 +121,7 @@ class SuffixAutomatonPool:
     tokens, amortised O(1) per token still.
     """
 
-    def __init__(self, max_tokens: int = 1 << 20, climb: bool = True):
+    def __init__(self, max_tokens: int = 1 << 16, climb: bool = True):
         self.max_tokens = check_int("suffix_automaton.max_tokens", max_tokens, low=2)
         self.climb = climb
         self.sam = SuffixAutomaton()
