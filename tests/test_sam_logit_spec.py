@@ -177,7 +177,7 @@ def test_sam_with_a_datastore_is_lossless_and_drafts_on_repeated_text(priced, da
     plain = Engine.from_model(model, None, "autoregressive").generate([5, 6, 7], 40, ignore_eos=True)
     prompt = [5, 6, 7] + plain.tokens  # the model's own continuation: repeated as it decodes on
     again = reference_greedy(model, prompt, 30, ignore_eos=True)
-    for name, knobs in [("sam", {"datastore": datastore}), ("logit_spec", {})]:
+    for name, knobs in [("sam", {"datastore": datastore}), ("logit_spec", {"datastore": datastore})]:
         result = Engine.from_model(model, None, name, priced=priced, costs=CPU_LIKE, **knobs).generate(
             prompt, 30, ignore_eos=True)
         assert result.tokens == again
@@ -195,6 +195,14 @@ def test_sam_with_a_datastore_is_lossless_and_drafts_on_repeated_text(priced, da
 def test_sam_refuses_bad_knobs_in_one_line(knobs, message):
     with pytest.raises(ConfigError, match=message):
         Engine.from_model(tiny_model("llama"), None, "sam", **knobs)
+
+
+def test_logit_spec_looks_up_the_datastore_where_the_text_has_no_ngram():
+    spec = LogitSpec(max_ngram_size=2, num_pred_tokens=3, draft_tree_capacity=8)
+    spec.corpus = SuffixArrayPool.build([np.array([7, 8, 9, 4, 5])])
+    prompt = np.array([1, 2, 3, 7, 8])  # [7 8] / [8] occur only in the corpus
+    spec.begin(prompt)
+    assert spec.propose(prompt, 8).candidates == [[9, 4, 5]] and spec.propose(prompt, 8).labels == ["next:ds2"]
 
 
 def test_logit_spec_refuses_a_rank_schedule_that_does_not_fit():

@@ -6,7 +6,9 @@ after the root. Each step drafts, as one tree under the root:
 - the continuation retrieved for the context itself (an n-gram table over prompt + output);
 - for each of the row's top tokens (ranked, the root skipped), that token followed by the
   continuation retrieved for context + token, cut to a length that shrinks with the rank;
-until ``draft_tree_capacity`` drafted tokens. Knob names are the paper code's.
+until ``draft_tree_capacity`` drafted tokens. Knob names are the paper code's. With a
+``datastore`` (a ``datastore build`` file), a query the text has no n-gram for is looked up there
+(the continuation of its longest suffix's first occurrence), as the paper's retrieval allows.
 
 The n-gram table (``NGramTable``) maps every 1..``max_ngram_size``-gram of the text to the
 ``num_pred_tokens`` tokens after its latest occurrence that has the most of them, kept up to
@@ -22,6 +24,7 @@ import numpy as np
 from specfree.errors import ConfigError, check_int
 from specfree.logits import top_ids
 from specfree.pools._common import as_tokens
+from specfree.pools.suffix_array import SuffixArrayPool
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal
 
@@ -72,7 +75,8 @@ class LogitSpec(Strategy):
     name = "logit_spec"
 
     def __init__(self, max_ngram_size: int = 3, num_pred_tokens: int = 20, draft_tree_capacity: int = 64,
-                 rank_bounds: Sequence[int] = (8, 32), rank_lengths: Sequence[int] = (4, 3, 1)):
+                 rank_bounds: Sequence[int] = (8, 32), rank_lengths: Sequence[int] = (4, 3, 1),
+                 datastore: str | None = None):
         self.max_ngram_size = check_int("logit_spec.max_ngram_size", max_ngram_size, low=1)
         self.num_pred_tokens = check_int("logit_spec.num_pred_tokens", num_pred_tokens, low=1)
         self.draft_tree_capacity = check_int("logit_spec.draft_tree_capacity", draft_tree_capacity, low=1)
@@ -85,12 +89,20 @@ class LogitSpec(Strategy):
                               f"(increasing), all whole numbers >= 1; got rank_bounds={self.rank_bounds}, "
                               f"rank_lengths={self.rank_lengths}")
         self.table = NGramTable(self.max_ngram_size, self.num_pred_tokens)
+        self.corpus: SuffixArrayPool | None = None
+        if datastore:
+            from specfree.pools.prompt_index import suffix_array_pool
+
+            self.corpus = suffix_array_pool(datastore)  # the pool group's loader, with its file checks
         self._top: list[int] = []  # the root's row's top tokens, best first
         self._top_for = -1  # the context length they belong to
         self._k = self.draft_tree_capacity
 
     def setup(self, vocab_size: int, max_length: int) -> None:
         self._k = min(self.draft_tree_capacity, vocab_size)
+        if self.corpus is not None and int(self.corpus.text.max()) >= vocab_size:
+            raise ConfigError(f"logit_spec: the datastore holds token id {int(self.corpus.text.max())} but the "
+                              f"model's vocabulary has {vocab_size} ids: it was built with another tokenizer; rebuild it")
 
     def begin(self, prompt: np.ndarray) -> None:
         self.table.reset(prompt)
@@ -111,11 +123,11 @@ class LogitSpec(Strategy):
         tail = as_tokens(context[-self.max_ngram_size:])
         room = self.draft_tree_capacity
         candidates, labels = [], []
-        found, n = self.table.lookup(tail)
+        found, n = self.lookup(tail)
         if found:
             first = found[: min(room, max_depth)]
             candidates.append(first)
-            labels.append(f"next:n{n}")
+            labels.append(f"next:{n}")
             room -= len(first)
         root = int(context[-1])
         guesses = self._top if self._top_for == len(context) else []
@@ -124,12 +136,24 @@ class LogitSpec(Strategy):
                 break
             if token == root:  # the row's argmax (greedy): the root itself
                 continue
-            found, n = self.table.lookup(tail[1:] + [token] if len(tail) == self.max_ngram_size else tail + [token])
+            found, n = self.lookup(tail[1:] + [token] if len(tail) == self.max_ngram_size else tail + [token])
             draft = ([token] + found)[: min(self.length_for(rank), room, max_depth)]
             candidates.append(draft)
-            labels.append(f"top{rank_class(rank)}:n{n}")
+            labels.append(f"top{rank_class(rank)}:{n}")
             room -= len(draft)
         return Proposal(candidates, source=self.name, labels=labels)
+
+    def lookup(self, tail: list[int]) -> tuple[list[int], str]:
+        """(a continuation of ``tail``, its label: n-gram size, ``ds`` when from the datastore)."""
+        found, n = self.table.lookup(tail)
+        if found or self.corpus is None:
+            return found, f"n{n}"
+        n, start = self.corpus.longest_match(tail, self.max_ngram_size)
+        if not n:
+            return [], "n0"
+        after = self.corpus.text[start + n : start + n + self.num_pred_tokens]
+        stop = np.flatnonzero(after < 0)  # a document's end
+        return after[: stop[0] if stop.size else len(after)].tolist(), f"ds{n}"
 
     def observe(self, outcome: Outcome) -> None:
         context = outcome.context
