@@ -109,7 +109,7 @@ class LogitSpec(Strategy):
         self._top, self._top_for = [], -1
 
     def length_for(self, rank: int) -> int:
-        """Tokens drafted after the guess of rank ``rank`` (1: the best), the guess included."""
+        """Tokens drafted for the guess of rank ``rank`` (0: the row's argmax), the guess included."""
         for bound, length in zip(self.rank_bounds, self.rank_lengths):
             if rank <= bound:
                 return length
