@@ -16,7 +16,7 @@ from tests.test_lossless import CPU_LIKE, prompts
 from tests.tiny_models import FAMILIES, reference_greedy, tiny_model
 
 FAST = settings(max_examples=60, deadline=None)
-SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 texts = st.lists(st.integers(0, 3), max_size=60)  # a small alphabet: many repeats
 
 
@@ -160,7 +160,7 @@ def test_greedy_is_plain_greedy(family, requests, spec, max_new):
         assert engine.generate(prompt, max_new).tokens == reference_greedy(model, prompt, max_new)
 
 
-@settings(SETTINGS, max_examples=6)
+@settings(SETTINGS, max_examples=4)
 @given(family=st.sampled_from(FAMILIES), prompt=prompts(), spec=sam_or_logit_spec(), seed=st.integers(0, 2**31),
        temperature=st.floats(0.3, 1.5), top_k=st.integers(0, 50))
 def test_seeded_sampling_is_plain_seeded_sampling(family, prompt, spec, seed, temperature, top_k):
