@@ -421,7 +421,7 @@ def plugins(args: list[str], console: Console | None = None) -> int:
     for kind in KINDS:
         for name in reg.names(kind):
             component = reg.get(kind, name)
-            member = ("no (holds members)" if component.composite else "yes") if kind == "strategy" else ""
+            member = ("yes" if component.hybrid_member else "no (holds members)") if kind == "strategy" else ""
             table.add_row(kind, name, component.source, member,
                           _knob_defaults(component) if kind in COMPONENT_GROUPS else "")
     (console or Console(highlight=False)).print(table)

@@ -26,6 +26,7 @@ class Component:
     factory: Callable[..., Any]
     source: str  # the plugin that registered it
     config: dict[str, Any] = field(default_factory=dict)
+    member: bool | None = None  # may it be a hybrid's member; None: unless it is composite
 
     @property
     def knobs(self) -> list[str]:
@@ -38,20 +39,28 @@ class Component:
         """True for a component built from other components (it takes the registry)."""
         return REGISTRY_PARAMETER in inspect.signature(self.factory).parameters
 
+    @property
+    def hybrid_member(self) -> bool:
+        """Whether a hybrid may hold it: any strategy but a composite, unless registered with
+        ``member=True`` (one that builds a helper by name, like sam's fallback, not a hybrid)."""
+        return self.member if self.member is not None else not self.composite
+
 
 class Registry:
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Component]] = {kind: {} for kind in KINDS}
         self._current_source = "?"
 
-    def add(self, kind: str, name: str, factory: Callable[..., Any], config: dict[str, Any] | None = None) -> None:
+    def add(self, kind: str, name: str, factory: Callable[..., Any], config: dict[str, Any] | None = None,
+            member: bool | None = None) -> None:
         if kind not in KINDS:
             raise ConfigError(f"plugin {self._current_source!r} registers unknown kind {kind!r}; kinds: {list(KINDS)}")
         existing = self.components[kind].get(name)
         if existing is not None:
             raise ConfigError(f"{kind} {name!r} is registered twice: by {existing.source!r} and "
                               f"{self._current_source!r}; rename one of them")
-        self.components[kind][name] = Component(kind, name, factory, self._current_source, dict(config or {}))
+        self.components[kind][name] = Component(kind, name, factory, self._current_source, dict(config or {}),
+                                                   member)
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.components[kind])

@@ -106,10 +106,23 @@ def retrieval_knobs(draw) -> dict:
 
 
 @st.composite
+def sam_knobs(draw) -> dict:
+    return {"draft_len": draw(st.integers(1, 12)), "threshold": draw(st.integers(1, 6)), "bias": draw(st.integers(0, 4)),
+            "fallback": draw(st.sampled_from([None, "recycling", "prompt_lookup", "lookahead"]))}
+
+
+@st.composite
+def logit_spec_knobs(draw) -> dict:
+    return {"max_ngram_size": draw(st.integers(1, 4)), "num_pred_tokens": draw(st.integers(1, 24)),
+            "draft_tree_capacity": draw(st.integers(1, 64))}
+
+
+@st.composite
 def hybrid_knobs(draw) -> dict:
     """Members by name (the hybrid's tuned knobs) or with knobs of their own, repeats allowed."""
     member_knobs = {"prompt_lookup": prompt_lookup_knobs(), "trie": trie_knobs(), "recycling": recycling_knobs(),
-                    "retrieval": retrieval_knobs(), "lookahead": lookahead_knobs()}
+                    "retrieval": retrieval_knobs(), "lookahead": lookahead_knobs(), "sam": sam_knobs(),
+                    "logit_spec": logit_spec_knobs()}
     name = st.sampled_from(sorted(member_knobs))
     member = name | name.flatmap(lambda n: member_knobs[n].map(lambda knobs: {"name": n, **knobs}))
     return {"drafters": draw(st.lists(member, min_size=1, max_size=4)), "max_rows": draw(st.integers(1, 40))}
@@ -123,8 +136,10 @@ KNOBS = {
     "recycling": recycling_knobs(),
     "hybrid": hybrid_knobs(),
     "retrieval": retrieval_knobs(),
+    "sam": sam_knobs(),
+    "logit_spec": logit_spec_knobs(),
 }
-NEEDS_DATASTORE = ("retrieval", "hybrid")
+NEEDS_DATASTORE = ("retrieval", "hybrid", "sam")
 
 
 def strategy_specs() -> st.SearchStrategy[tuple[str, dict]]:

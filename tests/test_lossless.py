@@ -85,7 +85,7 @@ def test_seeded_sampling_equals_autoregressive_sampling(family, prompt, spec, se
     assert speculative.tokens == plain.tokens
 
 
-STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "retrieval", "recycling", "hybrid"]
+STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "retrieval", "recycling", "hybrid", "sam", "logit_spec"]
 # Two rows cost 20% more than one, sixteen twice as much: pricing cuts trees down, not to nothing.
 CPU_LIKE = CostModel([1, 2, 4, 8, 16, 32], [1.0, 1.2, 1.5, 1.8, 2.0, 2.4])
 
@@ -97,6 +97,8 @@ def test_every_strategy_priced_and_unpriced_is_plain_decoding(strategy, priced, 
     strategy's own knobs or priced on a CPU-like curve."""
     model = tiny_model("llama")
     knobs = {"datastore": datastore} if strategy == "retrieval" else {}
+    if strategy == "logit_spec":
+        knobs = {"draft_tree_capacity": 16}  # 64 drafted rows (its paper's) make a slow test on the CPU
     prompt = [5, 6, 7, 8, 9] * 3 + [5, 6]
     greedy = Engine.from_model(model, None, strategy, priced=priced, costs=CPU_LIKE, **knobs)
     for _ in range(2):  # the second request meets what pools and statistics learned in the first

@@ -287,6 +287,18 @@ class SuffixArrayPool:
             longest = n - 1  # every occurrence ends its document: try a shorter suffix
         return []
 
+    def longest_match(self, context: Sequence[int], max_length: int) -> tuple[int, int]:
+        """(L, where the first occurrence of the context's last L tokens starts) for the longest such
+        suffix of at most ``max_length`` tokens that occurs; (0, -1) when not even one token does."""
+        ctx = np.asarray(context[max(0, len(context) - max_length):], dtype=np.int64)
+        bad = np.flatnonzero(ctx < 0)
+        if bad.size:
+            ctx = ctx[bad[-1] + 1:]
+        if not len(ctx):
+            return 0, -1
+        length, lo, hi = _longest_match(self.text, self.sa, ctx, 1, len(ctx))
+        return (int(length), int(self.sa[lo:hi].min())) if length else (0, -1)
+
     def occurrences(self, pattern: Sequence[int]) -> np.ndarray:
         """Sorted start positions of ``pattern`` in the concatenated text (documents in order,
         each followed by one separator; with a single document these are its own indices)."""

@@ -103,6 +103,7 @@ MEMBER_DEFAULTS: dict[str, dict[str, Any]] = {
     "recycling": dict(successors=8, widths=[4, 2, 2, 1, 1, 1, 1, 1]),
     "retrieval": dict(max_nodes=24, max_depth=10),
     "lookahead": dict(idle_every=1),
+    "sam": dict(fallback=None),  # the hybrid's other members draft where its match is short
 }
 
 
@@ -128,9 +129,9 @@ def make_hybrid(drafters: list[Any] = ("prompt_lookup", "trie", "recycling"), ma
         node = as_node(spec, where)
         name = node["name"]
         if name not in registry.components["strategy"]:
-            members = [n for n in registry.names("strategy") if not registry.get("strategy", n).composite]
+            members = [n for n in registry.names("strategy") if registry.get("strategy", n).hybrid_member]
             raise ConfigError(f"{where}: unknown strategy {name!r}; members can be: {', '.join(members)}")
-        if registry.get("strategy", name).composite:
+        if not registry.get("strategy", name).hybrid_member:
             raise ConfigError(f"{where} ({name}): a {name} cannot be a member of a hybrid; list its members "
                               "in this hybrid's drafters instead")
         knobs = checked_knobs(registry, "strategy", node, where, MEMBER_DEFAULTS.get(name, {}))
