@@ -11,6 +11,7 @@ def specfree_register(registry) -> None:
     from specfree.masks.tree import tree_mask
     from specfree.pools.lru import LRUNGramPool
     from specfree.pools.prompt_index import suffix_array_pool
+    from specfree.pools.suffix_tree import SuffixTreePool
     from specfree.pools.trie import TriePool
     from specfree.strategies.autoregressive import Autoregressive
     from specfree.strategies.lookahead import LOOKAHEAD_DEFAULTS, lookahead
@@ -18,6 +19,7 @@ def specfree_register(registry) -> None:
     from specfree.strategies.prompt_lookup import PromptLookup
     from specfree.strategies.recycling import TokenRecycling
     from specfree.strategies.retrieval import make_retrieval
+    from specfree.strategies.suffix import make_suffix
     from specfree.strategies.trie import make_trie
     from specfree.verifiers.factories import greedy, sampling
 
@@ -28,8 +30,10 @@ def specfree_register(registry) -> None:
     registry.add("strategy", "retrieval", make_retrieval)
     registry.add("strategy", "recycling", TokenRecycling)
     registry.add("strategy", "hybrid", make_hybrid)
+    registry.add("strategy", "suffix", make_suffix)
     registry.add("pool", "lru", LRUNGramPool)
     registry.add("pool", "trie", TriePool)
+    registry.add("pool", "suffix_tree", SuffixTreePool)
     # A suffix array is built from token ids, not from knobs: a saved datastore, or each prompt.
     registry.add("pool", "suffix_array", suffix_array_pool)
     registry.add("verifier", "greedy", greedy)
