@@ -137,3 +137,17 @@ def test_bad_knobs_are_refused_by_name():
         Engine.from_model(tiny_model("llama"), None, "suffix", min_token_prob=2.0)
     with pytest.raises(ConfigError, match="pool=suffix_tree"):
         Engine.from_model(tiny_model("llama"), None, "suffix", pool="lru")
+
+
+def test_a_decode_sweep_shares_the_store_through_the_state_file(tiny_llama_dir, tmp_path):
+    from specfree import cli
+    from specfree.pools.suffix_tree import read_state, tokenizer_fingerprint
+
+    state = tmp_path / "suffix.state"
+    code = cli.main(["decode", "-m", "max_new_tokens=6,8", "strategy=suffix", f"strategy.state_file={state}",
+                     "model=local", f"model.path={tiny_llama_dir}", "prompt=the cat sat on the mat",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert code == 0
+    # Both runs' outputs, in run order: the second run loaded the first one's.
+    requests = read_state(state, 128, tokenizer_fingerprint(tiny_tokenizer()))
+    assert sorted(len(r) for r in requests) == [6, 8]
