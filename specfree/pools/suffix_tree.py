@@ -5,7 +5,7 @@ per node: a node's count is how often its path occurs in the sequences, so a chi
 its parent's is the empirical chance that the path continues with the child's token. The paper
 uses a path-compressed suffix tree (linear memory); a depth-bounded trie answers the same queries
 (longest suffix match, continuation counts) with simpler code, at up to ``max_tree_depth`` nodes per
-token, which is why the global store also has a node cap.
+token (about 290 bytes each in Python), which is why the global store also has a node cap.
 
 ``SuffixTreePool`` is the global store: previous requests' outputs, at most ``max_cached_requests``
 of them (and at most ``max_nodes`` trie nodes); adding one past a bound evicts the oldest
@@ -93,11 +93,13 @@ class SuffixTrie:
     def insert(self, tokens: Sequence[int]) -> None:
         """Count every suffix of ``tokens`` (cut to the depth) as a sequence of its own."""
         toks, depth = as_tokens(tokens), self.max_tree_depth
+        kids, count = self._kids, self._count
         for i in range(len(toks)):
             node = 0
             for t in toks[i : i + depth]:
-                node = self._child(node, t)
-                self._count[node] += 1
+                child = kids[node].get(t)
+                node = self._child(node, t) if child is None else child
+                count[node] += 1
 
     def remove(self, tokens: Sequence[int]) -> None:
         """Undo ``insert(tokens)``: nodes whose count falls to zero go."""
@@ -236,7 +238,7 @@ class SuffixTreePool:
     ``max_spec_factor`` unbounded (``max_nodes`` decides) and ``min_token_prob`` 0.1.
     """
 
-    def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_nodes: int = 1_000_000):
+    def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_nodes: int = 400_000):
         self.trie = SuffixTrie(max_tree_depth)
         self.max_cached_requests = check_int(f"{_NAME}.max_cached_requests", max_cached_requests, low=0)
         self.max_nodes = check_int(f"{_NAME}.max_nodes", max_nodes, low=1)

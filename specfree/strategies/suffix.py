@@ -119,7 +119,7 @@ class SuffixDecoding(Strategy):
 
 def make_suffix(max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
                 max_spec_offset: float = 0.0, min_token_prob: float = 0.1, num_speculative_tokens: int | None = None,
-                max_nodes: int = 1_000_000, state_file: str | None = None, reset: bool = False,
+                max_nodes: int = 400_000, state_file: str | None = None, reset: bool = False,
                 pool: Any = None) -> SuffixDecoding:
     """Build the strategy and its global store from plain knobs (vLLM's names and defaults).
 
