@@ -201,23 +201,26 @@ class SuffixTrie:
         order = 0  # ties: the earlier pushed first, so the result does not depend on heap internals
         heap: list[tuple[float, int, int, int, int]] = []  # (-prob, order, node, parent index, depth)
 
-        def push(node: int, prob: float, at: int, depth: int) -> None:
+        # The product of child / parent counts down a path telescopes to count(node) / count(match):
+        # computed that way, a probability exactly at min_token_prob is not lost to rounding.
+        total = count[match]
+
+        def push(node: int, at: int, depth: int) -> None:
             nonlocal order
-            total = count[node]
             for child in kids[node].values():
-                p = prob * count[child] / total
+                p = count[child] / total
                 if p >= min_prob:
                     heapq.heappush(heap, (-p, order, child, at, depth))
                     order += 1
 
-        push(match, 1.0, -1, 1)
+        push(match, -1, 1)
         while heap and len(draft.tokens) < size:
             neg, _, node, parent, depth = heapq.heappop(heap)
             draft.tokens.append(self._token[node])
             draft.parents.append(parent)
             draft.probs.append(-neg)
             if depth < max_depth:
-                push(node, -neg, len(draft.tokens) - 1, depth + 1)
+                push(node, len(draft.tokens) - 1, depth + 1)
         return draft
 
 
