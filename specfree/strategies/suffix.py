@@ -54,7 +54,6 @@ class SuffixDecoding(Strategy):
         self._vocab_size: int | None = None
         self._loaded = False
         self._seen = 0  # committed ids already in the request's trie
-        self._prompt_len = 0
         self._output: list[int] = []
 
     def bind_tokenizer(self, tokenizer) -> None:
@@ -78,7 +77,7 @@ class SuffixDecoding(Strategy):
     def begin(self, prompt: np.ndarray) -> None:
         self.local = SuffixTrie(self.pool.max_tree_depth)
         self.local.append(prompt)
-        self._seen = self._prompt_len = len(prompt)
+        self._seen = len(prompt)
         self._output = []
 
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
