@@ -12,6 +12,7 @@ def specfree_register(registry) -> None:
     from specfree.pools.lru import LRUNGramPool
     from specfree.pools.prompt_index import suffix_array_pool
     from specfree.pools.suffix_automaton import SuffixAutomatonPool
+    from specfree.pools.suffix_tree import SuffixTreePool
     from specfree.pools.trie import TriePool
     from specfree.strategies.autoregressive import Autoregressive
     from specfree.strategies.logit_spec import LogitSpec
@@ -21,6 +22,7 @@ def specfree_register(registry) -> None:
     from specfree.strategies.recycling import TokenRecycling
     from specfree.strategies.retrieval import make_retrieval
     from specfree.strategies.sam import make_sam
+    from specfree.strategies.suffix import make_suffix
     from specfree.strategies.trie import make_trie
     from specfree.verifiers.factories import greedy, sampling
 
@@ -33,9 +35,11 @@ def specfree_register(registry) -> None:
     registry.add("strategy", "hybrid", make_hybrid)
     registry.add("strategy", "sam", make_sam, member=True)  # builds its fallback by name; no hybrid
     registry.add("strategy", "logit_spec", LogitSpec)
+    registry.add("strategy", "suffix", make_suffix)
     registry.add("pool", "lru", LRUNGramPool)
     registry.add("pool", "trie", TriePool)
     registry.add("pool", "suffix_automaton", SuffixAutomatonPool)
+    registry.add("pool", "suffix_tree", SuffixTreePool)
     # A suffix array is built from token ids, not from knobs: a saved datastore, or each prompt.
     registry.add("pool", "suffix_array", suffix_array_pool)
     registry.add("verifier", "greedy", greedy)

@@ -67,6 +67,7 @@ class Engine:
         self.verifier = verifier or GreedyVerifier()
         self.tokenizer = tokenizer
         self.mask_builder = mask_builder or build_layout
+        strategy.bind_tokenizer(tokenizer)
         strategy.setup(adapter.vocab_size, adapter.max_length)
         drafts = type(strategy).propose is not Strategy.propose  # the autoregressive loop offers nothing to price
         if (priced and drafts or adapt_costs) and costs is None:

@@ -74,7 +74,7 @@ def test_bad_strategy_and_knobs(strategy, knobs, message):
 
 @pytest.mark.parametrize("drafters, message", [
     (["prompt_lookup", "nope"], r"^hybrid.drafters\[1\]: unknown strategy 'nope'; members can be: autoregressive, "
-                                r"logit_spec, lookahead, prompt_lookup, recycling, retrieval, sam, trie$"),
+                                r"logit_spec, lookahead, prompt_lookup, recycling, retrieval, sam, suffix, trie$"),
     ([{"name": "lookahead", "windw": 2}], r"^hybrid.drafters\[0\] \(lookahead\): windw: strategy 'lookahead' has no "
                                          r"knob 'windw'; its knobs: window, .* \(did you mean window\?\)$"),
     ([{"name": "lookahead", "window": "wide"}], r"^hybrid.drafters\[0\] \(lookahead\): window: expected int, "
@@ -90,7 +90,7 @@ def test_bad_strategy_and_knobs(strategy, knobs, message):
     ([{"name": "prompt_lookup", "draft_len": 0}], r"^hybrid.drafters\[0\] \(prompt_lookup\): prompt_lookup.draft_len "
                                                   r"must be >= 1, got 0$"),
     ([{"name": "lookahead", "pool": "nope"}], r"^hybrid.drafters\[0\] \(lookahead\): lookahead.pool=nope: unknown "
-                                             r"pool 'nope'; available: lru, suffix_array, suffix_automaton, trie$"),
+                                             r"pool 'nope'; available: lru, suffix_array, suffix_automaton, suffix_tree, trie$"),
     ([{"name": "recycling", "pool": "trie"}], r"^hybrid.drafters\[0\] \(recycling\): pool: strategy 'recycling' has "
                                              r"no knob 'pool'; its knobs: successors, widths$"),
     ([{"name": "trie", "priced": False}], r"^hybrid.drafters\[0\] \(trie\): priced sets how the whole step runs, "

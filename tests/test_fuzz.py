@@ -118,11 +118,18 @@ def logit_spec_knobs(draw) -> dict:
 
 
 @st.composite
+def suffix_knobs(draw) -> dict:
+    return {"max_tree_depth": draw(st.integers(1, 24)), "max_cached_requests": draw(st.integers(0, 4)),
+            "max_spec_factor": draw(st.floats(0.0, 4.0)), "max_spec_offset": draw(st.floats(-2.0, 4.0)),
+            "min_token_prob": draw(st.floats(0.0, 1.0)), "max_nodes": draw(st.integers(1, 400))}
+
+
+@st.composite
 def hybrid_knobs(draw) -> dict:
     """Members by name (the hybrid's tuned knobs) or with knobs of their own, repeats allowed."""
     member_knobs = {"prompt_lookup": prompt_lookup_knobs(), "trie": trie_knobs(), "recycling": recycling_knobs(),
                     "retrieval": retrieval_knobs(), "lookahead": lookahead_knobs(), "sam": sam_knobs(),
-                    "logit_spec": logit_spec_knobs()}
+                    "logit_spec": logit_spec_knobs(), "suffix": suffix_knobs()}
     name = st.sampled_from(sorted(member_knobs))
     member = name | name.flatmap(lambda n: member_knobs[n].map(lambda knobs: {"name": n, **knobs}))
     return {"drafters": draw(st.lists(member, min_size=1, max_size=4)), "max_rows": draw(st.integers(1, 40))}
@@ -138,6 +145,7 @@ KNOBS = {
     "retrieval": retrieval_knobs(),
     "sam": sam_knobs(),
     "logit_spec": logit_spec_knobs(),
+    "suffix": suffix_knobs(),
 }
 NEEDS_DATASTORE = ("retrieval", "hybrid", "sam")
 

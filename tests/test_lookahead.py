@@ -340,7 +340,7 @@ def test_pool_stays_within_its_caps_over_4000_tokens():
     (dict(guesses=0), "lookahead.guesses must be >= 1, or None for no limit, got 0"),
     (dict(window=2.5), "lookahead.window must be an integer"),
     (dict(init="zeros"), "lookahead.init must be one of ['random', 'recent'], got 'zeros'"),
-    (dict(pool="bloom"), "lookahead.pool=bloom: unknown pool 'bloom'; available: lru, suffix_array, suffix_automaton, trie"),
+    (dict(pool="bloom"), "lookahead.pool=bloom: unknown pool 'bloom'; available: lru, suffix_array, suffix_automaton, suffix_tree, trie"),
     (dict(pool="suffix_array"), "lookahead learns n-grams from its window into a pool that keeps them: use pool=lru"),
     (dict(pool_capacity=0), "lookahead.pool_capacity must be >= 1, or None for no limit"),
     (dict(idle_every=-1), "lookahead.idle_every must be >= 0, got -1"),

@@ -34,6 +34,10 @@ class Strategy:
 
     name = "autoregressive"
 
+    def bind_tokenizer(self, tokenizer) -> None:
+        """Called by the engine before ``setup`` with its tokenizer (None with token ids only), for
+        state that must match it (a saved store's fingerprint)."""
+
     def setup(self, vocab_size: int, max_length: int) -> None:
         """Called once by the engine with the model's limits, to validate knobs against them."""
 

@@ -40,6 +40,10 @@ class Hybrid(Strategy):
         self.max_rows = check_int("hybrid.max_rows", max_rows, low=1)
         self._window_members: list[int] = []  # the member of each aux block of the last proposal
 
+    def bind_tokenizer(self, tokenizer) -> None:
+        for drafter in self.drafters:
+            drafter.bind_tokenizer(tokenizer)
+
     def setup(self, vocab_size: int, max_length: int) -> None:
         for drafter in self.drafters:
             drafter.setup(vocab_size, max_length)
