@@ -85,7 +85,7 @@ def test_seeded_sampling_equals_autoregressive_sampling(family, prompt, spec, se
     assert speculative.tokens == plain.tokens
 
 
-STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "retrieval", "recycling", "hybrid", "sam", "logit_spec"]
+STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "retrieval", "recycling", "hybrid", "sam", "logit_spec", "suffix"]
 # Two rows cost 20% more than one, sixteen twice as much: pricing cuts trees down, not to nothing.
 CPU_LIKE = CostModel([1, 2, 4, 8, 16, 32], [1.0, 1.2, 1.5, 1.8, 2.0, 2.4])
 
