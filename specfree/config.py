@@ -236,7 +236,7 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
     and mask builder are built first, so their mistakes show before the model spends seconds loading."""
     from specfree.adapters.compiled import check_compile
-    from specfree.adapters.loading import check_hub_reachable, load_model
+    from specfree.loading import check_hub_reachable, load_model
 
     check_compile(cfg.get("compile", "auto"))
     strategy = build_strategy(cfg, reg)

@@ -187,7 +187,7 @@ def main(args: Sequence[str]) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specfree.adapters.loading import load_tokenizer
+    from specfree.loading import load_tokenizer
 
     command, options = _options(args)
     console = Console(stderr=True)
@@ -221,7 +221,7 @@ def _answer(options: dict[str, str], console, progress_bar):
     file and the model's tokenizer."""
     from rich.progress import MofNCompleteColumn
 
-    from specfree.adapters.loading import load_tokenizer
+    from specfree.loading import load_tokenizer
     from specfree.bench.prompts import load_prompts
     from specfree.engine import Engine
 

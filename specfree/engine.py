@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specfree.adapters.hf import HFAdapter
-from specfree.adapters.loading import DEFAULT_CACHE
+from specfree.loading import DEFAULT_CACHE
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
@@ -91,7 +91,7 @@ class Engine:
         repetition_penalty, seed), ``priced``/``adapt_costs`` (see ``Engine``) and the strategy's
         own knobs. ``compile``: see ``from_model``.
         """
-        from specfree.adapters.loading import load_model
+        from specfree.loading import load_model
 
         hf_model, tokenizer = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
         return cls.from_model(hf_model, tokenizer, strategy, cache_dir=cache_dir, compile=compile, **knobs)

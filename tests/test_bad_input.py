@@ -8,7 +8,7 @@ import transformers
 
 from specfree import ConfigError, Engine, ModelLoadError, UnsupportedModelError
 from specfree.adapters.hf import HFAdapter
-from specfree.adapters.loading import load_model
+from specfree.loading import load_model
 from tests.tiny_models import COMMON, tiny_model, tiny_tokenizer
 
 

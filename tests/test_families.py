@@ -10,8 +10,8 @@ import transformers
 
 from specfree import Engine, UnsupportedModelError
 from specfree.adapters.attention import GROUPED_SDPA
-from specfree.adapters.hf import HFAdapter, ignores_custom_masks
-from specfree.adapters.loading import load_model
+from specfree.adapters.hf import HFAdapter
+from specfree.loading import ignores_custom_masks, load_model
 from tests.tiny_models import COMMON, CONFIGS, FAMILIES, reference_greedy, tiny_model
 
 # Repetitive, so prompt lookup drafts several sibling candidates; 20 + 16 tokens outrun the

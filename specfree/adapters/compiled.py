@@ -197,7 +197,7 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
     import json
     import logging
 
-    from specfree.adapters.loading import DEFAULT_CACHE
+    from specfree.loading import DEFAULT_CACHE
 
     choice = check_compile(compile)
     eager = dict(linear_kernel=linear_kernel, cache_dir=cache_dir)

@@ -40,6 +40,7 @@ from specfree.adapters.refusals import layer_kinds, refuse_unverifiable
 from specfree.adapters.runners import StepRunner
 from specfree.errors import UnsupportedModelError
 from specfree.kernels import linear_path, use_few_row_linears
+from specfree.loading import ignores_custom_masks
 from specfree.masks.bucketed import pad_rows, static_mask
 from specfree.masks.tree import additive_mask
 
@@ -80,11 +81,6 @@ def why_no_trees(model) -> str | None:
     if unmaskable:
         return f"has {', '.join(sorted(unmaskable))} layers, which one tree mask per layer kind cannot express"
     return None
-
-
-def ignores_custom_masks(attn_implementation: str | None) -> bool:
-    """Flash-attention kernels take no arbitrary mask: tree rows would see their siblings."""
-    return "flash" in str(attn_implementation or "")
 
 
 def use_maskable_attention(model) -> None:
@@ -474,18 +470,12 @@ class HFAdapter:
     def check_causal(self) -> None:
         probes.check_causal(self)
 
-    def check_chain(self) -> None:
-        probes.check_chain(self)
-
     def check_tree_mask(self) -> None:
         """Refuse, by name, a model that silently ignores a custom 4D mask or position ids."""
         failure = probes.tree_mask_failure(self)
         if failure is not None:
             raise UnsupportedModelError(f"model family '{self.family}' {failure}. Load it with "
                                         "attn_implementation='sdpa' or 'eager', or use another model family.")
-
-    def _close(self, ours: torch.Tensor, reference: torch.Tensor) -> bool:
-        return probes.close(self, ours, reference)
 
 
 def _progress(show: bool):

@@ -174,7 +174,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
 
     import torch
 
-    from specfree.adapters.loading import load_model
+    from specfree.loading import load_model
 
     if settings.threads:
         torch.set_num_threads(check_int("threads", settings.threads, low=1))

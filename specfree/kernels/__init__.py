@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfree.adapters.swap import swap_modules, swapped_modules
+from specfree.kernels.swap import swap_modules, swapped_modules
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
 MAX_ROWS = 16  # more rows go to the library's GEMM, inside the op
