@@ -194,7 +194,7 @@ def test_logits_that_depend_on_how_tokens_are_split_are_refused_by_name():
 
     config = tiny_config("dory")
     torch.manual_seed(0)
-    assert HFAdapter(transformers.AutoModelForCausalLM.from_config(config).eval()).verification == "tree"
+    assert HFAdapter(transformers.AutoModelForCausalLM.from_config(config).eval()).capabilities.verification == "tree"
     config.recurrent_kv_cache_mode = "last_loop"
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()

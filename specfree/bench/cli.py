@@ -29,8 +29,9 @@ from specfree.bench.plots import cost_curve_plot, write_plots
 from specfree.bench.prompts import load_prompts
 from specfree.bench.report import markdown, rich_table, wide_console
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
-from specfree.adapters.compiled import check_compile, make_adapter
+from specfree.adapters.compiled import check_compile
 from specfree.errors import ConfigError, check_int
+from specfree.parts import build_adapter
 
 INTERRUPTED = 130
 
@@ -153,8 +154,8 @@ def compiled_adapter(model, settings: BenchSettings, slots: int):
     where compiling cannot or did not work (it warned)."""
     if settings.compile == "false":
         return None
-    adapter = make_adapter(model, "true", cache_dir=settings.cache_dir, slots=slots)
-    return adapter if adapter.runner is not None else None
+    adapter = build_adapter(model, compile="true", cache_dir=settings.cache_dir, slots=slots)
+    return adapter if adapter.compiled else None
 
 
 def kv_slots_needed(tokenizer, items, settings: BenchSettings) -> int:
@@ -197,8 +198,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
         with Console(stderr=True).status("measuring the cost curves of the linear layers and the forward"):
             store.meta.update(cost_curves(model, systems[0].engine.adapter, compiled))
     engine = systems[0].engine
-    describe = getattr(engine.adapter, "describe_verification", None)  # trees, or chains and why
-    store.meta["verification"] = describe() if describe is not None else None
+    store.meta["verification"] = engine.adapter.capabilities.describe()  # trees, or chains and why
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 settings.chat)
 
