@@ -42,12 +42,13 @@ def self_repeating_prompt(family: str) -> list[int]:
 @pytest.mark.parametrize("family", CHAIN_FAMILIES)
 def test_the_probes_choose_chains_and_describe_says_why(family):
     adapter = HFAdapter(tiny_model(family))
-    assert adapter.capabilities.chain_only and adapter.capabilities.verification in (probes.CHAIN_OWN_MASK, probes.CHAIN_CUSTOM_MASK)
+    caps = adapter.capabilities
+    assert caps.chain_only and caps.verification in (probes.CHAIN_OWN_MASK, probes.CHAIN_CUSTOM_MASK)
     text = adapter.describe()
-    assert text.startswith(f"{adapter.model.config.model_type}: verifies {probes.MODES[adapter.capabilities.verification]}")
+    assert text.startswith(f"{adapter.model.config.model_type}: verifies {probes.MODES[caps.verification]}")
     # why not a tree: the tree probe's finding, or the model keeps no KV cache at all
     assert ("no draft trees: it " in text) != ("keeps no KV cache" in text)
-    assert adapter.capabilities.chain_mask == (adapter.capabilities.verification == probes.CHAIN_CUSTOM_MASK)
+    assert caps.chain_mask == (caps.verification == probes.CHAIN_CUSTOM_MASK)
 
 
 def test_both_chain_modes_are_covered():

@@ -237,8 +237,8 @@ def check_chain(adapter) -> Capabilities:
     if not close(adapter, torch.stack(singles), whole):
         raise UnsupportedModelError(
             f"model family '{family}' does not keep its state in the cache specfree passes it "
-            f"({adapter.capabilities.cache_argument}): one token at a time after a cached prefix differs from a forward over "
-            "the whole sequence. Use another model family.")
+            f"({adapter.capabilities.cache_argument}): one token at a time after a cached prefix differs from a "
+            "forward over the whole sequence. Use another model family.")
     if not close(adapter, chain, torch.stack(singles[:3])):
         warnings.warn(f"model family '{family}': this transformers version's forward does not carry "
                       "the recurrent state through several new tokens at once, so drafts cannot be checked; "
