@@ -96,7 +96,7 @@ def test_one_package_is_kept_and_loaded_by_the_next_adapter(compiled_adapters, t
     prompt = [7, 8, 9, 10] * 3
     assert Engine(again, REG.make("strategy", "prompt_lookup")).generate(prompt, 30).tokens == \
         reference_greedy(model, prompt, 30)
-    assert again.slots.capacity == 48 and (again.runner.package.built, again.runner.package.loaded) == (0, 1)  # grew 16 -> 48
+    assert again.store.slots.capacity == 48 and (again.runner.package.built, again.runner.package.loaded) == (0, 1)  # grew 16 -> 48
     assert again.compiled
 
 
