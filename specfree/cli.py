@@ -220,8 +220,8 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
 
     hf_logging.disable_progress_bar()  # a weight-loading bar would land between prompt and answer
     engine = Engine(**engine_parts(cfg, reg))
-    verification = verification_line(engine.adapter)
-    if verification and getattr(engine.adapter, "chain_only", False):  # trees are the rule; say so when not
+    verification = engine.adapter.capabilities.describe()
+    if engine.adapter.capabilities.chain_only:  # trees are the rule; say so when not
         err.print(Text(verification, style="yellow"))
     chat = bool(cfg.chat and getattr(engine.tokenizer, "chat_template", None))
     ids = engine.encode(prompt, chat=chat)
@@ -324,12 +324,6 @@ def read_stdin() -> str:
     except UnicodeError:
         raise not_text from None
     return text
-
-
-def verification_line(adapter) -> str | None:
-    """How the adapter verifies drafts on this model (trees, or one chain a step and why), where it says."""
-    describe = getattr(adapter, "describe_verification", None)  # an adapter from a plugin may lack it
-    return describe() if describe is not None else None
 
 
 def summary_line(result: dict) -> str:

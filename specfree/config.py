@@ -236,7 +236,8 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
     and mask builder are built first, so their mistakes show before the model spends seconds loading."""
     from specfree.adapters.compiled import check_compile
-    from specfree.adapters.loading import check_hub_reachable, load_model
+    from specfree.loading import check_hub_reachable, load_model
+    from specfree.parts import build_adapter
 
     check_compile(cfg.get("compile", "auto"))
     strategy = build_strategy(cfg, reg)
@@ -251,13 +252,8 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     model, tokenizer = load_model(model_cfg.path or model_cfg.name, device=cfg.device, dtype=cfg.dtype,
                                   cache_dir=cfg.cache_dir, attn_implementation=model_cfg.attn_implementation,
                                   revision=model_cfg.revision)
-    # Passed only when set, so adapters from plugins need not know the knob.
-    extra = {} if model_cfg.linear_kernel == "few_row" else {"linear_kernel": model_cfg.linear_kernel}
-    # compile and cache_dir reach the adapters that take them (the built-in one), no others.
-    takes = reg.get("adapter", model_cfg.adapter).knobs
-    extra.update({k: v for k, v in (("compile", cfg.get("compile", "auto")), ("cache_dir", cfg.cache_dir))
-                  if k in takes})
-    adapter = reg.make("adapter", model_cfg.adapter, model=model, **extra)
+    adapter = build_adapter(model, reg, model_cfg.adapter, compile=cfg.get("compile", "auto"),
+                            linear_kernel=model_cfg.linear_kernel, cache_dir=cfg.cache_dir)
     return {"adapter": adapter, "strategy": strategy, "verifier": verifier, "tokenizer": tokenizer,
             "mask_builder": mask_builder, **step}
 

@@ -82,14 +82,10 @@ class CostModel:
         # The layer classes name the kernels (few-row linears, fused norms, ...), whichever were swapped in.
         classes = {type(m) for m in model.modules()}
         layers = sorted(f"{c.__module__}.{c.__qualname__}" for c in classes)
-        kv = getattr(getattr(adapter.cache, "layer_class_to_replicate", None), "__name__", None)
-        # The compiled path's curve is its own: padded buckets, Inductor's kernels.
-        runner = getattr(adapter, "runner", None)
-        compiled = list(runner.buckets) if getattr(adapter, "compiled", False) else None
+        # The KV layers, and the compiled path's own curve: padded buckets, Inductor's kernels.
         setup = [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
-                 torch.__version__, model.config._attn_implementation, layers, linear_path(model), kv]
-        if compiled is not None:
-            setup.append(["compiled", compiled, runner.options])
+                 torch.__version__, model.config._attn_implementation, layers, linear_path(model),
+                 *adapter.cost_setup()]
         path = Path(cache_dir) / "costs" / f"{fingerprint(setup)}.json"
         if path.is_file():
             try:

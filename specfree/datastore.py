@@ -186,7 +186,7 @@ def main(args: Sequence[str]) -> int:
     """``python -m specfree datastore build|answers ...``: build with a progress bar."""
     from rich.console import Console
 
-    from specfree.adapters.loading import load_tokenizer
+    from specfree.loading import load_tokenizer
     from specfree.progress import progress_bar
 
     command, options = _options(args)
@@ -214,7 +214,7 @@ def main(args: Sequence[str]) -> int:
 def _answer(options: dict[str, str], console):
     """``datastore answers``: the model answers the prompts it has not answered yet; the answers
     file and the model's tokenizer."""
-    from specfree.adapters.loading import load_tokenizer
+    from specfree.loading import load_tokenizer
     from specfree.bench.prompts import load_prompts
     from specfree.engine import Engine
 

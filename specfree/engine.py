@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from specfree.adapters.hf import HFAdapter
-from specfree.adapters.loading import DEFAULT_CACHE
+from specfree.adapters.protocol import Adapter
+from specfree.loading import DEFAULT_CACHE
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
@@ -58,7 +58,7 @@ class Engine:
     at the price of step counts that vary from run to run). ``costs``: a cost curve to use instead
     of the measured one; ``acceptance``: statistics to start from (and keep learning into)."""
 
-    def __init__(self, adapter: HFAdapter, strategy: Strategy, verifier=None, tokenizer=None,
+    def __init__(self, adapter: Adapter, strategy: Strategy, verifier=None, tokenizer=None,
                  cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None, *,
                  priced: bool = True, adapt_costs: bool = False, costs: CostModel | None = None,
                  acceptance: AcceptanceModel | None = None):
@@ -93,7 +93,7 @@ class Engine:
         repetition_penalty, seed), ``priced``/``adapt_costs`` (see ``Engine``) and the strategy's
         own knobs. ``compile``: see ``from_model``.
         """
-        from specfree.adapters.loading import load_model
+        from specfree.loading import load_model
 
         hf_model, tokenizer = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
         return cls.from_model(hf_model, tokenizer, strategy, cache_dir=cache_dir, compile=compile, **knobs)
@@ -101,7 +101,7 @@ class Engine:
     @classmethod
     def from_model(cls, model, tokenizer=None, strategy: str | Strategy = DEFAULT_STRATEGY, *,
                    cache_dir: str | None = None, linear_kernel: str = "few_row", compile: str | bool = False,
-                   adapter: HFAdapter | None = None, priced: bool = True, adapt_costs: bool = False,
+                   adapter: Adapter | None = None, priced: bool = True, adapt_costs: bool = False,
                    costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
                    **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model (``linear_kernel``: see ``HFAdapter``).
@@ -112,7 +112,8 @@ class Engine:
         ``adapter``: one built before for this model (a compiled one is reused, not recompiled).
         ``priced``, ``adapt_costs``, ``costs``, ``acceptance``: see ``Engine``.
         """
-        from specfree.adapters.compiled import check_compile, make_adapter
+        from specfree.adapters.compiled import check_compile
+        from specfree.parts import build_adapter
         from specfree.plugins import build_plugin_manager, registry
 
         sampling_keys = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
@@ -126,7 +127,7 @@ class Engine:
         verifier = reg.make("verifier", "sampling" if sampling.pop("do_sample", False) else "greedy", **sampling)
         check_compile(compile)
         if adapter is None:
-            adapter = make_adapter(model, compile, linear_kernel=linear_kernel, cache_dir=cache_dir)
+            adapter = build_adapter(model, reg, compile=compile, linear_kernel=linear_kernel, cache_dir=cache_dir)
         return cls(adapter, strategy, verifier, tokenizer, cache_dir=cache_dir, priced=priced,
                    adapt_costs=adapt_costs, costs=costs, acceptance=acceptance)
 
@@ -215,7 +216,7 @@ class Engine:
             verifier = copy.copy(verifier)
             verifier.seed = seed
         adapter, strategy = self.adapter, self.strategy
-        chain_only = getattr(adapter, "chain_only", False)  # an adapter from a plugin may lack it
+        chain_only = adapter.capabilities.chain_only
         limit = min(len(ids) + max_new_tokens, adapter.max_length)
         buffer = np.zeros(limit, dtype=np.int64)  # committed ids; the last one is the root
         buffer[: len(ids)] = ids
@@ -291,14 +292,13 @@ class Engine:
     def _plan(self, root: int, proposal, max_depth: int) -> Plan:
         """The rows this step runs: those worth their cost (priced), or all the strategy asked for.
         A model that verifies chains gets one chain and no aux rows."""
-        adapter = self.adapter
-        chain = getattr(adapter, "chain_only", False)
-        max_chain = getattr(adapter, "max_chain", None)
+        adapter, caps = self.adapter, self.adapter.capabilities
+        chain, max_chain = caps.chain_only, caps.max_chain
         if self.pricer is None:
             return as_proposed(root, proposal, max_depth=max_depth, budget=adapter.max_length, chain=chain,
                                max_chain=max_chain)
         # A cut chain puts recurrent states back and replays the kept rows: pricing counts that.
-        rollback = chain and getattr(adapter, "cache_kind", "growing") != "growing"
+        rollback = caps.rollback
         depth = max_depth if not chain or max_chain is None else min(max_depth, max_chain)
         return self.pricer.plan(root, proposal, max_depth=depth, chain=chain, rollback=rollback)
 

@@ -91,8 +91,8 @@ def try_family(model_type: str) -> dict:
         except Exception as exc:
             return dict(verdict="error", why=f"wrapping: {type(exc).__name__}: {_short(exc)}")
         adapter = engine.adapter
-        mode = "one row" if adapter.max_chain == 0 else adapter.verification
-        mode += "" if adapter.keeps_cache else ", no KV cache"
+        mode = "one row" if adapter.capabilities.max_chain == 0 else adapter.capabilities.verification
+        mode += "" if adapter.capabilities.keeps_cache else ", no KV cache"
         try:
             result = engine.generate(PROMPT, NEW_TOKENS, ignore_eos=True)
         except Exception as exc:

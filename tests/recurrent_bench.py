@@ -39,7 +39,7 @@ def forward_and_rollback_costs(model, repeats: int = 5) -> None:
     adapter = HFAdapter(model)
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, CONFIG["vocab_size"], (PROMPT_TOKENS,), generator=generator)
-    mixers = adapter.replay
+    mixers = adapter.store.replay
     forward = {k: [] for k in (1, 2, 4, 6)}
     rollback = {(how, j): [] for how in ("mixers", "whole model") for j in (1, 2, 3, 4, 5)}
     for _ in range(repeats):
@@ -50,13 +50,13 @@ def forward_and_rollback_costs(model, repeats: int = 5) -> None:
             adapter.forward(torch.randint(3, 100, (k,), generator=generator))
             forward[k].append(time.perf_counter() - start)
         for how, j in rollback:
-            adapter.replay = mixers if how == "mixers" else None
+            adapter.store.replay = mixers if how == "mixers" else None
             adapter.reset()
             adapter.prefill(prompt)
             adapter.forward(torch.randint(3, 100, (6,), generator=generator))
             adapter.commit(list(range(j)), rows=6)
             rollback[how, j].append(adapter.rollback_s)
-    adapter.replay = mixers
+    adapter.store.replay = mixers
     print("forward of k chain rows after", PROMPT_TOKENS, "tokens:",
           ", ".join(f"k={k} {median_ms(v):.1f} ms" for k, v in forward.items()))
     for how in ("mixers", "whole model"):
@@ -85,7 +85,7 @@ def end_to_end(model) -> None:
             # The oracles measure rollbacks at their own depth: unpriced; the named strategies as users run them.
             engine = Engine.from_model(model, None, drafter, priced=isinstance(drafter, str))
             if not mixers:
-                engine.adapter.replay = None
+                engine.adapter.store.replay = None
             result = engine.generate(prompt, NEW_TOKENS, ignore_eos=True)
             assert result.tokens == truth[len(prompt) : len(prompt) + NEW_TOKENS], name
             rollback = sum(s.extra.get("rollback_s", 0.0) for s in result.steps)

@@ -8,7 +8,7 @@ import transformers
 
 from specfree import ConfigError, Engine, ModelLoadError, UnsupportedModelError
 from specfree.adapters.hf import HFAdapter
-from specfree.adapters.loading import load_model
+from specfree.loading import load_model
 from tests.tiny_models import COMMON, tiny_model, tiny_tokenizer
 
 
@@ -194,7 +194,7 @@ def test_logits_that_depend_on_how_tokens_are_split_are_refused_by_name():
 
     config = tiny_config("dory")
     torch.manual_seed(0)
-    assert HFAdapter(transformers.AutoModelForCausalLM.from_config(config).eval()).verification == "tree"
+    assert HFAdapter(transformers.AutoModelForCausalLM.from_config(config).eval()).capabilities.verification == "tree"
     config.recurrent_kv_cache_mode = "last_loop"
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()

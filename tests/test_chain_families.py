@@ -42,17 +42,18 @@ def self_repeating_prompt(family: str) -> list[int]:
 @pytest.mark.parametrize("family", CHAIN_FAMILIES)
 def test_the_probes_choose_chains_and_describe_says_why(family):
     adapter = HFAdapter(tiny_model(family))
-    assert adapter.chain_only and adapter.verification in (probes.CHAIN_OWN_MASK, probes.CHAIN_CUSTOM_MASK)
+    caps = adapter.capabilities
+    assert caps.chain_only and caps.verification in (probes.CHAIN_OWN_MASK, probes.CHAIN_CUSTOM_MASK)
     text = adapter.describe()
-    assert text.startswith(f"{adapter.model.config.model_type}: verifies {probes.MODES[adapter.verification]}")
+    assert text.startswith(f"{adapter.model.config.model_type}: verifies {probes.MODES[caps.verification]}")
     # why not a tree: the tree probe's finding, or the model keeps no KV cache at all
     assert ("no draft trees: it " in text) != ("keeps no KV cache" in text)
-    assert adapter.chain_mask == (adapter.verification == probes.CHAIN_CUSTOM_MASK)
+    assert caps.chain_mask == (caps.verification == probes.CHAIN_CUSTOM_MASK)
 
 
 def test_both_chain_modes_are_covered():
     """Some of these families take a custom mask (but not a tree), some reject or ignore it."""
-    modes = {HFAdapter(tiny_model(family)).verification for family in CHAIN_FAMILIES}
+    modes = {HFAdapter(tiny_model(family)).capabilities.verification for family in CHAIN_FAMILIES}
     assert modes == {probes.CHAIN_OWN_MASK, probes.CHAIN_CUSTOM_MASK}
 
 

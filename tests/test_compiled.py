@@ -96,7 +96,7 @@ def test_one_package_is_kept_and_loaded_by_the_next_adapter(compiled_adapters, t
     prompt = [7, 8, 9, 10] * 3
     assert Engine(again, REG.make("strategy", "prompt_lookup")).generate(prompt, 30).tokens == \
         reference_greedy(model, prompt, 30)
-    assert again.slots.capacity == 48 and (again.runner.package.built, again.runner.package.loaded) == (0, 1)  # grew 16 -> 48
+    assert again.store.slots.capacity == 48 and (again.runner.package.built, again.runner.package.loaded) == (0, 1)  # grew 16 -> 48
     assert again.compiled
 
 
@@ -177,7 +177,7 @@ def test_slots_grow_in_tiers_and_output_stays_plain():
     adapter = compiled_adapter(model, backend="eager", min_slots=16, buckets=(1, 8))
     prompt = [5, 6, 7, 8, 9] * 3
     result = Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 60)
-    assert adapter.slots.capacity >= len(prompt) + len(result.tokens) > 64  # grew 16 -> 32 -> 64 -> 128
+    assert adapter.store.slots.capacity >= len(prompt) + len(result.tokens) > 64  # grew 16 -> 32 -> 64 -> 128
     assert result.tokens == reference_greedy(model, prompt, 60)
 
 
@@ -243,7 +243,7 @@ def test_compile_true_on_a_chain_verified_model_warns_and_decodes_eagerly(tmp_pa
     model = tiny_model(family)
     with pytest.warns(UserWarning, match="verifies chains"):
         adapter = make_adapter(model, "true", cache_dir=tmp_path, progress=False)
-    assert type(adapter) is HFAdapter and adapter.chain_only
+    assert type(adapter) is HFAdapter and adapter.capabilities.chain_only
     prompt = [3, 4, 5] * 4
     assert Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 12).tokens == \
         reference_greedy(model, prompt, 12)

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import MISSING, OmegaConf
 
 from specfree import ConfigError, Engine
-from specfree.adapters.loading import check_hub_reachable
+from specfree.loading import check_hub_reachable
 from specfree.config import (
     build_strategy,
     compose,

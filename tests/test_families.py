@@ -10,8 +10,8 @@ import transformers
 
 from specfree import Engine, UnsupportedModelError
 from specfree.adapters.attention import GROUPED_SDPA
-from specfree.adapters.hf import HFAdapter, ignores_custom_masks
-from specfree.adapters.loading import load_model
+from specfree.adapters.hf import HFAdapter
+from specfree.loading import ignores_custom_masks, load_model
 from tests.tiny_models import COMMON, CONFIGS, FAMILIES, reference_greedy, tiny_model
 
 # Repetitive, so prompt lookup drafts several sibling candidates; 20 + 16 tokens outrun the
@@ -30,8 +30,8 @@ def test_tree_drafts_reproduce_generate(family):
 
 def test_mixed_sliding_and_full_layers_get_one_mask_per_kind():
     adapter = HFAdapter(tiny_model("gemma2"))
-    assert adapter.layer_windows == {"full_attention": None, "sliding_attention": 16}
-    assert adapter.sliding_window is None and adapter.window == 16
+    assert adapter.capabilities.windows.per_kind == {"full_attention": None, "sliding_attention": 16}
+    assert adapter.capabilities.windows.sliding is None and adapter.capabilities.windows.narrowest == 16
 
 
 def test_one_window_for_every_layer_past_the_window():
@@ -40,7 +40,7 @@ def test_one_window_for_every_layer_past_the_window():
                                         num_attention_heads=4, num_key_value_heads=2, sliding_window=8, **COMMON)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     engine = Engine.from_model(model, None, "prompt_lookup", num_candidates=3, draft_len=6)
-    assert engine.adapter.sliding_window == 8
+    assert engine.adapter.capabilities.windows.sliding == 8
     assert engine.generate(PROMPT, 12).tokens == reference_greedy(model, PROMPT, 12)
 
 

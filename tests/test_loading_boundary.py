@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import transformers
 
-from specfree import Engine, ModelLoadError
-from specfree.adapters import loading
-from specfree.adapters.loading import load_model, load_tokenizer, write_atomically
+from specfree import Engine, ModelLoadError, loading
+from specfree.loading import load_model, load_tokenizer, write_atomically
 from specfree.cli import main as cli_main
 
 FIXES = (loading.CONFIG_FIX, loading.TOKENIZER_FIX, loading.WEIGHTS_FIX, loading.GGUF_FIX, loading.CACHE_FIX)
@@ -219,7 +218,7 @@ def test_a_cache_dir_that_cannot_be_written_is_one_line(tmp_path):
 def test_a_malformed_hub_id_is_one_line(hub_id, monkeypatch):
     from huggingface_hub import constants
 
-    from specfree.adapters.loading import check_hub_reachable
+    from specfree.loading import check_hub_reachable
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # so the hub's cache is asked about the id
     with pytest.raises(ModelLoadError) as info:

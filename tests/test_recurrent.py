@@ -73,9 +73,9 @@ def test_kept_and_cut_chains_roll_back_to_the_accepted_tokens(family, wrong_at, 
     prompt = [5, 9, 11, 7]
     truth = prompt + reference_greedy(model, prompt, 40, ignore_eos=True)
     engine = Engine.from_model(model, None, Oracle(truth, depth=4, wrong_at=wrong_at), priced=False)
-    assert (engine.adapter.replay is not None) == (family in MIXERS)
+    assert (engine.adapter.store.replay is not None) == (family in MIXERS)
     if whole_model:
-        engine.adapter.replay = None
+        engine.adapter.store.replay = None
     result = engine.generate(prompt, 40, ignore_eos=True)
     assert result.tokens == truth[len(prompt) :]
     cut = [s for s in result.steps if s.accepted < s.drafted]
@@ -107,18 +107,18 @@ def test_rollback_leaves_the_state_of_the_accepted_tokens(family):
     """After a chain with its tail rejected, every cached state equals a forward over the kept
     tokens only (within fp32 rounding: the kept rows ran as one chunk)."""
     adapter = HFAdapter(tiny_model(family))
-    assert (adapter.replay is not None) == (family in MIXERS)
+    assert (adapter.store.replay is not None) == (family in MIXERS)
     ids = torch.tensor([5, 9, 11, 7, 20, 30, 40, 50])
     adapter.prefill(ids[:4])
     adapter.forward(ids[4:8])
     adapter.commit([0, 1], rows=4)  # keep 20 30; drop 40 50
-    ours = adapter.cache
-    adapter.cache = None
+    ours = adapter.store.cache
+    adapter.store.cache = None
     adapter.reset()
     adapter.prefill(ids[:4])
     adapter.forward(ids[4:6])
     assert adapter.past_len == 6
-    if not hasattr(plain_cache := adapter.cache, "layers"):  # a cache class of its own (xLSTM's): all its tensors
+    if not hasattr(plain_cache := adapter.store.cache, "layers"):  # a cache class of its own (xLSTM's): all its tensors
         for (name, mine), (_, plain) in zip(tensors(ours), tensors(plain_cache), strict=True):
             torch.testing.assert_close(mine, plain, rtol=1e-4, atol=1e-5, msg=name)
         return

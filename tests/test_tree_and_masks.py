@@ -84,7 +84,7 @@ def test_tree_rows_and_committed_kv_match_a_plain_forward(family, seed):
     # position; a sliding layer of the plain cache keeps only the last window - 1 of them.
     adapter.commit([0, *tree.path_to(node)], rows=layout.rows)
     assert adapter.past_len == len(prefix) + len(path_tokens)
-    for ours, ref in zip(adapter.cache.layers, cache_in(plain).layers):
+    for ours, ref in zip(adapter.store.cache.layers, cache_in(plain).layers):
         assert ours.keys.shape[-2] == adapter.past_len
         kept = ref.keys.shape[-2]
         torch.testing.assert_close(ours.keys[..., -kept:, :], ref.keys, atol=1e-5, rtol=1e-4)
@@ -97,7 +97,7 @@ def test_positions_default_to_row_sum_minus_one():
     layout = build_layout(tree, None, root_position=3)
     adapter.prefill(torch.tensor([3, 4, 9]))
     explicit = adapter.forward(layout.tokens, layout.allowed, layout.positions)
-    adapter.cache.crop(-layout.rows)
+    adapter.store.cache.crop(-layout.rows)
     derived = adapter.forward(layout.tokens, layout.allowed)
     torch.testing.assert_close(explicit, derived)
     assert layout.positions.tolist() == [3, 4, 5, 4]

@@ -27,7 +27,7 @@ import torch
 
 from specfree.adapters.compiled import compiled_adapter
 from specfree.adapters.hf import HFAdapter
-from specfree.adapters.loading import DEFAULT_CACHE, load_model
+from specfree.loading import DEFAULT_CACHE, load_model
 from specfree.bench.cli import cpu_name
 from specfree.cost import CostModel
 from specfree.engine import Engine

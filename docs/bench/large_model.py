@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specfree.adapters.compiled import make_adapter
+from specfree.parts import build_adapter
 from specfree.bench.cli import cpu_name
 from specfree.engine import Engine
 from specfree.plugins import build_plugin_manager, registry
@@ -52,8 +52,8 @@ def main() -> None:
     print(json.dumps(result), flush=True)
     with tempfile.TemporaryDirectory() as cache:
         start = time.perf_counter()
-        adapter = make_adapter(model, "true", cache_dir=cache)
-        result.update(compiled_by=adapter.describe() if hasattr(adapter, "describe") else type(adapter).__name__,
+        adapter = build_adapter(model, compile="true", cache_dir=cache)
+        result.update(compiled_by=adapter.describe(),
                       cold_start_s=round(time.perf_counter() - start, 1), rss_after_compile_GB=round(current_rss_gb(), 2))
         print(json.dumps(result), flush=True)
         reg = registry(build_plugin_manager())

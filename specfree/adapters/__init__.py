@@ -4,7 +4,6 @@ import contextlib
 
 from specfree.adapters.attention import stock_attention
 from specfree.adapters.hf import HFAdapter
-from specfree.adapters.loading import load_model
 from specfree.adapters.norms import stock_norms
 from specfree.kernels import stock_linears
 
@@ -17,4 +16,4 @@ def as_shipped(model):
         yield model
 
 
-__all__ = ["HFAdapter", "as_shipped", "load_model"]
+__all__ = ["HFAdapter", "as_shipped"]

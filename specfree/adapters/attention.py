@@ -13,11 +13,15 @@ The function is registered under ``GROUPED_SDPA`` through transformers' own exte
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from specfree.errors import UnsupportedModelError
+from specfree.loading import ignores_custom_masks
 
 GROUPED_SDPA = "specfree_grouped_sdpa"
 
@@ -68,3 +72,27 @@ def stock_attention(model):
     finally:
         if current == GROUPED_SDPA:
             model.set_attn_implementation(current)
+
+
+def use_maskable_attention(model) -> None:
+    """Switch a flash-attention model to SDPA (or eager, for families without SDPA), which take
+    the tree mask: same weights, same math."""
+    current = model.config._attn_implementation
+    if not ignores_custom_masks(current):
+        return
+    reasons = []
+    for fallback in ("sdpa", "eager"):
+        try:
+            model.set_attn_implementation(fallback)
+        except (ValueError, ImportError) as exc:  # the family lacks this implementation
+            reasons.append(f"{fallback}: {exc}")
+            continue
+        if model.config._attn_implementation == fallback:
+            warnings.warn(f"attn_implementation={current!r} cannot take specfree's tree attention mask; "
+                          f"switched this model to {fallback!r}", stacklevel=4)
+            return
+        reasons.append(f"{fallback}: the model does not switch attention after loading")
+    raise UnsupportedModelError(
+        f"model family '{model.config.model_type}' runs {current!r}, which cannot take specfree's tree "
+        f"attention mask, and could not be switched ({'; '.join(reasons)}). Load it with "
+        "attn_implementation='sdpa' or 'eager'.")

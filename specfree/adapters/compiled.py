@@ -40,10 +40,11 @@ from pathlib import Path
 
 import torch
 
-from specfree.adapters.hf import HFAdapter, prepare_model, verifies_chains
+from specfree.adapters.capabilities import compile_blocker
+from specfree.adapters.hf import HFAdapter, prepare_model
 from specfree.adapters.kv import StaticSlots, cache_argument, growing_cache
 from specfree.adapters.packaged import StepPackage
-from specfree.adapters.runners import GraphRunner, PackageRunner
+from specfree.adapters.runners import RUNNERS, PackageRunner
 from specfree.masks.bucketed import ROW_BUCKETS
 
 MIN_SLOTS = 512  # KV slots of the first tier
@@ -126,14 +127,14 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
     packaged = backend == "aoti"
     slots = StaticSlots(layer_shapes(model), model.dtype, device, min_slots, tier_step if packaged else None)
     if packaged:
-        runner = PackageRunner(model, slots, package_dir, package_options(), buckets)
+        runner = RUNNERS["package"](model, slots, package_dir, package_options(), buckets)
     else:
         options = (inductor_options(device, max_autotune, kernel_linears=kernel_linears) or None) \
             if backend == "inductor" else None
         # Dynamo decides whether parameters become graph constants while tracing, from the global
         # inductor config: freezing given only in ``options`` would leave the weights as inputs.
         tracing = {"freezing": True} if options and options.get("freezing") else {}
-        runner = GraphRunner(model, slots, backend, buckets, max_autotune, options, tracing)
+        runner = RUNNERS["graphs"](model, slots, backend, buckets, max_autotune, options, tracing)
     return HFAdapter(model, check_tree_mask=check_tree_mask, grouped_attention=grouped_attention,
                      linear_kernel=linear_kernel, cache_dir=cache_dir, runner=runner)
 
@@ -153,23 +154,6 @@ def check_compile(value) -> str:
     if text not in COMPILE_VALUES:
         raise ConfigError(f"compile must be auto, true or false, got {value!r}")
     return text
-
-
-def unsupported_reason(model) -> str | None:
-    """Why this model cannot be compiled here, or None."""
-    import shutil
-    import sys
-
-    device = model.get_input_embeddings().weight.device
-    if device.type not in ("cpu", "cuda"):
-        return f"torch.compile is not used on {device.type} devices"
-    if device.type == "cpu" and not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")):
-        return "no C++ compiler was found (install g++ or clang++)"
-    if sys.platform not in ("linux", "darwin"):
-        return f"compiling the forward is supported on Linux and macOS, not {sys.platform}"
-    if verifies_chains(model):
-        return "models with recurrent or chunked-attention layers verify chains on the eager path only"
-    return None
 
 
 def compiled_marker(model, cache_dir, **knobs) -> Path:
@@ -197,13 +181,13 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
     import json
     import logging
 
-    from specfree.adapters.loading import DEFAULT_CACHE
+    from specfree.loading import DEFAULT_CACHE
 
     choice = check_compile(compile)
     eager = dict(linear_kernel=linear_kernel, cache_dir=cache_dir)
     if choice == "false":
         return HFAdapter(model, **eager)
-    reason = unsupported_reason(model)
+    reason = compile_blocker(model)
     if reason is not None:
         if choice == "true":
             warnings.warn(f"compile=true: {reason}; decoding on the eager path", stacklevel=3)

@@ -148,11 +148,18 @@ class StaticSlots:
     def commit(self, keep: list[int], start: int) -> None:
         """Keep the KV of the rows ``keep`` (ascending, keep[0] == 0) of the step that began at
         slot ``start``; drop the rest (padding rows included)."""
-        n = len(keep)
-        if keep[-1] != n - 1:
-            index = torch.tensor(keep, device=self.device) + start
-            for layer in self.cache.layers:
-                # index_select copies first, so the in-place write cannot read moved rows.
-                layer.keys[:, :, start : start + n] = layer.keys.index_select(2, index)
-                layer.values[:, :, start : start + n] = layer.values.index_select(2, index)
-        self.set_length(start + n)
+        keep_rows(self.cache.layers, keep, start, self.device)
+        self.set_length(start + len(keep))
+
+
+def keep_rows(layers, keep: list[int], start: int, device: torch.device) -> None:
+    """Move the KV of the rows ``keep`` (ascending, keep[0] == 0) of a step that began at ``start``
+    down to start..start+len(keep), in place (a kept prefix stays where it is)."""
+    n = len(keep)
+    if keep[-1] == n - 1:
+        return
+    index = torch.tensor(keep, device=device) + start
+    for layer in layers:
+        # index_select copies first, so the in-place write cannot read moved rows.
+        layer.keys[:, :, start : start + n] = layer.keys.index_select(2, index)
+        layer.values[:, :, start : start + n] = layer.values.index_select(2, index)

@@ -15,7 +15,7 @@ import contextlib
 import torch
 from torch import nn
 
-from specfree.adapters.swap import swap_modules, swapped_modules
+from specfree.kernels.swap import swap_modules, swapped_modules
 
 
 class FusedRMSNorm(nn.Module):

@@ -15,49 +15,67 @@ with an ``UnsupportedModelError`` naming its family and the reason.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
 from specfree.adapters import recurrent
+from specfree.adapters.capabilities import CHAIN_CUSTOM_MASK, CHAIN_OWN_MASK, MODES, TREE, Capabilities, Windows
+from specfree.adapters.runners import EagerRunner
 from specfree.errors import UnsupportedModelError, one_line
 
-TREE = "tree"
-CHAIN_CUSTOM_MASK = "chain, custom mask"
-CHAIN_OWN_MASK = "chain, own mask"
-
-MODES = {
-    TREE: "draft trees under specfree's 4D attention mask",
-    CHAIN_CUSTOM_MASK: "one chain a step under specfree's causal 4D mask",
-    CHAIN_OWN_MASK: "one chain a step under the model's own causal mask",
-}
+__all__ = ["CHAIN_CUSTOM_MASK", "CHAIN_OWN_MASK", "MODES", "TREE", "inspect_model"]
 
 
-def choose_verification(adapter) -> None:
-    """Probe ``adapter``'s model and set how it verifies (``adapter.verification``), or refuse it."""
+def inspect_model(caps: Capabilities, adapter_for: Callable, *, compiled: bool = False,
+                  probe: bool = True) -> Capabilities:
+    """The record for a model whose structure gave ``caps`` (``capabilities.model_structure``), with
+    the verification mode the probes choose, or a refusal. ``adapter_for(caps)`` wraps the (prepared)
+    model with a record, for the probes to run on. ``compiled``: for static slots, which take trees
+    only (probed on the runner's eager steps); ``probe=False``: the structure's record as it is."""
+    if compiled and caps.chain_only:
+        raise UnsupportedModelError(f"model family '{caps.family}' verifies chains, which run on the eager "
+                                    "path only")
+    if not probe:
+        return caps
+    adapter = adapter_for(caps)
+    if compiled:
+        with adapter.store.eager_steps():  # no graphs for the probes' shapes
+            check_causal(adapter)
+            check_tree_mask(adapter)
+        return caps
     check_causal(adapter)
-    if adapter.chain_only:  # its layers cannot branch (recurrent state, chunked attention, no KV cache)
+    if caps.chain_only:  # its layers cannot branch (recurrent state, chunked attention, no KV cache)
         try:
-            check_chain(adapter)
+            return check_chain(adapter)
         except UnsupportedModelError as refusal:
             check_split_invariant(adapter, refusal)  # the cause, where it lies in transformers itself
             raise
-        return
     tree_failure = tree_mask_failure(adapter)
     if tree_failure is None:
-        return
-    # specfree's own mask where the model honours one (it keeps masking sliding windows), else none
-    modes = [False, True] if honours_custom_masks(adapter) else [True]
-    for own_mask in modes:
-        adapter.use_chains(own_mask=own_mask, why=tree_failure)
+        return caps
+    # specfree's own mask where the model honours one (it keeps masking sliding windows), else none,
+    # under which the model masks its own windows too
+    modes = [CHAIN_CUSTOM_MASK, CHAIN_OWN_MASK] if honours_custom_masks(adapter) else [CHAIN_OWN_MASK]
+    for mode in modes:
+        windows = caps.windows if mode == CHAIN_CUSTOM_MASK else Windows()
         try:
-            check_chain(adapter)
-            return
+            return check_chain(adapter_for(replace(caps, verification=mode, why_chains=tree_failure, windows=windows)))
         except UnsupportedModelError as refusal:
             chain_refusal = refusal
     check_split_invariant(adapter, chain_refusal)  # the cause of both failures, where it lies in transformers
-    raise UnsupportedModelError(f"model family '{adapter.family}' {tree_failure}, and its chains fail too: "
+    raise UnsupportedModelError(f"model family '{caps.family}' {tree_failure}, and its chains fail too: "
                                 f"{chain_refusal}") from chain_refusal
+
+
+def check_tree_mask(adapter) -> None:
+    """Refuse, by name, a model that silently ignores a custom 4D mask or position ids."""
+    failure = tree_mask_failure(adapter)
+    if failure is not None:
+        raise UnsupportedModelError(f"model family '{adapter.family}' {failure}. Load it with "
+                                    "attn_implementation='sdpa' or 'eager', or use another model family.")
 
 
 @contextmanager
@@ -92,9 +110,9 @@ def check_causal(adapter) -> None:
     LM): a row's logits must not change when later tokens are appended."""
     ids = _ids(adapter, 5)
     with probing(adapter, "specfree's forward", "Use another model family."):
-        whole = adapter._forward(ids, torch.arange(5), None)[:3]
+        whole = adapter.run_plain(ids, torch.arange(5))[:3]
         adapter.reset()
-        first = adapter._forward(ids[:3], torch.arange(3), None)
+        first = adapter.run_plain(ids[:3], torch.arange(3))
     if not close(adapter, whole, first):
         raise UnsupportedModelError(
             f"model family '{adapter.family}' is not causal: a row's logits change when later tokens are "
@@ -114,7 +132,7 @@ def tree_mask_failure(adapter) -> str | None:
     prefix, root, e, f = ids[:3], ids[3:4], ids[4:5], ids[4:5] + 1
     try:
         with probing(adapter, "specfree's tree attention", ""):
-            reference = adapter._forward(torch.cat([prefix, root, f]), torch.arange(5), None)[-1]
+            reference = adapter.run_plain(torch.cat([prefix, root, f]), torch.arange(5))[-1]
             adapter.reset()
             adapter.prefill(prefix)
             allowed = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
@@ -138,9 +156,9 @@ def honours_custom_masks(adapter) -> bool:
     hidden[2, 1] = False
     try:
         with probing(adapter, "a custom mask", ""):
-            causal = adapter._forward(ids, positions, None)[-1]
+            causal = adapter.run_plain(ids, positions)[-1]
             adapter.reset()
-            masked = adapter._forward(ids, positions, adapter._mask(hidden, 0, positions))[-1]
+            masked = adapter.forward(ids, hidden, positions)[-1]
     except UnsupportedModelError:
         return False
     return not close(adapter, masked, causal)
@@ -155,17 +173,25 @@ def check_split_invariant(adapter, refusal: UnsupportedModelError) -> None:
     their own for new ones), rows verified together in one forward cannot reproduce ``generate``'s
     one-token steps, whatever the mask, and the tree and chain probes fail for that reason. Run only on a
     refusal (``refusal``, which it chains), so models that pass pay nothing."""
-    if not adapter.keeps_cache or adapter.slots is not None:
+    caps = adapter.capabilities
+    if not caps.keeps_cache:
         return  # a model without a KV cache runs the whole sequence every time
+    runner, device = EagerRunner(adapter.model, caps.cache_argument, caps.takes_positions), adapter.device
+
+    def run(ids: torch.Tensor, positions: torch.Tensor, cache):
+        logits, cache = runner(ids.to(device)[None], positions.to(device)[None], None, cache)
+        return logits[0], cache
+
     ids = _ids(adapter, 7)
     try:
         with probing(adapter, "its own cache", ""):
-            adapter.cache = recurrent.generate_cache(adapter.model)
-            whole = adapter._forward(ids, torch.arange(7), None)[3:]
-            adapter.cache = recurrent.generate_cache(adapter.model)
-            adapter._forward(ids[:3], torch.arange(3), None)
-            singles = torch.stack([adapter._forward(ids[i : i + 1], torch.tensor([i]), None)[-1] for i in range(3, 7)])
-            held = _cached_tokens(adapter.cache)
+            whole = run(ids, torch.arange(7), recurrent.generate_cache(adapter.model))[0][3:]
+            _, cache = run(ids[:3], torch.arange(3), recurrent.generate_cache(adapter.model))
+            singles = []
+            for i in range(3, 7):
+                logits, cache = run(ids[i : i + 1], torch.tensor([i]), cache)
+                singles.append(logits[-1])
+            singles, held = torch.stack(singles), _cached_tokens(cache)
     except UnsupportedModelError:
         return  # its own cache does not run here either: the refusal stands as it is
     if held is not None and held != 7:
@@ -188,14 +214,14 @@ def _cached_tokens(cache) -> int | None:
 
 
 @torch.inference_mode()
-def check_chain(adapter) -> None:
+def check_chain(adapter) -> Capabilities:
     """A chain of rows after a cached prefix, and the cache cut (or the state rolled back) to part
     of it, must give the logits of one row at a time (what ``generate`` runs). If the model's
     multi-row forward does not continue its state, drafts cannot be verified at all: every step is
     then one row (plain decoding), with a warning."""
     ids = _ids(adapter, 7)  # prefix a b c, chain d e f, then g
     with probing(adapter, "specfree's forward", "Use another model family."):
-        whole = adapter._forward(ids[:7], torch.arange(7), None)[3:]
+        whole = adapter.run_plain(ids[:7], torch.arange(7))[3:]
         adapter.reset()
         adapter.prefill(ids[:3])
         singles = []
@@ -211,14 +237,15 @@ def check_chain(adapter) -> None:
     if not close(adapter, torch.stack(singles), whole):
         raise UnsupportedModelError(
             f"model family '{family}' does not keep its state in the cache specfree passes it "
-            f"({adapter._cache_argument}): one token at a time after a cached prefix differs from a forward over "
-            "the whole sequence. Use another model family.")
+            f"({adapter.capabilities.cache_argument}): one token at a time after a cached prefix differs from a "
+            "forward over the whole sequence. Use another model family.")
     if not close(adapter, chain, torch.stack(singles[:3])):
-        adapter.max_chain = 0
         warnings.warn(f"model family '{family}': this transformers version's forward does not carry "
                       "the recurrent state through several new tokens at once, so drafts cannot be checked; "
                       "decoding one token per step (plain speed, same output)", stacklevel=4)
-    elif not close(adapter, after_rollback, torch.stack(singles[2:4])):
+        return replace(adapter.capabilities, max_chain=0)
+    if not close(adapter, after_rollback, torch.stack(singles[2:4])):
         raise UnsupportedModelError(
             f"model family '{family}' keeps state that specfree cannot roll back (a rejected draft "
             "would change later output). Use another model family.")
+    return adapter.capabilities

@@ -1,8 +1,15 @@
-"""Runners: how a step over static KV slots (``kv.StaticSlots``) is executed.
+"""Runners: how a step's forward is executed, one class per way.
 
-A runner takes a step's rows (ids, positions [1, B]; the mask over all slots) and returns their
-logits [1, B, V], writing their KV into its slots at past..past+B. Every runner can run the same step
-eagerly, and does so, with one warning, when its compiler fails: slower, never wrong.
+Every runner is called the same way: ``runner(ids, positions, mask, cache, logits_to_keep=0)``
+(ids, positions [1, B]) returns the rows' logits [1, B, V] and the cache the step wrote into (a
+family may make its own on the first forward); ``rows_for(rows)`` says the row count a step runs at
+(padding included) and ``compiled`` whether it runs compiled code.
+
+- ``EagerRunner``: plain eager forwards over the cache a store gives it (growing, recurrent).
+
+The compiled runners own static KV slots (``kv.StaticSlots``) and write a step's KV into them at
+past..past+B. Each can run the same step eagerly, and does so, with one warning, when its compiler
+fails: slower, never wrong.
 
 - ``PackageRunner``: one AOTInductor package (``packaged.py``) for every row count up to
   ``packaged.MAX_ROWS`` and every slot count; built once per model architecture, kept on disk,
@@ -20,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from specfree.adapters.kv import StaticSlots, cache_argument
+from specfree.adapters.kv import StaticSlots, cache_argument, cache_in
 from specfree.adapters.packaged import MAX_ROWS as PACKAGE_MAX_ROWS
 from specfree.adapters.packaged import StepPackage
 from specfree.kernels import linear_path
@@ -38,8 +45,29 @@ def eager_step(model, cache_name: str, slots: StaticSlots, ids: torch.Tensor, po
                  **{cache_name: slots.cache}).logits
 
 
+class EagerRunner:
+    """Eager forwards over a given cache; ``takes_positions=False`` for forwards that take no
+    position ids (Mamba-style models pass unknown arguments on to their kernels)."""
+
+    compiled, compile_s, failure = False, 0.0, None
+
+    def __init__(self, model: torch.nn.Module, cache_name: str | None, takes_positions: bool = True):
+        self.model, self.cache_name, self.takes_positions = model, cache_name, takes_positions
+
+    def rows_for(self, rows: int) -> int:
+        return rows
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask, cache, logits_to_keep: int = 0):
+        inputs = dict(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=logits_to_keep)
+        inputs[self.cache_name] = cache
+        if self.takes_positions:
+            inputs["position_ids"] = positions
+        out = self.model(**inputs)
+        return out.logits, cache if cache is not None else cache_in(out)  # a family that builds its own
+
+
 class StepRunner:
-    """What every runner shares: the eager fallback, compile time and failure bookkeeping."""
+    """What the compiled runners share: the eager fallback, compile time and failure bookkeeping."""
 
     def __init__(self, model: torch.nn.Module, slots: StaticSlots):
         self.model, self.slots = model, slots
@@ -59,7 +87,16 @@ class StepRunner:
     def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
         raise NotImplementedError
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
+    def eager(self, ids: torch.Tensor, positions: torch.Tensor, mask, logits_to_keep: int = 0) -> torch.Tensor:
+        """An eager forward over the slots (prompts: a graph per prompt length would never be reused)."""
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                          logits_to_keep=logits_to_keep, **{self.cache_name: self.slots.cache}).logits
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask, cache=None, logits_to_keep: int = 0):
+        """The step over the runner's own slots (``cache``, if given, is theirs)."""
+        return self._step_logits(ids, positions, mask), self.slots.cache
+
+    def _step_logits(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         rows, slots = ids.shape[1], self.slots
         if self.compiled and self.compiles(rows):
             shape, start = (rows, slots.capacity), time.perf_counter()
@@ -80,7 +117,7 @@ class StepRunner:
         message = str(exc).split("from user code:")[0]  # dynamo appends the traced source
         self.failure = f"{type(exc).__name__}: {' '.join(message.split())[:300]}"
         warnings.warn(f"compiling the forward failed ({self.failure}); decoding continues on the eager path",
-                      stacklevel=5)
+                      stacklevel=7)
 
 
 class PackageRunner(StepRunner):
@@ -181,3 +218,7 @@ def _export_example(inputs: tuple) -> tuple:
     masks = {kind: m.repeat(1, 1, 2, 1) for kind, m in mask.items()} if isinstance(mask, dict) \
         else mask.repeat(1, 1, 2, 1)
     return ids.repeat(1, 2), positions.repeat(1, 2), masks, slot_index.repeat(2), kv
+
+
+# A runner's name -> its class (``compiled.compiled_adapter`` builds the compiled ones).
+RUNNERS = {"eager": EagerRunner, "package": PackageRunner, "graphs": GraphRunner}

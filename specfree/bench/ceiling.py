@@ -161,7 +161,7 @@ def _conversation_and_cost(meta: dict):
     threads the run used."""
     import torch
 
-    from specfree.adapters.loading import DEFAULT_CACHE
+    from specfree.loading import DEFAULT_CACHE
     from specfree.bench.prompts import load_prompts
     from specfree.bench.runner import Conversation
     from specfree.bench.systems import Turn

@@ -30,10 +30,11 @@ from specfree.bench.plots import cost_curve_plot, paper_vs_measured, write_plots
 from specfree.bench.prompts import load_prompts, shipped_prompts
 from specfree.bench.report import markdown, method_section, rich_method_table, rich_table, wide_console
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
-from specfree.adapters.compiled import check_compile, make_adapter
+from specfree.adapters.compiled import check_compile
 from specfree.conf.schema import BenchConfig, SpecfreeConfig
 from specfree.errors import ConfigError, check_int
 from specfree.files import user_path
+from specfree.parts import build_adapter
 from specfree.progress import progress_bar
 
 INTERRUPTED = 130
@@ -154,8 +155,8 @@ def compiled_adapter(model, settings: BenchSettings, slots: int):
     where compiling cannot or did not work (it warned)."""
     if settings.compile == "false":
         return None
-    adapter = make_adapter(model, "true", cache_dir=settings.config.cache_dir, slots=slots)
-    return adapter if adapter.runner is not None else None
+    adapter = build_adapter(model, compile="true", cache_dir=settings.config.cache_dir, slots=slots)
+    return adapter if adapter.compiled else None
 
 
 def kv_slots_needed(tokenizer, items, settings: BenchSettings) -> int:
@@ -177,7 +178,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
 
     import torch
 
-    from specfree.adapters.loading import load_model
+    from specfree.loading import load_model
 
     if settings.config.threads:
         torch.set_num_threads(check_int("threads", settings.config.threads, low=1))
@@ -210,8 +211,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
         with Console(stderr=True).status("measuring the cost curves of the linear layers and the forward"):
             store.meta.update(cost_curves(model, systems[0].engine.adapter, compiled))
     engine = systems[0].engine
-    describe = getattr(engine.adapter, "describe_verification", None)  # trees, or chains and why
-    store.meta["verification"] = describe() if describe is not None else None
+    store.meta["verification"] = engine.adapter.capabilities.describe()  # trees, or chains and why
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 settings.bench.chat)
 

@@ -59,7 +59,7 @@ def installed() -> bool:
 def source_gguf(model: str) -> Path | None:
     """The GGUF file ``model`` is loaded from (the embedded name or a .gguf path), None for a
     transformers folder or hub id."""
-    from specfree.adapters.loading import EMBEDDED, embedded_gguf
+    from specfree.loading import EMBEDDED, embedded_gguf
 
     if model in EMBEDDED:
         return embedded_gguf(model)
@@ -209,7 +209,7 @@ def _recording(llama_cpp):
 
 
 def cache_folder(cache_dir: str | None) -> Path:
-    from specfree.adapters.loading import DEFAULT_CACHE
+    from specfree.loading import DEFAULT_CACHE
 
     return Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
 

@@ -28,13 +28,14 @@ from transformers.generation import (
     StopStringCriteria,
 )
 
-from specfree.adapters.compiled import check_compile, make_adapter
-from specfree.adapters.hf import HFAdapter
+from specfree.adapters.compiled import check_compile
+from specfree.adapters.protocol import Adapter
 from specfree.adapters.kv import CACHE_ARGUMENTS, cache_in
 from specfree.adapters.norms import fused_norms
 from specfree.kernels import few_row_linears
 from specfree.engine import DEFAULT_STRATEGY, Engine
 from specfree.errors import ConfigError, check_int
+from specfree.parts import build_adapter
 from specfree.pricing import AcceptanceModel
 from specfree.strategies.base import Strategy
 from specfree.types import Generation
@@ -83,7 +84,7 @@ class SpeculativeGenerate:
 
         self.compile = check_compile(compile)
         self.cache_dir = cache_dir
-        self._compiled: tuple[Any, HFAdapter] | None = None  # (model, its compiled adapter)
+        self._compiled: tuple[Any, Adapter] | None = None  # (model, its compiled adapter)
 
         if not isinstance(strategy, Strategy):
             strategy = registry(build_plugin_manager()).make("strategy", strategy, **knobs)
@@ -142,15 +143,15 @@ class SpeculativeGenerate:
             return SpeculativeDecoderOnlyOutput(sequences=sequences, specfree=result)
         return sequences
 
-    def _adapter(self, model) -> HFAdapter | None:
+    def _adapter(self, model) -> Adapter | None:
         """The compiled adapter for ``model`` (built at the first call, then kept), or None for
         the eager one, built per call inside the caller's borrowed layers."""
         if self.compile == "false":
             return None
         if self._compiled is not None and self._compiled[0] is model:
             return self._compiled[1]
-        adapter = make_adapter(model, self.compile, cache_dir=self.cache_dir)
-        if adapter.runner is not None:
+        adapter = build_adapter(model, compile=self.compile, cache_dir=self.cache_dir)
+        if adapter.compiled:
             self._compiled = (model, adapter)
         return adapter
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfree.adapters.swap import swap_modules, swapped_modules
 from specfree.files import atomic_path, fingerprint
+from specfree.kernels.swap import swap_modules, swapped_modules
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}

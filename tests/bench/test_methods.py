@@ -98,7 +98,7 @@ def test_multi_turn_code_edits_run_as_a_sequence_and_report_per_method(long_tiny
 def test_the_runner_keeps_each_engines_drafter_state_across_prompts(long_tiny_model_dir, tmp_path):
     """Prompts run in order on one engine per system: a persistent trie still holds the first
     prompt's answer after the second prompt; a non-persistent one has dropped it."""
-    from specfree.adapters.loading import load_model
+    from specfree.loading import load_model
     from specfree.bench.runner import Conversation, SystemSpec, build_systems, run_records
     from specfree.bench.prompts import PromptItem
     from specfree.bench.store import RecordStore

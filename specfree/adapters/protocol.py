@@ -1,0 +1,64 @@
+"""The interface every adapter offers the engine, pricing, the bench and the CLI.
+
+``HFAdapter`` implements it; a plugin's adapter (registered as kind ``adapter``) implements the
+same members. Its ``capabilities`` can be ``capabilities.model_structure(model)`` (what the
+model's structure decides) or a ``Capabilities`` built by hand: a plain tree-verifying model needs
+only the first seven fields.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specfree.adapters.capabilities import Capabilities
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    model: torch.nn.Module  # the transformers model (its config, generation_config, parameters)
+    capabilities: Capabilities  # what it can do: tree or chain, limits, rollback (frozen)
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_length(self) -> int: ...
+
+    @property
+    def rollback_s(self) -> float:
+        """The last commit's rollback time (0 where nothing was rolled back)."""
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the steps run compiled code."""
+
+    def reset(self) -> None:
+        """Forget every token kept so far."""
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Keep the KV of ``ids`` [L] (no logits)."""
+
+    def forward(self, tokens: torch.Tensor, allowed: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [Q, V] of rows ``tokens`` [Q]; ``allowed`` [Q, Q]: which new rows each row sees
+        (None: plain causal rows); ``positions`` [Q] (None: rows seen minus one, after the past)."""
+
+    def commit(self, keep: list[int], rows: int) -> None:
+        """Keep the KV of the last step's rows ``keep`` (ascending, keep[0] == 0) of its ``rows``."""
+
+    def cost_setup(self) -> list:
+        """What besides the model's shapes sets a forward's cost (JSON-able; part of a cache key)."""
+
+    def describe(self) -> str:
+        """How this adapter runs this model, for reports and the CLI."""

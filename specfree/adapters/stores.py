@@ -1,0 +1,265 @@
+"""KV stores: where a step's rows keep their keys and values, one class per way of keeping them.
+
+Every store offers the same interface to ``HFAdapter``: ``past`` (tokens kept), ``reset()``,
+``prefill(ids)`` (keep a prompt's KV, no logits), ``run(tokens, allowed, positions)`` (a step's
+logits; ``allowed=None``: plain causal rows), ``run_plain(tokens, positions)`` (rows under the
+model's own causal mask, the probes' reference) and ``keep(keep, rows)`` (keep the KV of the step's
+rows ``keep``, drop the rest). A store runs its forwards through a runner (``runners``).
+
+- ``GrowingStore``: a cache of ``kv.GrowingLayer``s growing in place; kept rows move down, the
+  tail is cut: no second forward.
+- ``RecurrentStore``: recurrent states (or a family's own cache), snapshot before a chain, put back
+  and the kept rows replayed after a rejection (``recurrent``).
+- ``RerunStore``: the token ids of a model without a KV cache, which runs the whole sequence again.
+- ``SlotStore``: static slots (``kv.StaticSlots``) a compiled runner's steps write into.
+
+A new store is one subclass of ``KVStore`` and one entry in ``STORES``; ``Capabilities.store``
+names the eager store a model needs, and an adapter given a compiled runner uses ``"slots"``.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from specfree.adapters import recurrent
+from specfree.adapters.capabilities import Capabilities, causal
+from specfree.adapters.kv import StaticSlots, keep_rows
+from specfree.masks.bucketed import pad_rows
+
+
+class KVStore:
+    """The interface every store offers (see the module's docstring)."""
+
+    rollback_s = 0.0  # the last ``keep``'s rollback time (stores that roll back)
+    cache = None  # the transformers cache the forward writes, where the store keeps one
+
+    def __init__(self, model, caps: Capabilities, runner):
+        self.model, self.caps, self.runner = model, caps, runner
+        self.device, self.dtype = model.get_input_embeddings().weight.device, model.dtype
+
+    @property
+    def past(self) -> int:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def run(self, tokens: torch.Tensor, allowed: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def keep(self, keep: list[int], rows: int) -> None:
+        raise NotImplementedError
+
+    def _mask(self, allowed: torch.Tensor, past: int, positions: torch.Tensor, slots: int | None = None):
+        return self.caps.windows.mask(allowed, past, positions, self.dtype, self.device, slots)
+
+
+class GrowingStore(KVStore):
+    """A cache of ``kv.GrowingLayer``s (no sliding-window layers: cache index == position); a
+    mask only where rows are not plain causal, a window is exceeded, or chains take specfree's."""
+
+    def __init__(self, model, caps: Capabilities, runner):
+        super().__init__(model, caps, runner)
+        self.reset()
+
+    @property
+    def past(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = recurrent.new_cache(self.model, self.caps.cache_kind)
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        past, q = self.past, ids.numel()
+        positions = torch.arange(past, past + q, device=self.device)
+        window = self.caps.windows.narrowest
+        mask = self._mask(causal(q), past, positions) if window is not None and past + q > window else None
+        self._forward(ids, positions, mask, logits_to_keep=1)
+
+    def run(self, tokens: torch.Tensor, allowed: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        return self._forward(tokens, positions, self._step_mask(tokens.numel(), allowed, positions))
+
+    def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self._forward(tokens, positions, None)
+
+    def _step_mask(self, q: int, allowed: torch.Tensor | None, positions: torch.Tensor):
+        past, window = self.past, self.caps.windows.narrowest
+        plain = allowed is None or q == 1 or bool(torch.equal(allowed, causal(q)))
+        if plain and not (window is not None and past + q > window) and not (self.caps.chain_mask and q > 1):
+            return None
+        return self._mask(causal(q) if allowed is None else allowed, past, positions)
+
+    def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
+        logits, self.cache = self.runner(tokens.to(self.device)[None], positions.to(self.device)[None], mask,
+                                         self.cache, logits_to_keep)
+        return logits[0]
+
+    def keep(self, keep: list[int], rows: int) -> None:
+        start, n = self.past - rows, len(keep)
+        keep_rows(self.cache.layers, keep, start, self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, : start + n]
+            layer.values = layer.values[:, :, : start + n]
+
+
+class RecurrentStore(GrowingStore):
+    """Recurrent states beside attention KV, or a family's own cache (chains only). A chain's step
+    snapshots the states; a rejection puts them back and runs the kept rows again, through only the
+    state-writing mixers where they can be found (``replay``), else through the whole model."""
+
+    def __init__(self, model, caps: Capabilities, runner):
+        super().__init__(model, caps, runner)
+        self.replay = recurrent.MixerReplay.find(model, self.cache, lambda: self.prefill(torch.arange(3, 6))) \
+            if caps.cache_kind == "states" else None
+        self.reset()
+
+    @property
+    def past(self) -> int:
+        return self._length  # recurrent layers have no sequence axis to read it from
+
+    def reset(self) -> None:
+        super().reset()
+        self._length = 0
+        self._step: tuple | None = None
+
+    def run(self, tokens: torch.Tensor, allowed: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        q = tokens.numel()
+        if q == 1:  # one row is always kept whole
+            return super().run(tokens, allowed, positions)
+        if allowed is not None and not torch.equal(allowed, causal(q)):
+            raise ValueError("a model with recurrent layers verifies one chain per step, not a tree")
+        mask = self._step_mask(q, allowed, positions)
+        self._step = (recurrent.snapshot(self.cache, self.caps.cache_kind, self.past), tokens, positions)
+        if self.replay is None:
+            return self._forward(tokens, positions, mask)
+        hooks = self.replay.record()
+        try:
+            return self._forward(tokens, positions, mask)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
+        logits = super()._forward(tokens, positions, mask, logits_to_keep)
+        self._length += tokens.numel()
+        return logits
+
+    def keep(self, keep: list[int], rows: int) -> None:
+        """Keep the first ``len(keep)`` rows of the chain: when some were rejected, put the states
+        back as they were before the step and run the kept rows again (their logits are not needed)."""
+        kept, self.rollback_s = len(keep), 0.0
+        if kept < rows:
+            start = time.perf_counter()
+            snapshot, tokens, positions = self._step
+            if self.replay is not None and snapshot.keeps_rows(rows):
+                self.cache = snapshot.restore(self.cache, kept, rows)
+                if self.replay.replay(kept, rows):
+                    self._length, self._step = snapshot.past + kept, None
+                    self.rollback_s = time.perf_counter() - start
+                    return
+            self.cache = snapshot.restore(self.cache)
+            self._length = snapshot.past
+            self._forward(tokens[:kept], positions[:kept], None, logits_to_keep=1)  # chains need no mask
+            self.rollback_s = time.perf_counter() - start
+        self._step = None
+
+
+class RerunStore(KVStore):
+    """A model whose forward takes no cache (GPT-1, RWKV): the tokens so far, the whole sequence
+    run again each step under the model's own causal mask, the new rows' logits kept."""
+
+    def __init__(self, model, caps: Capabilities, runner):
+        super().__init__(model, caps, runner)
+        self.reset()
+
+    @property
+    def past(self) -> int:
+        return self.ids.numel()
+
+    def reset(self) -> None:
+        self.ids = torch.zeros(0, dtype=torch.long)
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        self.ids = torch.cat([self.ids, ids.cpu()])  # the next forward runs these tokens with its own
+
+    def run(self, tokens: torch.Tensor, allowed: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        return self.run_plain(tokens, positions)  # chains only: the model's own causal mask is right
+
+    def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q, self.ids = tokens.numel(), torch.cat([self.ids, tokens.cpu()])
+        return self.model(input_ids=self.ids.to(self.device)[None]).logits[0, -q:]
+
+    def keep(self, keep: list[int], rows: int) -> None:
+        self.ids = self.ids[: self.past - rows + len(keep)]  # a chain: its first rows
+
+
+class SlotStore(KVStore):
+    """Static KV slots a compiled runner (``runner.slots``) writes into: rows padded to the row
+    count the runner takes, every step masked over all slots; prompts run eagerly (a graph per
+    prompt length would never be reused)."""
+
+    def __init__(self, model, caps: Capabilities, runner):
+        super().__init__(model, caps, runner)
+        self.slots: StaticSlots = runner.slots
+        self._start = 0  # the slot where the last step began: padding rows included
+
+    @property
+    def past(self) -> int:
+        return self.slots.past
+
+    def reset(self) -> None:
+        self.slots.reset()
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        past, q = self.slots.past, ids.numel()
+        self.slots.room(past + q)
+        positions = torch.arange(past, past + q)
+        self.runner.eager(ids.to(self.device)[None], positions.to(self.device)[None],
+                          self._mask(causal(q), past, positions, self.slots.capacity), logits_to_keep=1)
+        self.slots.set_length(past + q)
+
+    def run(self, tokens: torch.Tensor, allowed: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        q = tokens.numel()
+        allowed = causal(q) if allowed is None else allowed
+        return self._run(*pad_rows(tokens.cpu(), allowed, positions.cpu(), self.runner.rows_for(q)))[:q]
+
+    def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self._run(tokens.cpu(), causal(tokens.numel()), positions.cpu())
+
+    def _run(self, tokens: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] of rows already padded for the runner; their KV goes into slots past..past+B."""
+        past, rows = self.slots.past, tokens.numel()
+        self._start = past
+        self.slots.room(past + rows)
+        mask = self._mask(allowed, past, positions, self.slots.capacity)
+        # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
+        logits, _ = self.runner(tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None], mask,
+                                self.slots.cache)
+        self.slots.past = past + rows
+        return logits[0]
+
+    def keep(self, keep: list[int], rows: int) -> None:
+        self.slots.commit(keep, self._start)
+
+    @contextmanager
+    def eager_steps(self):
+        """The runner's steps run eagerly inside the block (no graphs or packages for its shapes)."""
+        compiled, self.runner.compiled = self.runner.compiled, False
+        try:
+            yield
+        finally:
+            self.runner.compiled = compiled
+
+
+# A store's name (``Capabilities.store``, or "slots" for a compiled runner) -> its class.
+STORES: dict[str, type[KVStore]] = {"growing": GrowingStore, "recurrent": RecurrentStore, "rerun": RerunStore,
+                                    "slots": SlotStore}

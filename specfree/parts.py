@@ -1,0 +1,34 @@
+"""The one way an engine's adapter is built, whichever path builds the engine.
+
+``Engine.from_model`` (and so ``from_pretrained``, the bench's systems and the transformers
+integration), ``config.engine_parts`` (the CLI, ``Engine.from_config``) and the bench's shared
+compiled adapter all call ``build_adapter``: the adapter comes from the plugin registry (kind
+``adapter``; the built-in ``hf`` is ``compiled.make_adapter``), given only the knobs its factory
+takes, so an adapter from a plugin need not know them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specfree.adapters.protocol import Adapter
+from specfree.registry import Registry
+
+
+def build_adapter(model, reg: Registry | None = None, name: str = "hf", *, compile: str | bool = "false",
+                  linear_kernel: str = "few_row", cache_dir: str | None = None, **knobs: Any) -> Adapter:
+    """The adapter ``name`` over ``model``. ``compile``, ``cache_dir`` and ``knobs`` (e.g. ``slots``)
+    reach the factories that take them; ``linear_kernel`` is passed only when not the default."""
+    from specfree.adapters.compiled import check_compile
+
+    if reg is None:
+        from specfree.plugins import build_plugin_manager, registry
+
+        reg = registry(build_plugin_manager())
+    check_compile(compile)
+    takes = reg.get("adapter", name).knobs
+    given = {"compile": compile, "cache_dir": cache_dir, **knobs}
+    extra = {k: v for k, v in given.items() if k in takes}
+    if linear_kernel != "few_row":
+        extra["linear_kernel"] = linear_kernel
+    return reg.make("adapter", name, model=model, **extra)

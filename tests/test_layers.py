@@ -1,0 +1,70 @@
+"""The package's import graph walks down only: no module imports one that imports it back, and the
+kernels, the loading and the masks know nothing of adapters. Module-level imports, read with ast."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import specfree
+from specfree.adapters.hf import HFAdapter
+from specfree.adapters.protocol import Adapter
+from tests.tiny_models import tiny_model
+
+ROOT = Path(specfree.__file__).parent
+
+
+def _module(path: Path) -> str:
+    name = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the specfree modules it imports at module level (``from pkg import sub`` names sub)."""
+    modules = {_module(p): p for p in ROOT.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specfree"):
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                deps |= subs or {node.module}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("specfree")}
+        graph[name] = (deps & modules.keys()) - {name}
+    return graph
+
+
+def test_no_import_cycles():
+    graph, done, path = import_graph(), set(), []
+
+    def visit(module: str) -> None:
+        if module in path:
+            pytest.fail(f"import cycle: {' -> '.join(path[path.index(module):] + [module])}")
+        if module in done:
+            return
+        path.append(module)
+        for dep in sorted(graph[module]):
+            visit(dep)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+@pytest.mark.parametrize("lower", ["specfree.kernels", "specfree.loading", "specfree.masks"])
+def test_lower_layers_do_not_import_adapters(lower):
+    upward = {(m, d) for m, deps in import_graph().items() if m.startswith(lower)
+              for d in deps if d.startswith("specfree.adapters")}
+    assert not upward
+
+
+def test_the_adapter_meets_its_protocol_and_its_record_is_frozen():
+    adapter = HFAdapter(tiny_model("llama"))
+    assert isinstance(adapter, Adapter)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        adapter.capabilities.max_chain = 3
