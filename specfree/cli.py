@@ -88,7 +88,7 @@ def help_text() -> str:
     lines += ["", "config groups (pick an option with group=option, set a field with group.field=value):"]
     lines += [f"  {group:<9} {', '.join(options) or '(none registered)'}" for group, options in group_options().items()]
     lines += ["", "top-level settings: prompt, prompt_file, chat, max_new_tokens, stop, ignore_eos, seed,",
-              "  device, dtype, threads, cache_dir, output, verify_against_baseline", "", EXAMPLES]
+              "  generation, device, dtype, threads, cache_dir, output, verify_against_baseline", "", EXAMPLES]
     return "\n".join(lines)
 
 
@@ -219,6 +219,9 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
 
     hf_logging.disable_progress_bar()  # a weight-loading bar would land between prompt and answer
     engine = Engine(**engine_parts(cfg, reg))
+    settings = engine.model_settings.line()  # what the model's generation_config changed, said once
+    if settings:
+        err.print(Text(settings, style="yellow"))
     verification = verification_line(engine.adapter)
     if verification and getattr(engine.adapter, "chain_only", False):  # trees are the rule; say so when not
         err.print(Text(verification, style="yellow"))
