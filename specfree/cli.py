@@ -252,6 +252,7 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     partial = {"tokens": tokens, "drafted": drafted, "steps": steps, "wall": wall}
     result = _result(cfg, prompt, ids, generation, partial, knobs(cfg.strategy), engine.tokenizer)
     result["verification"] = verification
+    result.update(run_record(engine, cfg))
     line = Text(summary_line(result))
     line.highlight_regex(r"\d+ drafted", "green")  # the legend for the coloured tokens above
     err.print(line)
@@ -355,8 +356,6 @@ def _result(cfg, prompt, ids, generation, partial, strategy, tokenizer) -> dict:
     import torch
     from omegaconf import OmegaConf
 
-    import specfree
-
     if generation is not None:
         summary, steps, text = generation.summary(), [asdict(s) for s in generation.steps], generation.text
         tokens, drafted = generation.tokens, generation.drafted_mask
@@ -370,8 +369,15 @@ def _result(cfg, prompt, ids, generation, partial, strategy, tokenizer) -> dict:
             "model": cfg.model.path or cfg.model.name, "strategy": {"name": cfg.strategy.name, **strategy},
             "prompt": prompt, "prompt_tokens": len(ids), "tokens": tokens, "text": text, "drafted_mask": drafted,
             "summary": summary, "steps": steps, "interrupted": generation is None,
-            "threads": torch.get_num_threads(), "cpus": available_cpus(),
-            "versions": {"specfree": specfree.__version__}}
+            "threads": torch.get_num_threads(), "cpus": available_cpus()}
+
+
+def run_record(engine, cfg) -> dict:
+    """What ran: the model's generation settings followed, the forward path, the CPU and versions."""
+    from specfree.runinfo import cpu_info, forward_path, versions
+
+    return {"generation": {"mode": cfg.get("generation", "model"), **asdict(engine.model_settings)},
+            "path": forward_path(engine), "cpu": cpu_info(), "versions": versions()}
 
 
 def _task_overrides() -> list[str]:

@@ -127,6 +127,7 @@ def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "f
 
 class HFAdapter:
     name = "hf"
+    eager_because: str | None = None  # why make_adapter gave the eager path (None: compiling was never asked)
 
     def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True,
                  linear_kernel: str = "few_row", cache_dir: str | None = None, *,

@@ -10,7 +10,6 @@ partial table and exits with 130; ``bench.resume=true`` continues the run.
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import signal
 import threading
@@ -31,6 +30,7 @@ from specfree.bench.report import markdown, rich_table, wide_console
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
 from specfree.adapters.compiled import check_compile, make_adapter
 from specfree.errors import ConfigError, check_int
+from specfree.runinfo import cpu_name, versions
 
 INTERRUPTED = 130
 
@@ -99,30 +99,13 @@ class BenchSettings:
             cache_dir=root.get("cache_dir"), compile=check_compile("auto" if root.get("compile") is None else root.get("compile")))
 
     def meta(self) -> dict[str, Any]:
-        import torch
-        import transformers
-
-        import specfree
-
         return {"model": self.model, "prompts": str(self.prompts), "format": self.format, "fields": self.fields,
                 "limit": self.limit, "per_category": self.per_category, "max_new_tokens": self.max_new_tokens,
                 "repeats": self.repeats, "warmup": self.warmup, "chat": self.chat, "device": self.device,
                 "dtype": self.dtype, "threads": self.threads, "seed": self.seed, "baseline": BASELINE,
                 "linear_kernel": self.linear_kernel, "compile": self.compile,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu": cpu_name(),
-                "versions": {"specfree": specfree.__version__, "torch": torch.__version__,
-                             "transformers": transformers.__version__, "python": platform.python_version()}}
-
-
-def cpu_name() -> str:
-    """The CPU's model name as the OS reports it (speed numbers mean little without it)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} logical cores)"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} logical cores)"
+                "versions": versions()}
 
 
 def cost_curves(model, eager, compiled) -> dict[str, Any]:
