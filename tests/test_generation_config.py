@@ -13,6 +13,9 @@ import json
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given
+from hypothesis import settings as settings_
+from hypothesis import strategies as st
 from rich.console import Console
 from transformers import GenerationConfig
 from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
@@ -22,8 +25,8 @@ from specfree.adapters import as_shipped
 from specfree.config import compose
 from specfree.errors import ConfigError
 from specfree.plugins import build_plugin_manager, registry
-from tests.test_lossless import CPU_LIKE
-from tests.tiny_models import BOS, EOS, PAD, tiny_model
+from tests.test_lossless import CPU_LIKE, prompts, strategy_specs
+from tests.tiny_models import BOS, EOS, PAD, VOCAB, tiny_model
 
 STRATEGIES = registry(build_plugin_manager()).names("strategy")
 PROMPT = [5, 6, 7, 8, 9] * 3 + [5, 6]
@@ -80,16 +83,41 @@ def greedy_cases(plain: list[int]) -> dict[str, dict]:
     }
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_greedy_settings_give_the_models_own_generate(strategy, model, adapter, plain, datastore, one_thread):
-    knobs = {"datastore": datastore} if strategy == "retrieval" else {}
+@pytest.fixture(scope="module")
+def greedy_expected(model, plain) -> dict[str, tuple[dict, list[int]]]:
+    """Each case's settings and the model's own generate() output under them."""
+    expected = {}
     for case, asked in greedy_cases(plain).items():
         model.generation_config = settings(**asked)
-        expected = model_generate(model, PROMPT, NEW)
+        expected[case] = asked, model_generate(model, PROMPT, NEW)
+    return expected
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_greedy_settings_give_the_models_own_generate(strategy, model, adapter, plain, greedy_expected, datastore,
+                                                      one_thread):
+    knobs = {"datastore": datastore} if strategy == "retrieval" else {}
+    for case, (asked, expected) in greedy_expected.items():
         assert expected != plain, f"{case} should change this prompt's output"
+        model.generation_config = settings(**asked)
         engine = Engine.from_model(model, None, strategy, adapter=adapter, costs=CPU_LIKE, **knobs)
         assert engine.generate(PROMPT, NEW).tokens == expected, case
         assert set(engine.model_settings.followed) == set(asked) - {"eos_token_id"}
+
+
+@settings_(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(prompt=prompts(), spec=strategy_specs(), penalty=st.sampled_from([None, 1.3]),
+       ngram=st.sampled_from([None, 2, 3]), suppress=st.lists(st.integers(3, VOCAB - 1), max_size=3),
+       forced_eos=st.booleans(), min_new=st.sampled_from([None, 4]), new=st.integers(1, 20))
+def test_greedy_settings_property(model, adapter, prompt, spec, penalty, ngram, suppress, forced_eos, min_new, new):
+    """Any mix of greedy-type settings, any strategy: the model's own generate(), token for token."""
+    asked = {k: v for k, v in dict(repetition_penalty=penalty, no_repeat_ngram_size=ngram, suppress_tokens=suppress,
+                                   forced_eos_token_id=EOS if forced_eos else None, min_new_tokens=min_new).items()
+             if v}
+    model.generation_config = settings(**asked)
+    name, knobs = spec
+    engine = Engine.from_model(model, None, name, adapter=adapter, costs=CPU_LIKE, **knobs)
+    assert engine.generate(prompt, new).tokens == model_generate(model, prompt, new)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
