@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import GenerationConfig
 
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.loading import DEFAULT_CACHE
@@ -106,7 +107,7 @@ class Engine:
                    cache_dir: str | None = None, linear_kernel: str = "few_row", compile: str | bool = False,
                    adapter: HFAdapter | None = None, priced: bool = True, adapt_costs: bool = False,
                    costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
-                   generation: str | Any = "model", **knobs: Any) -> "Engine":
+                   generation: str | GenerationConfig = "model", **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model (``linear_kernel``: see ``HFAdapter``).
 
         ``generation``: ``"model"`` (the default) follows what the model's ``generation_config``
