@@ -64,7 +64,7 @@ def forward_path(engine) -> dict[str, Any]:
     path = {
         "forward": forward,
         "eager_because": None if compiled else (failure or getattr(adapter, "eager_because", None)),
-        "described": adapter.describe() if hasattr(adapter, "describe") else None,
+        "described": adapter.describe() if compiled else None,  # the runner: buckets, package, weights
         "linear_kernel": _linear_path(model),
         "attention": getattr(getattr(model, "config", None), "_attn_implementation", None),
         "verification": adapter.describe_verification() if hasattr(adapter, "describe_verification") else None,
