@@ -89,7 +89,7 @@ def help_text() -> str:
     lines += ["", "config groups (pick an option with group=option, set a field with group.field=value):"]
     lines += [f"  {group:<9} {', '.join(options) or '(none registered)'}" for group, options in group_options().items()]
     lines += ["", "top-level settings: prompt, prompt_file, chat, max_new_tokens, stop, ignore_eos, seed,",
-              "  device, dtype, threads, cache_dir, output, verify_against_baseline", "", EXAMPLES]
+              "  generation, device, dtype, threads, cache_dir, output, verify_against_baseline", "", EXAMPLES]
     return "\n".join(lines)
 
 
@@ -220,6 +220,9 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
 
     hf_logging.disable_progress_bar()  # a weight-loading bar would land between prompt and answer
     engine = Engine(**engine_parts(cfg, reg))
+    settings = engine.model_settings.line()  # what the model's generation_config changed, said once
+    if settings:
+        err.print(Text(settings, style="yellow"))
     verification = engine.adapter.capabilities.describe()
     if engine.adapter.capabilities.chain_only:  # trees are the rule; say so when not
         err.print(Text(verification, style="yellow"))
@@ -250,6 +253,7 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     partial = {"tokens": tokens, "drafted": drafted, "steps": steps, "wall": wall}
     result = _result(cfg, prompt, ids, generation, partial, knobs(cfg.strategy), engine.tokenizer)
     result["verification"] = verification
+    result.update(run_record(engine, cfg))
     line = Text(summary_line(result))
     line.highlight_regex(r"\d+ drafted", "green")  # the legend for the coloured tokens above
     err.print(line)
@@ -347,8 +351,6 @@ def _result(cfg, prompt, ids, generation, partial, strategy, tokenizer) -> dict:
     import torch
     from omegaconf import OmegaConf
 
-    import specfree
-
     if generation is not None:
         summary, steps, text = generation.summary(), [asdict(s) for s in generation.steps], generation.text
         tokens, drafted = generation.tokens, generation.drafted_mask
@@ -362,8 +364,15 @@ def _result(cfg, prompt, ids, generation, partial, strategy, tokenizer) -> dict:
             "model": cfg.model.path or cfg.model.name, "strategy": {"name": cfg.strategy.name, **strategy},
             "prompt": prompt, "prompt_tokens": len(ids), "tokens": tokens, "text": text, "drafted_mask": drafted,
             "summary": summary, "steps": steps, "interrupted": generation is None,
-            "threads": torch.get_num_threads(), "cpus": available_cpus(),
-            "versions": {"specfree": specfree.__version__}}
+            "threads": torch.get_num_threads(), "cpus": available_cpus()}
+
+
+def run_record(engine, cfg) -> dict:
+    """What ran: the model's generation settings followed, the forward path, the CPU and versions."""
+    from specfree.runinfo import cpu_info, forward_path, versions
+
+    return {"generation": {"mode": cfg.get("generation", "model"), **asdict(engine.model_settings)},
+            "path": forward_path(engine), "cpu": cpu_info(), "versions": versions()}
 
 
 def _task_overrides() -> list[str]:

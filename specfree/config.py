@@ -236,14 +236,17 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
     and mask builder are built first, so their mistakes show before the model spends seconds loading."""
     from specfree.adapters.compiled import check_compile
+    from specfree.generation import check_generation, model_verifier
     from specfree.loading import check_hub_reachable, load_model
     from specfree.parts import build_adapter
 
     check_compile(cfg.get("compile", "auto"))
+    generation = check_generation(cfg.get("generation", "model"))
     strategy = build_strategy(cfg, reg)
     own = reg.get("strategy", cfg.strategy.name).knobs  # a factory with its own `priced` keeps it
     step = {k: v for k, v in knobs(cfg.strategy).items() if k in STEP_KNOBS and k not in own}
-    verifier = build(reg, "verifier", cfg.verifier)
+    if cfg.get("verifier") is not None:
+        build(reg, "verifier", cfg.verifier)  # its mistakes show now; it is built with the model's settings below
     mask_builder = build(reg, "mask", cfg.mask) if cfg.get("mask") is not None else None
     model_cfg = cfg.model
     if model_cfg.path is not None and not Path(model_cfg.path).expanduser().exists():
@@ -254,7 +257,11 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
                                   revision=model_cfg.revision)
     adapter = build_adapter(model, reg, model_cfg.adapter, compile=cfg.get("compile", "auto"),
                             linear_kernel=model_cfg.linear_kernel, cache_dir=cfg.cache_dir)
+    # The verifier's knobs the config leaves unset (null) follow the model's generation_config.
+    chosen = cfg.get("verifier")
+    verifier, settings = model_verifier(reg, model, knobs(chosen) if chosen is not None else {}, generation,
+                                        chosen.name if chosen is not None else None)
     return {"adapter": adapter, "strategy": strategy, "verifier": verifier, "tokenizer": tokenizer,
-            "mask_builder": mask_builder, **step}
+            "mask_builder": mask_builder, "model_settings": settings, **step}
 
 

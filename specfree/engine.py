@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -12,12 +13,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import GenerationConfig
 
 from specfree.adapters.protocol import Adapter
 from specfree.loading import DEFAULT_CACHE
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
+from specfree.generation import ModelSettings, for_call
 from specfree.masks.tree import Layout, build_layout
 from specfree.pricing import AcceptanceModel, Plan, Pricer, as_proposed
 from specfree.strategies.base import Outcome, Strategy
@@ -56,12 +59,14 @@ class Engine:
     per second on the measured cost curve (``specfree.pricing``); False runs the strategy exactly
     at its knobs. ``adapt_costs`` folds live forward times into the curve (tracks machine drift,
     at the price of step counts that vary from run to run). ``costs``: a cost curve to use instead
-    of the measured one; ``acceptance``: statistics to start from (and keep learning into)."""
+    of the measured one; ``acceptance``: statistics to start from (and keep learning into).
+    ``model_settings``: which of the model's generation settings the verifier follows (a record,
+    for reports; ``specfree.generation``)."""
 
     def __init__(self, adapter: Adapter, strategy: Strategy, verifier=None, tokenizer=None,
                  cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None, *,
                  priced: bool = True, adapt_costs: bool = False, costs: CostModel | None = None,
-                 acceptance: AcceptanceModel | None = None):
+                 acceptance: AcceptanceModel | None = None, model_settings: ModelSettings | None = None):
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
@@ -77,6 +82,7 @@ class Engine:
         self.pricer = Pricer(costs, acceptance) if priced else None
         self._costs = costs if adapt_costs else None
         self.eos_ids = self._eos_ids()
+        self.model_settings = model_settings or ModelSettings()
 
     @property
     def priced(self) -> bool:
@@ -90,8 +96,8 @@ class Engine:
         """Load ``model`` (embedded name, .gguf, folder or hub id) and build an engine.
 
         ``knobs`` holds sampling settings (do_sample, temperature, top_k, top_p,
-        repetition_penalty, seed), ``priced``/``adapt_costs`` (see ``Engine``) and the strategy's
-        own knobs. ``compile``: see ``from_model``.
+        repetition_penalty, seed), ``generation``, ``priced``/``adapt_costs`` (see ``from_model``)
+        and the strategy's own knobs. ``compile``: see ``from_model``.
         """
         from specfree.loading import load_model
 
@@ -103,8 +109,14 @@ class Engine:
                    cache_dir: str | None = None, linear_kernel: str = "few_row", compile: str | bool = False,
                    adapter: Adapter | None = None, priced: bool = True, adapt_costs: bool = False,
                    costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
-                   **knobs: Any) -> "Engine":
+                   generation: str | GenerationConfig = "model", **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model (``linear_kernel``: see ``HFAdapter``).
+
+        ``generation``: ``"model"`` (the default) follows what the model's ``generation_config``
+        asks (sampling and its parameters, penalties, forced and suppressed tokens, minimum
+        length) wherever ``knobs`` leave a setting unset; ``"plain"`` ignores it (greedy unless
+        ``do_sample=True``); a ``GenerationConfig`` is followed instead of the model's.
+        ``engine.model_settings`` says what was followed.
 
         ``compile``: ``true`` runs a compiled forward (``adapters.compiled``; the first compile on
         a machine takes minutes), ``auto`` only where one compiled here before is ready within
@@ -113,6 +125,7 @@ class Engine:
         ``priced``, ``adapt_costs``, ``costs``, ``acceptance``: see ``Engine``.
         """
         from specfree.adapters.compiled import check_compile
+        from specfree.generation import model_verifier
         from specfree.parts import build_adapter
         from specfree.plugins import build_plugin_manager, registry
 
@@ -124,12 +137,14 @@ class Engine:
             strategy = reg.make("strategy", strategy, **knobs)
         elif knobs:
             raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
-        verifier = reg.make("verifier", "sampling" if sampling.pop("do_sample", False) else "greedy", **sampling)
+        verifier, settings = model_verifier(reg, model, sampling, generation)
+        if settings.ignored:
+            warnings.warn(settings.line(), stacklevel=2)
         check_compile(compile)
         if adapter is None:
             adapter = build_adapter(model, reg, compile=compile, linear_kernel=linear_kernel, cache_dir=cache_dir)
         return cls(adapter, strategy, verifier, tokenizer, cache_dir=cache_dir, priced=priced,
-                   adapt_costs=adapt_costs, costs=costs, acceptance=acceptance)
+                   adapt_costs=adapt_costs, costs=costs, acceptance=acceptance, model_settings=settings)
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":
@@ -209,7 +224,8 @@ class Engine:
             stop = [stop]
         if stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer")
-        verifier = self.verifier
+        # The model's processors that depend on the call (prompt length, max length) are built here.
+        verifier = for_call(self.verifier, len(ids), len(ids) + max_new_tokens, self.eos_ids, self.adapter.device)
         if seed is not None:
             seed = check_int("seed", seed, low=0)  # the same range the sampling verifier's own seed takes
         if seed is not None and hasattr(verifier, "seed"):

@@ -72,7 +72,8 @@ def test_every_option_composes(reg, group, option):
 
 def test_defaults_of_the_primary_config(reg):
     cfg = compose([], reg)
-    assert (cfg.model.name, cfg.strategy.name, cfg.verifier.name) == ("smollm2", "hybrid", "greedy")
+    assert (cfg.model.name, cfg.strategy.name, cfg.generation) == ("smollm2", "hybrid", "model")
+    assert cfg.verifier is None  # the model's generation_config decides: sampling where it samples, else greedy
     assert cfg.strategy.priced is True and cfg.strategy.adapt_costs is False
     assert cfg.pool is None and cfg.bench is None and cfg.chat is True and cfg.max_new_tokens == 128
 
@@ -86,7 +87,7 @@ def test_defaults_of_the_primary_config(reg):
     (["strategy=prompt_lookup", "+strategy.max_ngramm=3"], "strategy 'prompt_lookup' has no knob 'max_ngramm'"),
     (["strategy=prompt_lookup", "strategy.max_ngram=abc"], "^strategy.max_ngram: expected int, got 'abc'$"),
     (["strategy=trie", "strategy.priced=maybe"], "^strategy.priced: expected bool, got 'maybe'$"),
-    (["verifier=sampling", "verifier.top_p=high"], "^verifier.top_p: expected float, got 'high'$"),
+    (["verifier=sampling", "verifier.top_p=high"], "^verifier.top_p: expected float or null, got 'high'$"),
     (["bench=custom", "bench.limit=ten"], "^bench.limit: expected int or null, got 'ten'$"),
     (["max_new_token=5"], r"^max_new_token: no such setting; the top level has: .*\(did you mean max_new_tokens\?\)"),
     (["model.nmae=x"], r"^model.nmae: no such setting; model has: name, path"),

@@ -186,12 +186,12 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
     choice = check_compile(compile)
     eager = dict(linear_kernel=linear_kernel, cache_dir=cache_dir)
     if choice == "false":
-        return HFAdapter(model, **eager)
+        return _eager(model, "compile=false", **eager)
     reason = compile_blocker(model)
     if reason is not None:
         if choice == "true":
             warnings.warn(f"compile=true: {reason}; decoding on the eager path", stacklevel=3)
-        return HFAdapter(model, **eager)
+        return _eager(model, reason, **eager)
     folder = Path(cache_dir or DEFAULT_CACHE) / "compiled"
     marker = compiled_marker(model, folder.parent, **compiled_knobs)
     if choice == "auto" and not _ready_without_compiling(model, folder, marker, compiled_knobs, linear_kernel,
@@ -199,7 +199,8 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
         logging.getLogger("specfree").debug(
             "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
             "compile=true builds one (minutes the first time)")
-        return HFAdapter(model, **eager)
+        return _eager(model, "compile=auto: no compiled forward of this model is ready here (compile=true builds one)",
+                      **eager)
     from specfree.errors import UnsupportedModelError
 
     try:
@@ -209,13 +210,20 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
         if choice == "true":
             warnings.warn("compile=true: this model verifies chains, which run on the eager path only; "
                           "decoding on the eager path", stacklevel=3)
-        return HFAdapter(model, **eager)
+        return _eager(model, "this model verifies chains, which run on the eager path only", **eager)
     seconds = adapter.warm_up(slots, progress=progress)
     if not adapter.compiled:  # it warned why
-        return HFAdapter(model, **eager)
+        return _eager(model, f"compiling failed: {adapter.failure}", **eager)
     if not isinstance(adapter.runner, PackageRunner):  # packages on disk speak for themselves
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"warm_up_s": seconds, "buckets": list(adapter.runner.buckets)}))
+    return adapter
+
+
+def _eager(model, why: str, **eager) -> HFAdapter:
+    """The eager adapter, noting why the compiled one was not used (``decode``'s result.json says)."""
+    adapter = HFAdapter(model, **eager)
+    adapter.eager_because = why
     return adapter
 
 

@@ -24,6 +24,7 @@ from specfree.adapters.norms import fuse_norms
 from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.stores import STORES, KVStore
 from specfree.kernels import linear_path, use_few_row_linears
+from specfree.progress import progress_bar
 
 
 def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "few_row",
@@ -42,6 +43,7 @@ def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "f
 
 class HFAdapter:
     name = "hf"
+    eager_because: str | None = None  # why make_adapter gave the eager path (None: compiling was never asked)
 
     def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True,
                  linear_kernel: str = "few_row", cache_dir: str | None = None, *,
@@ -163,7 +165,7 @@ class HFAdapter:
         self.reset()
         self.runner.slots.room(slots or self.runner.slots.min_slots)
         sizes = self.runner.warm_up_rows()
-        with _progress(progress) as bar:
+        with progress_bar(show=progress, transient=True) as bar:
             task = bar.add_task("compiling the forward", total=len(sizes))
             for rows in sizes:
                 bar.update(task, description=self.runner.warm_up_description(rows))
@@ -191,10 +193,11 @@ class HFAdapter:
         weights = ", weights shared with the model" if self.runner.options["weights"] == "shared" else ""
         return f"{self.runner.describe()}, linear layers {linears} ({self.linears}){weights}"
 
-
-def _progress(show: bool):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True, disable=not show)
+    def path(self) -> dict:
+        """Which forward runs, for records (``decode``'s result.json): compiled (AOTInductor package
+        or torch.compile graphs) or eager and why, the linear kernel and ISA, attention, verification."""
+        forward = "eager" if not self.compiled else "aoti package" if hasattr(self.runner, "package") else "torch.compile"
+        return {"forward": forward, "eager_because": None if self.compiled else (self.failure or self.eager_because),
+                "described": self.describe() if self.compiled else None, "linear_kernel": self.linears,
+                "attention": self.model.config._attn_implementation, "verification": self.capabilities.describe(),
+                "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch.")}

@@ -62,3 +62,6 @@ class Adapter(Protocol):
 
     def describe(self) -> str:
         """How this adapter runs this model, for reports and the CLI."""
+
+    def path(self) -> dict:
+        """Which forward runs and why, the kernels and the verification mode (JSON-able, for records)."""

@@ -10,7 +10,6 @@ partial table and exits with 130; ``bench.resume=true`` continues the run.
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import signal
 import threading
@@ -36,6 +35,7 @@ from specfree.errors import ConfigError, check_int
 from specfree.files import user_path
 from specfree.parts import build_adapter
 from specfree.progress import progress_bar
+from specfree.runinfo import cpu_name, versions
 
 INTERRUPTED = 130
 
@@ -100,11 +100,6 @@ class BenchSettings:
                    compile=check_compile(config.compile))
 
     def meta(self) -> dict[str, Any]:
-        import torch
-        import transformers
-
-        import specfree
-
         bench, config = self.bench, self.config
         return {"model": self.model, "prompts": str(self.prompts), "format": bench.format, "fields": bench.fields,
                 "limit": bench.limit, "per_category": bench.per_category, "max_new_tokens": bench.max_new_tokens,
@@ -112,19 +107,7 @@ class BenchSettings:
                 "dtype": config.dtype, "threads": config.threads, "seed": config.seed, "baseline": BASELINE,
                 "linear_kernel": config.model.linear_kernel, "compile": self.compile,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu": cpu_name(),
-                "versions": {"specfree": specfree.__version__, "torch": torch.__version__,
-                             "transformers": transformers.__version__, "python": platform.python_version()}}
-
-
-def cpu_name() -> str:
-    """The CPU's model name as the OS reports it (speed numbers mean little without it)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} logical cores)"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} logical cores)"
+                "versions": versions()}
 
 
 def cost_curves(model, eager, compiled) -> dict[str, Any]:

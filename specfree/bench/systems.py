@@ -85,8 +85,9 @@ class SpecfreeSystem:
         knobs = dict(knobs or {})
         component = reg.get("strategy", strategy)
         # A pool spec in knobs is built by Registry.make, like a hybrid member's.
+        # generation="plain": bench times plain greedy decoding, as its transformers baselines run it.
         engine = Engine.from_model(model, tokenizer, strategy, linear_kernel=linear_kernel, compile="false",
-                                   adapter=adapter, **knobs)
+                                   adapter=adapter, generation="plain", **knobs)
         # The step knobs (priced...) are documented defaults too: `{name: trie, priced: false}` is
         # labelled trie(priced=False), beside the priced trie, in one report.
         documented = {k: default for k, (_, default) in STEP_KNOBS.items()}

@@ -46,6 +46,8 @@ def config_error(exc: BaseException) -> ConfigError:
                 names = [n for n in names if n != "name"]
                 return ConfigError(f"{key}: {owner} {label!r} has no knob {leaf!r}; its knobs: "
                                    f"{', '.join(names) or '(none)'}{_did_you_mean(leaf, names)}")
+            if not names and owner in ("strategy", "verifier", "pool", "mask"):  # a group left at null
+                return ConfigError(f"{key}: no {owner} is chosen; pick one first ({owner}=NAME {key}=...)")
             return ConfigError(f"{key}: no such setting; {owner or 'the top level'} has: {', '.join(names)}"
                                + _did_you_mean(leaf, names))
         if isinstance(cause, ValidationError) and schema is not None:

@@ -79,6 +79,7 @@ class SpecfreeConfig:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
+    generation: str = "model"  # model | plain: follow the model's generation_config (specfree.generation)
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None

@@ -126,7 +126,8 @@ class SpeculativeGenerate:
         with few_row_linears(model, self.cache_dir), fused_norms(model):
             engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors,
                                                 adapter=self._adapter(model), priced=self.acceptance is not None,
-                                                acceptance=self.acceptance, cache_dir=self.cache_dir, **sampling)
+                                                acceptance=self.acceptance, cache_dir=self.cache_dir,
+                                                generation="plain", **sampling)  # generate applied the model's
             engine.watch(input_ids, criteria, generation_config.max_length)
             max_new = max(1, generation_config.max_length - len(prompt))
             try:

@@ -1,4 +1,8 @@
-"""Verifiers built from plain sampling knobs (what configs and ``Engine.from_pretrained`` pass)."""
+"""Verifiers built from plain sampling knobs (what configs and ``Engine.from_pretrained`` pass).
+
+A knob left at ``None`` is unset: the engine fills it from the model's ``generation_config``
+(``specfree.generation``), else it changes nothing (temperature 1, no top-k, top-p 1, no penalty).
+"""
 
 from __future__ import annotations
 
@@ -12,11 +16,18 @@ from specfree.verifiers.processors import build_processors
 from specfree.verifiers.sampling import SamplingVerifier
 
 
-def greedy(repetition_penalty: float = 1.0, logits_processors: Sequence[LogitsProcessor] = ()) -> GreedyVerifier:
-    return GreedyVerifier(build_processors(repetition_penalty=repetition_penalty, extra=logits_processors))
+def greedy(repetition_penalty: float | None = None,
+           logits_processors: Sequence[LogitsProcessor] = ()) -> GreedyVerifier:
+    return GreedyVerifier(build_processors(repetition_penalty=_or(repetition_penalty, 1.0), extra=logits_processors))
 
 
-def sampling(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
-             seed: int = 0, logits_processors: Sequence[LogitsProcessor] = ()) -> SamplingVerifier:
-    processors = build_processors(temperature, top_k, top_p, repetition_penalty, logits_processors)
+def sampling(temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+             repetition_penalty: float | None = None, seed: int = 0,
+             logits_processors: Sequence[LogitsProcessor] = ()) -> SamplingVerifier:
+    processors = build_processors(_or(temperature, 1.0), _or(top_k, 0), _or(top_p, 1.0),
+                                  _or(repetition_penalty, 1.0), logits_processors)
     return SamplingVerifier(processors, seed=check_int("seed", seed, low=0))
+
+
+def _or(value, neutral):
+    return neutral if value is None else value
