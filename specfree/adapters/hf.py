@@ -33,7 +33,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specfree.adapters import probes, recurrent
-from specfree.adapters.attention import use_grouped_sdpa
+from specfree.adapters.attention import use_grouped_sdpa, use_tree_attention
 from specfree.adapters.kv import StaticSlots, cache_argument, cache_in
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.refusals import layer_kinds, refuse_unverifiable
@@ -119,7 +119,9 @@ def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "f
     run the kernel."""
     use_maskable_attention(model)
     if grouped_attention:
-        use_grouped_sdpa(model)  # same math, no per-step copy of the cache for masked rows
+        # each row's bits independent of the step's other rows; else the same math as SDPA without a
+        # per-step copy of the cache for masked rows
+        use_tree_attention(model, cache_dir) or use_grouped_sdpa(model)
     kernel_linears = use_few_row_linears(model, linear_kernel, cache_dir)  # rows at one row's price
     fuse_norms(model)  # bit-identical, fewer dispatches per forward
     return kernel_linears
