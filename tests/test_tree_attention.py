@@ -185,3 +185,15 @@ def test_stock_attention_is_sdpa_inside_the_block():
     with stock_attention(adapter.model):
         assert adapter.model.config._attn_implementation == "sdpa"
     assert adapter.model.config._attn_implementation == TREE_ATTENTION
+
+
+@pytest.mark.model
+def test_smollm2_verify_rows_equal_the_one_row_forward_bit_for_bit():
+    from specfree import Engine
+
+    adapter = Engine.from_pretrained("smollm2", "autoregressive").adapter
+    assert adapter.model.config._attn_implementation == TREE_ATTENTION
+    context = torch.arange(100, 400, 7)  # 43 tokens
+    chain, tree, alone = chain_and_tree_against_one_row(adapter, context, torch.tensor([1000, 2000, 3000, 400, 5,
+                                                                                          600, 7000, 80]))
+    assert torch.equal(chain, alone) and torch.equal(tree, alone)
