@@ -174,14 +174,14 @@ CONTINUATION = torch.tensor([20, 21, 22, 23, 50, 51, 52])
 def test_every_verify_row_equals_the_one_row_forward_bit_for_bit(family):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        adapter = HFAdapter(tiny_model(family, seed=3), check_tree_mask=False)
+        adapter = HFAdapter(tiny_model(family, seed=31), check_tree_mask=False)
     assert adapter.model.config._attn_implementation == TREE_ATTENTION
     chain, tree, alone = chain_and_tree_against_one_row(adapter, CONTEXT, CONTINUATION)
     assert torch.equal(chain, alone) and torch.equal(tree, alone)
 
 
 def test_stock_attention_is_sdpa_inside_the_block():
-    adapter = HFAdapter(tiny_model("llama", seed=3), check_tree_mask=False)
+    adapter = HFAdapter(tiny_model("llama", seed=31), check_tree_mask=False)
     with stock_attention(adapter.model):
         assert adapter.model.config._attn_implementation == "sdpa"
     assert adapter.model.config._attn_implementation == TREE_ATTENTION

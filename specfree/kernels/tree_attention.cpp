@@ -155,16 +155,91 @@ SPECFREE_PIECES(SPECFREE_AVX2, avx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_
 SPECFREE_PIECES(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
                 _mm512_set1_ps, _mm512_fmadd_ps, _mm512_max_ps, sum16, exp16)
 
+// A block of up to kBlock keys for every row, with the head dim a whole number ND of vectors: a
+// row's query (pass 1) or accumulator (pass 2) stays in registers over the block, and the keys'
+// chains are independent of each other. Per (row, key) the arithmetic is exactly the generic
+// pieces' above (same vectors, same order), so which path or block a key falls in changes no bit.
+constexpr int kBlock = 8;
+
+struct Block {
+  const int64_t* keys;  // ascending key indices
+  int count;
+  const uint8_t* seen_t;  // [S, Q]
+  const float* bias;      // [Q, S] or null
+  int64_t q_len, groups, s_len;
+};
+
+#define SPECFREE_BLOCKS(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, STORE, SET1, FMA, SUM)                   \
+  template <int ND>                                                                                   \
+  ATTR void scores_block_##SUFFIX(const Block& b, const float* q, int64_t rows, const float* k,         \
+                                  int64_t ks, float* out, int64_t stride, float scale) {               \
+    for (int64_t r = 0; r < rows; ++r) {                                                              \
+      VEC qv[ND];                                                                                     \
+      for (int i = 0; i < ND; ++i) qv[i] = LOAD(q + r * ND * LANES + i * LANES);                      \
+      const int64_t qi = r / b.groups;                                                                \
+      for (int j = 0; j < b.count; ++j) {                                                             \
+        const int64_t s = b.keys[j];                                                                  \
+        const float* kj = k + s * ks;                                                                 \
+        VEC acc = ZERO();                                                                             \
+        for (int i = 0; i < ND; ++i) acc = FMA(qv[i], LOAD(kj + i * LANES), acc);                     \
+        const float x = SUM(acc) * scale;                                                             \
+        out[r * stride + s] = !b.seen_t[s * b.q_len + qi] ? -std::numeric_limits<float>::infinity()  \
+                              : b.bias ? x + b.bias[qi * b.s_len + s] : x;                            \
+      }                                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+  template <int ND>                                                                                   \
+  ATTR void accumulate_block_##SUFFIX(const Block& b, float* acc, const float* p, int64_t stride,     \
+                                      int64_t rows, const float* v, int64_t vs, float* l) {            \
+    for (int64_t r = 0; r < rows; ++r) {                                                              \
+      VEC a[ND];                                                                                      \
+      float* ar = acc + r * ND * LANES;                                                               \
+      for (int i = 0; i < ND; ++i) a[i] = LOAD(ar + i * LANES);                                       \
+      float lr = l[r];                                                                                \
+      const int64_t qi = r / b.groups;                                                                \
+      for (int j = 0; j < b.count; ++j) {                                                             \
+        const int64_t s = b.keys[j];                                                                  \
+        if (!b.seen_t[s * b.q_len + qi]) continue;                                                    \
+        const float pr = p[r * stride + s];                                                           \
+        const VEC pv = SET1(pr);                                                                      \
+        const float* vj = v + s * vs;                                                                 \
+        for (int i = 0; i < ND; ++i) a[i] = FMA(pv, LOAD(vj + i * LANES), a[i]);                      \
+        lr += pr;                                                                                     \
+      }                                                                                               \
+      for (int i = 0; i < ND; ++i) STORE(ar + i * LANES, a[i]);                                       \
+      l[r] = lr;                                                                                      \
+    }                                                                                                 \
+  }
+
+SPECFREE_BLOCKS(SPECFREE_AVX2, avx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+                _mm256_set1_ps, _mm256_fmadd_ps, sum8)
+SPECFREE_BLOCKS(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                _mm512_set1_ps, _mm512_fmadd_ps, sum16)
+
+using ScoresBlock = void (*)(const Block&, const float*, int64_t, const float*, int64_t, float*, int64_t, float);
+using AccumulateBlock = void (*)(const Block&, float*, const float*, int64_t, int64_t, const float*, int64_t,
+                                 float*);
+
 struct Pieces {
   void (*scores)(const float*, int64_t, int64_t, const float*, float*, int64_t, float);
   void (*accumulate)(float*, const float*, int64_t, const uint8_t*, int64_t, int64_t, const float*, float*);
   float (*max)(const float*, int64_t);
   void (*exp_shifted)(float*, int64_t, float);
+  ScoresBlock scores_block;  // null: the head dim has no block path (the generic pieces run)
+  AccumulateBlock accumulate_block;
 };
 
-Pieces pieces(Isa isa) {
-  if (isa == Isa::kAvx512) return {scores_avx512, accumulate_avx512, max_avx512, exp_shifted_avx512};
-  return {scores_avx2, accumulate_avx2, max_avx2, exp_shifted_avx2};
+// Head dims 64 and 128 (most models) get the block path.
+Pieces pieces(Isa isa, int64_t d) {
+  if (isa == Isa::kAvx512) {
+    Pieces f{scores_avx512, accumulate_avx512, max_avx512, exp_shifted_avx512, nullptr, nullptr};
+    if (d == 64) f.scores_block = scores_block_avx512<4>, f.accumulate_block = accumulate_block_avx512<4>;
+    if (d == 128) f.scores_block = scores_block_avx512<8>, f.accumulate_block = accumulate_block_avx512<8>;
+    return f;
+  }
+  Pieces f{scores_avx2, accumulate_avx2, max_avx2, exp_shifted_avx2, nullptr, nullptr};
+  if (d == 64) f.scores_block = scores_block_avx2<8>, f.accumulate_block = accumulate_block_avx2<8>;
+  return f;  // 128 would need 16 accumulators plus the query: more than AVX2's 16 registers
 }
 
 // Which keys each query row sees: seen[q * S + s], and hidden-or-added mask values; plus the keys
@@ -218,13 +293,22 @@ void head_group(const Pieces& f, const Visibility& vis, const float* q /*[Q*G, D
   const int64_t rows = q_len * groups, width = (s_len + kPad - 1) / kPad * kPad;
   std::vector<float> score(rows * width, -std::numeric_limits<float>::infinity());
   std::vector<uint8_t> seen(rows);
-  for (const int64_t s : vis.keys) {  // pass 1: every row's score on each key some row sees
-    f.scores(q, rows, d, k + s * ks, score.data() + s, width, scale);
-    for (int64_t qi = 0; qi < q_len; ++qi) {
-      const bool sees = vis.seen_t[s * q_len + qi];
-      for (int64_t g = 0; g < groups; ++g) {
-        float& x = score[(qi * groups + g) * width + s];
-        x = sees ? (vis.bias.empty() ? x : x + vis.bias[qi * s_len + s]) : -std::numeric_limits<float>::infinity();
+  const int64_t n_keys = static_cast<int64_t>(vis.keys.size());
+  auto block = [&](int64_t j) {
+    return Block{vis.keys.data() + j, static_cast<int>(std::min<int64_t>(kBlock, n_keys - j)), vis.seen_t.data(),
+                 vis.bias.empty() ? nullptr : vis.bias.data(), q_len, groups, s_len};
+  };
+  if (f.scores_block) {  // pass 1: every row's score on each key some row sees
+    for (int64_t j = 0; j < n_keys; j += kBlock) f.scores_block(block(j), q, rows, k, ks, score.data(), width, scale);
+  } else {
+    for (const int64_t s : vis.keys) {
+      f.scores(q, rows, d, k + s * ks, score.data() + s, width, scale);
+      for (int64_t qi = 0; qi < q_len; ++qi) {
+        const bool sees = vis.seen_t[s * q_len + qi];
+        for (int64_t g = 0; g < groups; ++g) {
+          float& x = score[(qi * groups + g) * width + s];
+          x = sees ? (vis.bias.empty() ? x : x + vis.bias[qi * s_len + s]) : -std::numeric_limits<float>::infinity();
+        }
       }
     }
   }
@@ -234,10 +318,15 @@ void head_group(const Pieces& f, const Visibility& vis, const float* q /*[Q*G, D
     if (m != -std::numeric_limits<float>::infinity()) f.exp_shifted(row, width, m);
   }
   std::vector<float> acc(rows * d, 0.0f), l(rows, 0.0f);
-  for (const int64_t s : vis.keys) {  // pass 2: values, in key order for every row
-    for (int64_t qi = 0; qi < q_len; ++qi)
-      for (int64_t g = 0; g < groups; ++g) seen[qi * groups + g] = vis.seen_t[s * q_len + qi];
-    f.accumulate(acc.data(), score.data() + s, width, seen.data(), rows, d, v + s * vs, l.data());
+  if (f.accumulate_block) {  // pass 2: values, in key order for every row
+    for (int64_t j = 0; j < n_keys; j += kBlock)
+      f.accumulate_block(block(j), acc.data(), score.data(), width, rows, v, vs, l.data());
+  } else {
+    for (const int64_t s : vis.keys) {
+      for (int64_t qi = 0; qi < q_len; ++qi)
+        for (int64_t g = 0; g < groups; ++g) seen[qi * groups + g] = vis.seen_t[s * q_len + qi];
+      f.accumulate(acc.data(), score.data() + s, width, seen.data(), rows, d, v + s * vs, l.data());
+    }
   }
   for (int64_t r = 0; r < rows; ++r) {  // a row that sees nothing gets zeros
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
@@ -274,7 +363,7 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
     TORCH_CHECK(mask->dim() == 4 && (mask->size(0) == 1 || mask->size(0) == batch) && mask->size(1) == 1 &&
                     mask->size(2) == q_len && mask->size(3) == s_len,
                 "specfree::tree_attention: the mask must be [B or 1, 1, rows, keys], not ", mask->sizes());
-  const Pieces f = pieces(parse_isa(std::string(isa_name)));
+  const Pieces f = pieces(parse_isa(std::string(isa_name)), d);
   const int64_t groups = heads / kv_heads;
   // query rows of a key/value head side by side: [B, Hkv, Q, G, D]
   const at::Tensor qg = query.view({batch, kv_heads, groups, q_len, d}).transpose(2, 3).contiguous();
