@@ -385,8 +385,10 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
                  static_cast<float>(scale), op + task * rows * d);
     }
   });
-  // [B, Hkv, Q, G, D] -> [B, Q, H, D]
-  return out.permute({0, 2, 1, 3, 4}).reshape({batch, q_len, heads, d});
+  // [B, Hkv, Q, G, D] -> [B, Q, H, D], contiguous as the fake promises (with one query head per
+  // key/value head, reshape alone would return a strided view, and compiled code reading the
+  // result by the promised strides would read the wrong rows)
+  return out.permute({0, 2, 1, 3, 4}).reshape({batch, q_len, heads, d}).contiguous();
 }
 
 }  // namespace
