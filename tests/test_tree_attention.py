@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfree.adapters.attention import TREE_ATTENTION, stock_attention
+from specfree.adapters.attention import TREE_ATTENTION, attention_path, stock_attention
 from specfree.adapters.hf import HFAdapter
 from specfree.kernels import load_kernels
 from specfree.kernels.attention import tree_attention, visible
@@ -182,9 +182,16 @@ def test_every_verify_row_equals_the_one_row_forward_bit_for_bit(family):
 
 def test_stock_attention_is_sdpa_inside_the_block():
     adapter = HFAdapter(tiny_model("llama", seed=31), check_tree_mask=False)
+    assert attention_path(adapter.model) == "tree_attention"
     with stock_attention(adapter.model):
-        assert adapter.model.config._attn_implementation == "sdpa"
+        assert adapter.model.config._attn_implementation == "sdpa" and attention_path(adapter.model) == "sdpa"
     assert adapter.model.config._attn_implementation == TREE_ATTENTION
+
+
+def test_a_bf16_model_keeps_sdpa():
+    model = tiny_model("llama", seed=32).to(torch.bfloat16)
+    HFAdapter(model, check_tree_mask=False)
+    assert attention_path(model) == "grouped_sdpa"
 
 
 @pytest.mark.model

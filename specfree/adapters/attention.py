@@ -101,6 +101,14 @@ def use_tree_attention(model, cache_dir=None) -> bool:
     return model.config._attn_implementation == TREE_ATTENTION
 
 
+def attention_path(model) -> str:
+    """Which attention the model runs, for ``describe()``: ``"tree_attention"`` (specfree's op:
+    verify rows bit-equal to the one-row forward), ``"grouped_sdpa"``, or transformers' own name."""
+    names = {TREE_ATTENTION: "tree_attention", GROUPED_SDPA: "grouped_sdpa"}
+    current = model.config._attn_implementation
+    return names.get(current, current)
+
+
 def is_grouped_query(model) -> bool:
     """Whether some attention layer shares each key/value head among several query heads."""
     return any(getattr(module, "num_key_value_groups", 1) > 1 for module in model.modules())
