@@ -62,7 +62,8 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                and not dropout and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)
                and getattr(module, "sinks", None) is None
                and (attention_mask is not None or getattr(module, "is_causal", True))
-               and (attention_mask is None or attention_mask.shape[1] == 1))
+               and (attention_mask is None or (attention_mask.shape[1] == 1 and attention_mask.dim() == 4
+                                                and attention_mask.shape[-1] == key.shape[-2])))
     if not covered:
         return grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
