@@ -56,6 +56,31 @@ def layer_inputs(rows, context, slots, heads, kv_heads, head_dim, layers, genera
              torch.randn(1, kv_heads, keys, head_dim, generator=generator), mask, scale) for _ in range(layers)]
 
 
+def attention_curves(heads: int, kv_heads: int, head_dim: int, layers: int, rows=(1, 2, 4, 8, 16),
+                     contexts=(64, 256, 1024, 2048), slots: int = 2304, repeats: int = 7) -> dict:
+    """{layout: {context: {rows: [op ms, SDPA ms]}}} for one forward's attention (every layer)."""
+    generator = torch.Generator().manual_seed(0)
+    result: dict = {}
+    for layout, store in (("growing cache", None), (f"{slots} static slots", slots)):
+        for context in contexts:
+            for k in rows:
+                inputs = layer_inputs(k, context, store, heads, kv_heads, head_dim, layers, generator)
+                for fn in (tree_attention, sdpa):  # warm up both
+                    timed(fn, inputs, 1)
+                cell = [round(timed(fn, inputs, repeats), 2) for fn in (tree_attention, sdpa)]
+                result.setdefault(layout, {}).setdefault(context, {})[k] = cell
+    return result
+
+
+def model_attention_curves(model, repeats: int = 7) -> dict:
+    """``attention_curves`` on ``model``'s attention shapes (after ``load_kernels``)."""
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return attention_curves(heads, getattr(config, "num_key_value_heads", None) or heads, head_dim,
+                            config.num_hidden_layers, repeats=repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
@@ -72,20 +97,13 @@ def main() -> None:
     isa = load_kernels()
     print(f"op: {isa}; {args.threads} threads; {args.layers} layers of {args.heads} heads / {args.kv_heads} KV "
           f"heads, head dim {args.head_dim}; ms per forward's attention (best of {args.repeats})")
-    generator = torch.Generator().manual_seed(0)
-    for layout, slots in (("growing cache", None), (f"{args.slots} static slots", args.slots)):
+    curves = attention_curves(args.heads, args.kv_heads, args.head_dim, args.layers, args.rows, args.context,
+                              args.slots, args.repeats)
+    for layout, table in curves.items():
         print(f"\n{layout}: op / SDPA")
         print("context " + "".join(f"{f'{k} rows':>18}" for k in args.rows))
-        for context in args.context:
-            cells = []
-            for rows in args.rows:
-                layers = layer_inputs(rows, context, slots, args.heads, args.kv_heads, args.head_dim, args.layers,
-                                      generator)
-                for fn in (tree_attention, sdpa):  # warm up both
-                    timed(fn, layers, 1)
-                op, ref = timed(tree_attention, layers, args.repeats), timed(sdpa, layers, args.repeats)
-                cells.append(f"{op:7.2f} / {ref:7.2f}")
-            print(f"{context:>7} " + "".join(f"{c:>18}" for c in cells))
+        for context, cells in table.items():
+            print(f"{context:>7} " + "".join(f"{f'{op:7.2f} / {ref:7.2f}':>18}" for op, ref in cells.values()))
 
 
 if __name__ == "__main__":
