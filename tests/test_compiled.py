@@ -138,6 +138,20 @@ def test_a_damaged_package_warns_and_decodes_eagerly(tmp_path):
     assert tokens == reference_greedy(model, prompt, 16) and not adapter.compiled
 
 
+@pytest.mark.parametrize("which", [("llama", "aoti"), ("llama", "inductor")])
+def test_compiled_verify_rows_equal_the_one_row_step_bit_for_bit(compiled_adapters, which):
+    """specfree's tree attention (tests/test_tree_attention.py) in packages and graphs alike: chain
+    rows and the same rows among siblings (8 rows) against compiled one-row steps."""
+    from specfree.adapters.attention import TREE_ATTENTION
+    from tests.test_tree_attention import CONTEXT, chain_and_tree_against_one_row
+
+    adapter = compiled_adapters[which]
+    if adapter.model.config._attn_implementation != TREE_ATTENTION:
+        pytest.skip("specfree's tree attention cannot be built here")
+    chain, tree, alone = chain_and_tree_against_one_row(adapter, CONTEXT, torch.tensor([20, 21, 22, 23]))
+    assert torch.equal(chain, alone) and torch.equal(tree, alone)
+
+
 def test_padding_rows_change_no_real_row():
     model = tiny_model("llama")
     eager = HFAdapter(model, check_tree_mask=False)

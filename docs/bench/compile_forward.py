@@ -6,6 +6,8 @@
 First the model's linear layers alone (``specfree.kernels.measure``): ms per pass over all of them
 for 1..16 rows, with torch's BLAS, oneDNN with packed weights, specfree's few-row kernel (each
 code path this CPU runs) and, with ``--inductor-gemm``, Inductor's C++ GEMM with frozen weights.
+With ``--attention``, the model's attention alone (``tree_attention.py``): specfree's tree-attention
+op against SDPA at 1..16 rows and 64..2048 tokens of context, growing cache and static slots.
 Then per variant (``packages``: the AOTInductor package, the CPU default, kept in
 ``--package-dir``; ``inductor``: torch.compile): seconds to compile (or load) the steps, the
 forward cost curve (1..32 rows at 256 tokens of context, best of 5, sizes taking turns) beside
@@ -113,6 +115,7 @@ def main() -> None:
                         help="where packages are kept (the default is the one decode and bench use)")
     parser.add_argument("--inductor-gemm", action="store_true",
                         help="also time Inductor's C++ GEMM on the linear layers (compiles per row count)")
+    parser.add_argument("--attention", action="store_true", help="also time the tree-attention op against SDPA")
     parser.add_argument("--out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -130,6 +133,11 @@ def main() -> None:
     print(json.dumps(result), flush=True)
     result["linear_curves_ms"] = linear_curves(model, inductor=args.inductor_gemm)
     print(json.dumps({"linear_curves_ms": result["linear_curves_ms"]}), flush=True)
+    if args.attention:
+        from tree_attention import model_attention_curves  # docs/bench/tree_attention.py, beside this file
+
+        result["attention_ms"] = model_attention_curves(model)
+        print(json.dumps({"attention_ms (op, SDPA)": result["attention_ms"]}), flush=True)
     eager = HFAdapter(model)
     adapters = {"eager, library linears": eager, "eager": eager}
     for name in args.variants:

@@ -8,6 +8,12 @@ both, with bit-identical results; at 1024 tokens of context the copy is about a 
 
 The function is registered under ``GROUPED_SDPA`` through transformers' own extension points
 (``AttentionInterface`` and ``AttentionMaskInterface``), and a model opts in by name.
+
+``TREE_ATTENTION`` goes further for fp32 models on the CPU: specfree's own operator
+(``specfree.kernels.attention``), which reads only the keys some row sees and gives each row the
+same bits whatever else is in the step, so a verify row equals the one-row forward bit for bit.
+Calls it does not cover (soft-capping, attention sinks, position biases, dropout, other dtypes)
+run the grouped SDPA above.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ from specfree.errors import UnsupportedModelError
 from specfree.loading import ignores_custom_masks
 
 GROUPED_SDPA = "specfree_grouped_sdpa"
+TREE_ATTENTION = "specfree_tree_attention"
+# Attention features the operator does not compute: a call that carries one runs SDPA instead.
+UNCOVERED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "cache", "head_mask")
+# Config fields of families whose attention the operator does not compute.
+UNCOVERED_CONFIG = ("attn_logit_softcapping", "alibi", "use_alibi", "attention_sink_size")
 
 
 def grouped_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -40,6 +51,67 @@ def grouped_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None  # [B, Q, H, D], as transformers expects
+
+
+def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                           **kwargs) -> tuple[torch.Tensor, None]:
+    """specfree's tree-attention operator where it computes what the model asks, else
+    ``grouped_sdpa_attention``. query [B, H, Q, D]; key, value [B, Hkv, S, D]; mask [B or 1, 1, Q, S]."""
+    from specfree.kernels.attention import tree_attention
+
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]  # as transformers' SDPA does
+    covered = (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype == torch.float32
+               and not dropout and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)
+               and getattr(module, "sinks", None) is None
+               and (attention_mask is not None or getattr(module, "is_causal", True))
+               and (attention_mask is None or (attention_mask.shape[1] == 1 and attention_mask.dim() == 4
+                                                and attention_mask.shape[-1] == key.shape[-2])))
+    if not covered:
+        return grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return tree_attention(query, key, value, attention_mask, scale), None
+
+
+def tree_attention_covers(model, cache_dir=None) -> bool:
+    """Whether ``model`` can run ``TREE_ATTENTION``: transformers' SDPA, fp32 on the CPU, none of the
+    attention features the operator leaves out, and the operator built for this CPU (under
+    ``cache_dir``; a failed build says so once, from the linear layers' swap)."""
+    import warnings
+
+    from specfree.kernels import load_kernels
+
+    config = model.config
+    if (config._attn_implementation not in ("sdpa", GROUPED_SDPA) or model.device.type != "cpu"
+            or model.dtype != torch.float32
+            or any(getattr(config, name, None) not in (None, False) for name in UNCOVERED_CONFIG)):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_kernels(cache_dir, progress=False) is not None
+
+
+def use_tree_attention(model, cache_dir=None) -> bool:
+    """Switch a model ``tree_attention_covers`` to ``tree_attention_forward``; True if switched."""
+    if not tree_attention_covers(model, cache_dir):
+        return False
+    AttentionInterface.register(TREE_ATTENTION, tree_attention_forward)
+    AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
+    try:
+        model.set_attn_implementation(TREE_ATTENTION)
+    except (ValueError, ImportError):  # a family that refuses custom attention keeps its SDPA
+        return False
+    return model.config._attn_implementation == TREE_ATTENTION
+
+
+def attention_path(model) -> str:
+    """Which attention the model runs, for ``describe()``: ``"tree_attention"`` (specfree's op:
+    verify rows bit-equal to the one-row forward), ``"grouped_sdpa"``, or transformers' own name."""
+    names = {TREE_ATTENTION: "tree_attention", GROUPED_SDPA: "grouped_sdpa"}
+    current = model.config._attn_implementation
+    return names.get(current, current)
 
 
 def is_grouped_query(model) -> bool:
@@ -65,12 +137,13 @@ def stock_attention(model):
     """Run transformers' own SDPA inside the block (for baselines that must be stock), then
     switch back to what the model ran before."""
     current = model.config._attn_implementation
-    if current == GROUPED_SDPA:
+    ours = current in (GROUPED_SDPA, TREE_ATTENTION)
+    if ours:
         model.set_attn_implementation("sdpa")
     try:
         yield model
     finally:
-        if current == GROUPED_SDPA:
+        if ours:
             model.set_attn_implementation(current)
 
 

@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specfree.adapters import probes
-from specfree.adapters.attention import use_grouped_sdpa, use_maskable_attention
+from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_maskable_attention, use_tree_attention
 from specfree.adapters.capabilities import Capabilities, model_structure
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.runners import EagerRunner, StepRunner
@@ -35,7 +35,9 @@ def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "f
     run the kernel."""
     use_maskable_attention(model)
     if grouped_attention:
-        use_grouped_sdpa(model)  # same math, no per-step copy of the cache for masked rows
+        # each row's bits independent of the step's other rows; else the same math as SDPA without a
+        # per-step copy of the cache for masked rows
+        use_tree_attention(model, cache_dir) or use_grouped_sdpa(model)
     kernel_linears = use_few_row_linears(model, linear_kernel, cache_dir)  # rows at one row's price
     fuse_norms(model)  # bit-identical, fewer dispatches per forward
     return kernel_linears
@@ -188,7 +190,7 @@ class HFAdapter:
     def describe(self) -> str:
         """How this adapter runs this model, for reports and the CLI."""
         if not isinstance(self.runner, StepRunner):
-            return self.capabilities.describe()
+            return f"{self.capabilities.describe()}; attention: {attention_path(self.model)}"
         linears = "specfree's few-row kernel" if self.linears != "library" else "torch's"
         weights = ", weights shared with the model" if self.runner.options["weights"] == "shared" else ""
         return f"{self.runner.describe()}, linear layers {linears} ({self.linears}){weights}"
@@ -199,5 +201,5 @@ class HFAdapter:
         forward = "eager" if not self.compiled else "aoti package" if hasattr(self.runner, "package") else "torch.compile"
         return {"forward": forward, "eager_because": None if self.compiled else (self.failure or self.eager_because),
                 "described": self.describe() if self.compiled else None, "linear_kernel": self.linears,
-                "attention": self.model.config._attn_implementation, "verification": self.capabilities.describe(),
+                "attention": attention_path(self.model), "verification": self.capabilities.describe(),
                 "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch.")}

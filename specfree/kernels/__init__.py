@@ -28,6 +28,7 @@ from specfree.files import atomic_path, fingerprint
 from specfree.kernels.swap import swap_modules, swapped_modules
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
+SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"))  # one library, one compiler call
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 BACKENDS = ("few_row", "library")  # "library": torch's F.linear, the fallback
 
@@ -35,7 +36,7 @@ BACKENDS = ("few_row", "library")  # "library": torch's F.linear, the fallback
 def kernel_dir(cache_dir: str | Path | None = None) -> Path:
     """Where a build of this source for this torch lives: a new source or torch builds anew."""
     root = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "specfree"
-    return root / "kernels" / fingerprint(SOURCE.read_text(), torch.__version__)
+    return root / "kernels" / fingerprint(*(s.read_text() for s in SOURCES), torch.__version__)
 
 
 def _registered() -> bool:
@@ -45,13 +46,13 @@ def _registered() -> bool:
 LIBRARY = "specfree_kernels.so"
 
 
-def _compile_command(compiler: str, source: Path, out: Path) -> list[str]:
+def _compile_command(compiler: str, sources: tuple[Path, ...], out: Path) -> list[str]:
     """One compiler call: the op's source against torch's headers and libraries (no build tool)."""
     from torch.utils import cpp_extension
 
     abi = int(torch.compiled_with_cxx11_abi())
     return [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            *(f"-I{path}" for path in cpp_extension.include_paths()), str(source), "-o", str(out),
+            *(f"-I{path}" for path in cpp_extension.include_paths()), *map(str, sources), "-o", str(out),
             *(f"-L{path}" for path in cpp_extension.library_paths()), "-lc10", "-ltorch", "-ltorch_cpu",
             # -fopenmp: at::parallel_for's OpenMP loop lives in the headers; torch's own libgomp serves it
             *(f"-Wl,-rpath,{path}" for path in cpp_extension.library_paths())]
@@ -76,7 +77,7 @@ def _build(folder: Path, progress: bool) -> Path:
 
         status = Console(stderr=True).status("building specfree's few-row linear kernel (first use, ~10 s)")
     with status, atomic_path(library) as partial:
-        run = subprocess.run(_compile_command(compiler, SOURCE, partial), capture_output=True, text=True)
+        run = subprocess.run(_compile_command(compiler, SOURCES, partial), capture_output=True, text=True)
         if run.returncode != 0:
             error = next((line for line in run.stderr.splitlines() if "error" in line), run.stderr.strip()[:200])
             raise RuntimeError(f"{Path(compiler).name} failed: {error}")
@@ -113,6 +114,10 @@ def _register_fake() -> None:
     @torch.library.register_fake("specfree::linear")
     def _(x, weight, bias, isa="auto"):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake("specfree::tree_attention")
+    def _(query, key, value, mask, scale, isa="auto"):  # [B, H, Q, D] in, [B, Q, H, D] out
+        return query.new_empty((query.shape[0], query.shape[2], query.shape[1], query.shape[3]))
 
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

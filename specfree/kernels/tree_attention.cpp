@@ -1,0 +1,400 @@
+// specfree::tree_attention -- attention for the rows of one step over the KV store, with each
+// row's result independent of everything but the keys it sees (batch invariance by construction).
+//
+// query [B, H, Q, D] (any strides), key/value [B, Hkv, S, D] (D contiguous: the cache's own
+// tensors, static slots included), mask [B or 1, 1, Q, S] (bool: true = visible; or additive
+// float: -inf or the dtype's lowest value = hidden, anything else is added to the score) or none
+// (causal, aligned to the last key). Output [B, Q, H, D], the layout transformers expects back.
+//
+// Why every row gets the same bits whatever else is in the call: a row's result is a fixed
+// sequence of float operations over the keys it sees, in position order, and nothing else:
+//   score_j = dot(q, k_j) * scale (+ mask)    one vector accumulator over D, then a fixed reduction
+//   m       = max_j score_j                   exact: the order of a max does not matter
+//   p_j     = exp(score_j - m)                elementwise, the same polynomial in every lane
+//   l       = sum_j p_j,  o = sum_j p_j v_j   added in key order, one key at a time
+//   out     = o / l
+// Keys a row may not see are skipped, never added as exp(-inf) * v (an empty slot may hold
+// anything). The exact max makes the usual online rescaling (whose blocks would depend on where
+// the keys sit) unnecessary: two passes over the keys, K then V.
+//
+// The work is split by (batch, key/value head): each task reads each key and value that some row
+// sees once, for all Q * H/Hkv query rows of its group; keys no row sees (empty static slots, keys
+// outside every row's window) are never read. Two code paths chosen at run time (AVX-512, AVX2);
+// they round differently from each other; within one process one path is used.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+enum class Isa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
+
+Isa best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  return Isa::kNone;
+}
+
+constexpr int64_t kPad = 16;  // score rows are padded to whole vectors, so exp needs no scalar tail
+constexpr float kLowest = -0.5f * FLT_MAX;  // float mask entries below this hide their key
+
+// The per-ISA pieces: each is called once per key (or per row), never per (row, key) pair.
+//   scores(q, rows, d, k, out, stride, scale): out[r * stride] = dot(q[r], k) * scale for every row
+//   accumulate(acc, p, stride, seen, rows, d, v, l): for rows that see the key: acc[r] += p[r] v, l[r] += p[r]
+//   exp_shifted(x, n, m): x[i] = exp(x[i] - m), n a multiple of kPad; exp(-inf) = 0
+#define SPECFREE_AVX2 __attribute__((target("avx2,fma")))
+#define SPECFREE_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
+
+// exp(x) for x <= 0: x = n ln2 + r with |r| <= ln2/2, a degree-6 polynomial in r, times 2^n. Below
+// -87.3 (where 2^n would be subnormal) the result is 0. Every lane computes the same formula.
+#define SPECFREE_EXP(ATTR, NAME, VEC, SET1, ADD, SUB, MUL, FMA, ROUND, CVT, SHIFT, ADDI, CASTI, BLEND_ZERO)  \
+  ATTR inline VEC NAME(VEC x) {                                                                    \
+    const VEC low = SET1(-87.3f);                                                                  \
+    VEC n = ROUND(MUL(x, SET1(1.44269504088896341f)));                                             \
+    VEC r = FMA(n, SET1(-0.693359375f), x);                                                        \
+    r = FMA(n, SET1(2.12194440e-4f), r);                                                           \
+    VEC p = SET1(1.9875691500e-4f);                                                                \
+    p = FMA(p, r, SET1(1.3981999507e-3f));                                                         \
+    p = FMA(p, r, SET1(8.3334519073e-3f));                                                         \
+    p = FMA(p, r, SET1(4.1665795894e-2f));                                                         \
+    p = FMA(p, r, SET1(1.6666665459e-1f));                                                         \
+    p = FMA(p, r, SET1(5.0000001201e-1f));                                                         \
+    p = FMA(p, MUL(r, r), ADD(r, SET1(1.0f)));                                                     \
+    VEC scale = CASTI(SHIFT(ADDI(CVT(n), 127), 23));                                               \
+    return BLEND_ZERO(MUL(p, scale), x, low);                                                      \
+  }
+
+SPECFREE_AVX2 inline __m256 round8(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+SPECFREE_AVX2 inline __m256i add8i(__m256i a, int b) { return _mm256_add_epi32(a, _mm256_set1_epi32(b)); }
+SPECFREE_AVX2 inline __m256 zero_below8(__m256 y, __m256 x, __m256 low) {
+  // x < low (and NaN-free -inf) gives 0; elsewhere y (the clamp keeps 2^n a normal number)
+  return _mm256_and_ps(y, _mm256_cmp_ps(x, low, _CMP_GE_OQ));
+}
+SPECFREE_AVX512 inline __m512 round16(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+SPECFREE_AVX512 inline __m512i add16i(__m512i a, int b) { return _mm512_add_epi32(a, _mm512_set1_epi32(b)); }
+SPECFREE_AVX512 inline __m512 zero_below16(__m512 y, __m512 x, __m512 low) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, low, _CMP_GE_OQ), y);
+}
+
+SPECFREE_EXP(SPECFREE_AVX2, exp8, __m256, _mm256_set1_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps,
+             _mm256_fmadd_ps, round8, _mm256_cvtps_epi32, _mm256_slli_epi32, add8i, _mm256_castsi256_ps,
+             zero_below8)
+SPECFREE_EXP(SPECFREE_AVX512, exp16, __m512, _mm512_set1_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps,
+             _mm512_fmadd_ps, round16, _mm512_cvtps_epi32, _mm512_slli_epi32, add16i, _mm512_castsi512_ps,
+             zero_below16)
+
+SPECFREE_AVX2 inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+SPECFREE_AVX512 inline float sum16(__m512 v) {
+  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+#define SPECFREE_PIECES(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, STORE, SET1, FMA, MAX, SUM, EXP)          \
+  ATTR void scores_##SUFFIX(const float* q, int64_t rows, int64_t d, const float* k, float* out,           \
+                            int64_t stride, float scale) {                                                \
+    const int64_t full = d - d % LANES;                                                                  \
+    for (int64_t r = 0; r < rows; ++r) {                                                                 \
+      const float* qr = q + r * d;                                                                       \
+      VEC acc = ZERO();                                                                                  \
+      for (int64_t i = 0; i < full; i += LANES) acc = FMA(LOAD(qr + i), LOAD(k + i), acc);               \
+      float dot = SUM(acc);                                                                              \
+      for (int64_t i = full; i < d; ++i) dot += qr[i] * k[i];                                            \
+      out[r * stride] = dot * scale;                                                                     \
+    }                                                                                                    \
+  }                                                                                                      \
+  ATTR void accumulate_##SUFFIX(float* acc, const float* p, int64_t stride, const uint8_t* seen,          \
+                                int64_t rows, int64_t d, const float* v, float* l) {                     \
+    const int64_t full = d - d % LANES;                                                                  \
+    for (int64_t r = 0; r < rows; ++r) {                                                                 \
+      if (!seen[r]) continue;                                                                            \
+      const float pr = p[r * stride];                                                                    \
+      const VEC pv = SET1(pr);                                                                           \
+      float* ar = acc + r * d;                                                                           \
+      for (int64_t i = 0; i < full; i += LANES) STORE(ar + i, FMA(pv, LOAD(v + i), LOAD(ar + i)));       \
+      for (int64_t i = full; i < d; ++i) ar[i] += pr * v[i];                                             \
+      l[r] += pr;                                                                                        \
+    }                                                                                                    \
+  }                                                                                                      \
+  ATTR float max_##SUFFIX(const float* x, int64_t n) {                                                   \
+    VEC m = SET1(-std::numeric_limits<float>::infinity());                                               \
+    for (int64_t i = 0; i < n; i += LANES) m = MAX(m, LOAD(x + i));                                      \
+    alignas(64) float lanes[LANES];                                                                      \
+    STORE(lanes, m);                                                                                     \
+    return *std::max_element(lanes, lanes + LANES);                                                      \
+  }                                                                                                      \
+  ATTR void exp_shifted_##SUFFIX(float* x, int64_t n, float m) {                                         \
+    const VEC mv = SET1(m);                                                                              \
+    for (int64_t i = 0; i < n; i += LANES) STORE(x + i, EXP(_##SUFFIX##_sub(LOAD(x + i), mv)));          \
+  }
+
+SPECFREE_AVX2 inline __m256 _avx2_sub(__m256 a, __m256 b) { return _mm256_sub_ps(a, b); }
+SPECFREE_AVX512 inline __m512 _avx512_sub(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
+
+SPECFREE_PIECES(SPECFREE_AVX2, avx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+                _mm256_set1_ps, _mm256_fmadd_ps, _mm256_max_ps, sum8, exp8)
+SPECFREE_PIECES(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                _mm512_set1_ps, _mm512_fmadd_ps, _mm512_max_ps, sum16, exp16)
+
+// A block of up to kBlock keys for every row, with the head dim a whole number ND of vectors: a
+// row's query (pass 1) or accumulator (pass 2) stays in registers over the block, and the keys'
+// chains are independent of each other. Per (row, key) the arithmetic is exactly the generic
+// pieces' above (same vectors, same order), so which path or block a key falls in changes no bit.
+constexpr int kBlock = 8;
+
+struct Block {
+  const int64_t* keys;  // ascending key indices
+  int count;
+  const uint8_t* seen_t;  // [S, Q]
+  const float* bias;      // [Q, S] or null
+  int64_t q_len, groups, s_len;
+};
+
+#define SPECFREE_BLOCKS(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, STORE, SET1, FMA, SUM)                   \
+  template <int ND>                                                                                   \
+  ATTR void scores_block_##SUFFIX(const Block& b, const float* q, int64_t rows, const float* k,         \
+                                  int64_t ks, float* out, int64_t stride, float scale) {               \
+    for (int64_t r = 0; r < rows; ++r) {                                                              \
+      VEC qv[ND];                                                                                     \
+      for (int i = 0; i < ND; ++i) qv[i] = LOAD(q + r * ND * LANES + i * LANES);                      \
+      const int64_t qi = r / b.groups;                                                                \
+      for (int j = 0; j < b.count; ++j) {                                                             \
+        const int64_t s = b.keys[j];                                                                  \
+        const float* kj = k + s * ks;                                                                 \
+        VEC acc = ZERO();                                                                             \
+        for (int i = 0; i < ND; ++i) acc = FMA(qv[i], LOAD(kj + i * LANES), acc);                     \
+        const float x = SUM(acc) * scale;                                                             \
+        out[r * stride + s] = !b.seen_t[s * b.q_len + qi] ? -std::numeric_limits<float>::infinity()  \
+                              : b.bias ? x + b.bias[qi * b.s_len + s] : x;                            \
+      }                                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+  template <int ND>                                                                                   \
+  ATTR void accumulate_block_##SUFFIX(const Block& b, float* acc, const float* p, int64_t stride,     \
+                                      int64_t rows, const float* v, int64_t vs, float* l) {            \
+    for (int64_t r = 0; r < rows; ++r) {                                                              \
+      VEC a[ND];                                                                                      \
+      float* ar = acc + r * ND * LANES;                                                               \
+      for (int i = 0; i < ND; ++i) a[i] = LOAD(ar + i * LANES);                                       \
+      float lr = l[r];                                                                                \
+      const int64_t qi = r / b.groups;                                                                \
+      for (int j = 0; j < b.count; ++j) {                                                             \
+        const int64_t s = b.keys[j];                                                                  \
+        if (!b.seen_t[s * b.q_len + qi]) continue;                                                    \
+        const float pr = p[r * stride + s];                                                           \
+        const VEC pv = SET1(pr);                                                                      \
+        const float* vj = v + s * vs;                                                                 \
+        for (int i = 0; i < ND; ++i) a[i] = FMA(pv, LOAD(vj + i * LANES), a[i]);                      \
+        lr += pr;                                                                                     \
+      }                                                                                               \
+      for (int i = 0; i < ND; ++i) STORE(ar + i * LANES, a[i]);                                       \
+      l[r] = lr;                                                                                      \
+    }                                                                                                 \
+  }
+
+SPECFREE_BLOCKS(SPECFREE_AVX2, avx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+                _mm256_set1_ps, _mm256_fmadd_ps, sum8)
+SPECFREE_BLOCKS(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                _mm512_set1_ps, _mm512_fmadd_ps, sum16)
+
+using ScoresBlock = void (*)(const Block&, const float*, int64_t, const float*, int64_t, float*, int64_t, float);
+using AccumulateBlock = void (*)(const Block&, float*, const float*, int64_t, int64_t, const float*, int64_t,
+                                 float*);
+
+struct Pieces {
+  void (*scores)(const float*, int64_t, int64_t, const float*, float*, int64_t, float);
+  void (*accumulate)(float*, const float*, int64_t, const uint8_t*, int64_t, int64_t, const float*, float*);
+  float (*max)(const float*, int64_t);
+  void (*exp_shifted)(float*, int64_t, float);
+  ScoresBlock scores_block;  // null: the head dim has no block path (the generic pieces run)
+  AccumulateBlock accumulate_block;
+};
+
+// Head dims 64 and 128 (most models) get the block path.
+Pieces pieces(Isa isa, int64_t d) {
+  if (isa == Isa::kAvx512) {
+    Pieces f{scores_avx512, accumulate_avx512, max_avx512, exp_shifted_avx512, nullptr, nullptr};
+    if (d == 64) f.scores_block = scores_block_avx512<4>, f.accumulate_block = accumulate_block_avx512<4>;
+    if (d == 128) f.scores_block = scores_block_avx512<8>, f.accumulate_block = accumulate_block_avx512<8>;
+    return f;
+  }
+  Pieces f{scores_avx2, accumulate_avx2, max_avx2, exp_shifted_avx2, nullptr, nullptr};
+  if (d == 64) f.scores_block = scores_block_avx2<8>, f.accumulate_block = accumulate_block_avx2<8>;
+  return f;  // 128 would need 16 accumulators plus the query: more than AVX2's 16 registers
+}
+
+// Which keys each query row sees: seen[q * S + s], and hidden-or-added mask values; plus the keys
+// some row sees (the only ones read).
+struct Visibility {
+  std::vector<uint8_t> seen;   // [Q, S]
+  std::vector<float> bias;     // [Q, S] additive values (empty: none)
+  std::vector<int64_t> keys;   // ascending keys some row sees
+  std::vector<uint8_t> seen_t; // [S, Q]: per key, which rows see it
+};
+
+Visibility visibility(const std::optional<at::Tensor>& mask, int64_t b, int64_t q_len, int64_t s_len) {
+  Visibility vis;
+  vis.seen.assign(q_len * s_len, 0);
+  if (!mask.has_value() || !mask->defined()) {  // causal, the last query row on the last key
+    for (int64_t q = 0; q < q_len; ++q)
+      for (int64_t s = 0; s <= s_len - q_len + q && s < s_len; ++s) vis.seen[q * s_len + s] = 1;
+  } else {
+    const at::Tensor m = mask->select(0, mask->size(0) == 1 ? 0 : b).select(0, 0);  // [Q, S]
+    if (m.scalar_type() == at::kBool) {
+      const at::Tensor mc = m.contiguous();
+      const bool* data = mc.data_ptr<bool>();
+      for (int64_t i = 0; i < q_len * s_len; ++i) vis.seen[i] = data[i];
+    } else {
+      const at::Tensor mc = m.to(at::kFloat).contiguous();
+      const float* data = mc.data_ptr<float>();
+      bool any_bias = false;
+      for (int64_t i = 0; i < q_len * s_len; ++i) {
+        vis.seen[i] = data[i] >= kLowest;
+        any_bias |= vis.seen[i] && data[i] != 0.0f;
+      }
+      if (any_bias) vis.bias.assign(data, data + q_len * s_len);
+    }
+  }
+  vis.seen_t.assign(s_len * q_len, 0);
+  for (int64_t s = 0; s < s_len; ++s) {
+    bool any = false;
+    for (int64_t q = 0; q < q_len; ++q) {
+      vis.seen_t[s * q_len + q] = vis.seen[q * s_len + s];
+      any |= vis.seen[q * s_len + s];
+    }
+    if (any) vis.keys.push_back(s);
+  }
+  return vis;
+}
+
+// One (batch, key/value head): its G query heads times Q rows, row index r = q * G + g.
+void head_group(const Pieces& f, const Visibility& vis, const float* q /*[Q*G, D]*/, const float* k,
+                const float* v, int64_t ks, int64_t vs, int64_t q_len, int64_t groups, int64_t s_len, int64_t d,
+                float scale, float* out /*[Q*G, D]*/) {
+  const int64_t rows = q_len * groups, width = (s_len + kPad - 1) / kPad * kPad;
+  std::vector<float> score(rows * width, -std::numeric_limits<float>::infinity());
+  std::vector<uint8_t> seen(rows);
+  const int64_t n_keys = static_cast<int64_t>(vis.keys.size());
+  auto block = [&](int64_t j) {
+    return Block{vis.keys.data() + j, static_cast<int>(std::min<int64_t>(kBlock, n_keys - j)), vis.seen_t.data(),
+                 vis.bias.empty() ? nullptr : vis.bias.data(), q_len, groups, s_len};
+  };
+  if (f.scores_block) {  // pass 1: every row's score on each key some row sees
+    for (int64_t j = 0; j < n_keys; j += kBlock) f.scores_block(block(j), q, rows, k, ks, score.data(), width, scale);
+  } else {
+    for (const int64_t s : vis.keys) {
+      f.scores(q, rows, d, k + s * ks, score.data() + s, width, scale);
+      for (int64_t qi = 0; qi < q_len; ++qi) {
+        const bool sees = vis.seen_t[s * q_len + qi];
+        for (int64_t g = 0; g < groups; ++g) {
+          float& x = score[(qi * groups + g) * width + s];
+          x = sees ? (vis.bias.empty() ? x : x + vis.bias[qi * s_len + s]) : -std::numeric_limits<float>::infinity();
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {  // p = exp(score - max), hidden keys 0 (and skipped below)
+    float* row = score.data() + r * width;
+    const float m = f.max(row, width);
+    if (m != -std::numeric_limits<float>::infinity()) f.exp_shifted(row, width, m);
+  }
+  std::vector<float> acc(rows * d, 0.0f), l(rows, 0.0f);
+  if (f.accumulate_block) {  // pass 2: values, in key order for every row
+    for (int64_t j = 0; j < n_keys; j += kBlock)
+      f.accumulate_block(block(j), acc.data(), score.data(), width, rows, v, vs, l.data());
+  } else {
+    for (const int64_t s : vis.keys) {
+      for (int64_t qi = 0; qi < q_len; ++qi)
+        for (int64_t g = 0; g < groups; ++g) seen[qi * groups + g] = vis.seen_t[s * q_len + qi];
+      f.accumulate(acc.data(), score.data() + s, width, seen.data(), rows, d, v + s * vs, l.data());
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {  // a row that sees nothing gets zeros
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    for (int64_t i = 0; i < d; ++i) out[r * d + i] = acc[r * d + i] * inv;
+  }
+}
+
+Isa parse_isa(const std::string& name) {
+  const Isa best = best_isa();
+  Isa asked = best;
+  if (name == "avx2") asked = Isa::kAvx2;
+  else if (name == "avx512") asked = Isa::kAvx512;
+  else TORCH_CHECK(name == "auto", "specfree::tree_attention: isa must be auto, avx2 or avx512, not ", name);
+  TORCH_CHECK(static_cast<int>(asked) <= static_cast<int>(best) && asked != Isa::kNone,
+              "specfree::tree_attention: this CPU cannot run the ", name, " code path");
+  return asked;
+}
+
+at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                          const std::optional<at::Tensor>& mask, double scale, c10::string_view isa_name) {
+  TORCH_CHECK(query.device().is_cpu() && key.device().is_cpu() && value.device().is_cpu(),
+              "specfree::tree_attention runs on the CPU");
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+              "specfree::tree_attention: query, key and value must be [B, heads, rows, head_dim]");
+  TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
+                  value.scalar_type() == at::kFloat, "specfree::tree_attention: float32 only");
+  const int64_t batch = query.size(0), heads = query.size(1), q_len = query.size(2), d = query.size(3);
+  const int64_t kv_heads = key.size(1), s_len = key.size(2);
+  TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == batch && key.size(3) == d,
+              "specfree::tree_attention: key and value must be [B, kv_heads, keys, head_dim] like the query's");
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "specfree::tree_attention: ", heads,
+              " query heads do not share ", kv_heads, " key/value heads evenly");
+  if (mask.has_value() && mask->defined())
+    TORCH_CHECK(mask->dim() == 4 && (mask->size(0) == 1 || mask->size(0) == batch) && mask->size(1) == 1 &&
+                    mask->size(2) == q_len && mask->size(3) == s_len,
+                "specfree::tree_attention: the mask must be [B or 1, 1, rows, keys], not ", mask->sizes());
+  const Pieces f = pieces(parse_isa(std::string(isa_name)), d);
+  const int64_t groups = heads / kv_heads;
+  // query rows of a key/value head side by side: [B, Hkv, Q, G, D]
+  const at::Tensor qg = query.view({batch, kv_heads, groups, q_len, d}).transpose(2, 3).contiguous();
+  const at::Tensor k = key.stride(3) == 1 ? key : key.contiguous();
+  const at::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
+  at::Tensor out = at::empty({batch, kv_heads, q_len, groups, d}, query.options());
+  std::vector<Visibility> vis;
+  for (int64_t b = 0; b < batch; ++b) vis.push_back(visibility(mask, b, q_len, s_len));
+  const float* qp = qg.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t rows = q_len * groups;
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / kv_heads, h = task % kv_heads;
+      head_group(f, vis[b], qp + task * rows * d, kp + b * k.stride(0) + h * k.stride(1),
+                 vp + b * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2), q_len, groups, s_len, d,
+                 static_cast<float>(scale), op + task * rows * d);
+    }
+  });
+  // [B, Hkv, Q, G, D] -> [B, Q, H, D], contiguous as the fake promises (with one query head per
+  // key/value head, reshape alone would return a strided view, and compiled code reading the
+  // result by the promised strides would read the wrong rows)
+  return out.permute({0, 2, 1, 3, 4}).reshape({batch, q_len, heads, d}).contiguous();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specfree, m) {
+  m.def("tree_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, str isa='auto') -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specfree, CPU, m) { m.impl("tree_attention", &tree_attention); }
