@@ -78,7 +78,10 @@ def test_tree_rows_and_committed_kv_match_a_plain_forward(family, seed):
     ids = torch.tensor([prefix + path_tokens])
     with torch.no_grad():  # positions as generate passes them (RoBERTa-style models would count from pad + 1)
         plain = model(ids, position_ids=torch.arange(ids.shape[1])[None], use_cache=True)
-    torch.testing.assert_close(logits[node], plain.logits[0, -1], atol=1e-4, rtol=1e-4)
+    # fp32 rounding differs between the two layouts; it scales with the logits (gemma3n_text's reach
+    # ~10 and differed by 1.65e-4 at seed 132)
+    scale = max(1.0, float(plain.logits[0, -1].abs().max()))
+    torch.testing.assert_close(logits[node], plain.logits[0, -1], atol=1e-4 * scale, rtol=1e-4)
 
     # After committing the path root..node, the cache equals the plain forward's cache. specfree keeps every
     # position; a sliding layer of the plain cache keeps only the last window - 1 of them.
