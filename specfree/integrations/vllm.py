@@ -37,6 +37,7 @@ from specfree.pricing import Plan, Pricer, as_proposed
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal, Verdict
 
+PROPOSER = "specfree.integrations.vllm.SpecfreeProposer"  # speculative_config's "model"
 CONFIG_KEY = "specfree"  # the entry of vLLM's additional_config that holds specfree's config
 SETUP_HINT = "build vLLM's own environment as docs/vllm.md says (scripts/vllm_env.sh)"
 # What a broken torchvision/torchaudio beside the CPU torch wheel prints when vLLM imports them.
@@ -76,8 +77,7 @@ def _check_torch(metadata) -> None:
         for line in requires:
             req = Requirement(line)
             if req.name == "torch" and req.specifier and (req.marker is None or req.marker.evaluate()):
-                have = torch.__version__.split("+")[0]
-                if not req.specifier.contains(have, prereleases=True):
+                if not req.specifier.contains(torch.__version__, prereleases=True):
                     raise ConfigError(f"{dist} needs torch{req.specifier}, this environment has torch "
                                       f"{torch.__version__}: pip install 'torch{req.specifier}'")
         return
@@ -248,7 +248,6 @@ class SpecfreeProposer:
 
 if __name__ == "__main__":
     try:
-        print(f"vLLM {check_environment()} imports; specfree's proposer: {SpecfreeProposer.__module__}."
-              f"{SpecfreeProposer.__qualname__}")
+        print(f"vLLM {check_environment()} imports; specfree's proposer: {PROPOSER}")
     except ConfigError as error:
         raise SystemExit(f"error: {error}") from None
