@@ -4,8 +4,9 @@
     ... --method specfree --specfree strategy=hybrid        (specfree's proposer, any overrides)
     ... --method ngram | suffix                              (vLLM's own drafters)
 
-PROMPTS.json holds a list of token-id lists; OUT.json gets each prompt's greedy output ids and the
-run's timing (generate's wall time after a warm-up, all prompts batched at once).
+PROMPTS.json holds a list of token-id lists; OUT.json gets each prompt's greedy output ids, the
+run's timing (generate's wall time after a warm-up run) and vLLM's drafted/accepted counts; with
+several --batch sizes, a list of such rows.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ def speculative_config(method: str, k: int) -> dict | None:
     raise SystemExit(f"error: unknown --method {method!r}; use plain, specfree, ngram or suffix")
 
 
+def spec_counts(llm) -> dict[str, int]:
+    """Drafted and accepted tokens so far, from vLLM's own counters."""
+    names = {"vllm:spec_decode_num_draft_tokens": "drafted", "vllm:spec_decode_num_accepted_tokens": "accepted"}
+    counts = {"drafted": 0, "accepted": 0}
+    for metric in llm.get_metrics():
+        if metric.name in names:
+            counts[names[metric.name]] += int(metric.value)
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -38,8 +49,11 @@ def main() -> None:
     parser.add_argument("--specfree", nargs="*", default=[], help="specfree config overrides, e.g. strategy=trie")
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=0, help="prompts per generate call (0: all at once)")
+    parser.add_argument("--batch", type=int, nargs="*", default=[0],
+                        help="prompts per generate call (0: all at once); several: one timed run each")
     parser.add_argument("--no-warmup", action="store_true", help="time the first run (a test needs no timing)")
+    parser.add_argument("--memory", type=float, default=0.15,
+                        help="fraction of the CPU memory vLLM reserves (its gpu_memory_utilization)")
     parser.add_argument("--eager", action="store_true", help="no torch.compile (faster start, slower steps)")
     args = parser.parse_args()
 
@@ -51,28 +65,34 @@ def main() -> None:
     prompts = json.load(open(args.prompts))
     extra = {"additional_config": {"specfree": list(args.specfree)}} if args.method == "specfree" else {}
     llm = LLM(model=args.model, dtype="float32", skip_tokenizer_init=True, max_model_len=1024,
-              max_num_seqs=max(4, args.batch or len(prompts)), enforce_eager=args.eager, seed=0,
+              max_num_seqs=max(4, len(prompts)), enforce_eager=args.eager, seed=0,
+              gpu_memory_utilization=args.memory, disable_log_stats=False,
               speculative_config=speculative_config(args.method, args.k), **extra)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
-    batch = args.batch or len(prompts)
-    groups = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
 
-    def run() -> list[list[int]]:
+    def run(batch: int) -> list[list[int]]:
         outputs = []
-        for group in groups:
+        for i in range(0, len(prompts), batch):
+            group = prompts[i: i + batch]
             results = llm.generate([{"prompt_token_ids": ids} for ids in group], params, use_tqdm=False)
             outputs += [list(r.outputs[0].token_ids) for r in results]
         return outputs
 
-    if not args.no_warmup:
-        run()  # compiled kernels, caches
-    start = time.perf_counter()
-    outputs = run()
-    wall = time.perf_counter() - start
-    tokens = sum(len(o) for o in outputs)
-    json.dump({"method": args.method, "specfree": args.specfree, "k": args.k, "batch": batch, "outputs": outputs,
-               "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}, open(args.out, "w"))
-    print(f"{args.method} {' '.join(args.specfree)}: batch {batch}, {tokens} tokens, {tokens / wall:.1f} tok/s")
+    rows = []
+    for batch in [b or len(prompts) for b in args.batch]:
+        if not args.no_warmup:
+            run(batch)  # compiled kernels, caches
+        before = spec_counts(llm)
+        start = time.perf_counter()
+        outputs = run(batch)
+        wall = time.perf_counter() - start
+        counts = {k: v - before[k] for k, v in spec_counts(llm).items()}
+        tokens = sum(len(o) for o in outputs)
+        rows.append({"method": args.method, "specfree": args.specfree, "k": args.k, "batch": batch,
+                     "outputs": outputs, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, **counts})
+        print(f"{args.method} {' '.join(args.specfree)}: batch {batch}, {tokens} tokens, {tokens / wall:.1f} tok/s, "
+              f"{counts}", flush=True)
+    json.dump(rows[0] if len(rows) == 1 else rows, open(args.out, "w"))
 
 
 if __name__ == "__main__":  # vLLM starts its engine in a spawned process, which re-imports this file
