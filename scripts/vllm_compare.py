@@ -15,19 +15,16 @@ import argparse
 import json
 import time
 
-PROPOSER = "specfree.integrations.vllm.SpecfreeProposer"
-
 
 def speculative_config(method: str, k: int) -> dict | None:
     if method == "plain":
         return None
-    if method == "specfree":
-        return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     if method == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
-    raise SystemExit(f"error: unknown --method {method!r}; use plain, specfree, ngram or suffix")
+    raise SystemExit(f"error: unknown --method {method!r}; use plain, specfree (--specfree OVERRIDES), "
+                     "ngram or suffix")
 
 
 def spec_counts(llm) -> dict[str, int]:
@@ -57,17 +54,22 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="no torch.compile (faster start, slower steps)")
     args = parser.parse_args()
 
-    from specfree.integrations.vllm import check_environment
+    from specfree.errors import ConfigError
+    from specfree.integrations.vllm import check_environment, vllm_args
 
-    check_environment()
+    try:
+        check_environment()
+        spec = vllm_args(args.k, args.specfree) if args.method == "specfree" else {
+            "speculative_config": speculative_config(args.method, args.k)}
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
     from vllm import LLM, SamplingParams
 
     prompts = json.load(open(args.prompts))
-    extra = {"additional_config": {"specfree": list(args.specfree)}} if args.method == "specfree" else {}
     llm = LLM(model=args.model, dtype="float32", skip_tokenizer_init=True, max_model_len=1024,
               max_num_seqs=max(4, len(prompts)), enforce_eager=args.eager, seed=0,
               gpu_memory_utilization=args.memory, disable_log_stats=False,
-              speculative_config=speculative_config(args.method, args.k), **extra)
+              **spec)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
 
     def run(batch: int) -> list[list[int]]:

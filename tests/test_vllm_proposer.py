@@ -150,3 +150,15 @@ def test_missing_vllm_is_one_line():
         assert "\n" not in str(info.value)
     else:
         pytest.skip("vLLM is installed here")
+
+
+def test_vllm_args_name_the_proposer_and_refuse_a_bad_config_before_vllm_starts():
+    from specfree.integrations.vllm import PROPOSER, vllm_args
+
+    args = vllm_args(3, ["strategy=trie"])
+    assert args == {"speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 3},
+                    "additional_config": {"specfree": ["strategy=trie"]}}
+    with pytest.raises(ConfigError, match="has no knob 'nope'"):
+        vllm_args(3, {"strategy": {"name": "trie", "nope": 1}})
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        vllm_args(0)

@@ -186,6 +186,21 @@ class Drafters:
                 self.spare.append(oldest.strategy)
 
 
+def vllm_args(num_speculative_tokens: int = 4, config: Any = None) -> dict[str, Any]:
+    """``LLM(model, **vllm_args(4, ["strategy=hybrid"]))``: vLLM's arguments for specfree's proposer.
+
+    ``config`` is checked here, so a mistake is one line before vLLM spends seconds starting (inside
+    vLLM's engine process the same mistake comes wrapped in vLLM's traceback).
+    """
+    from specfree.errors import check_int
+
+    k = check_int("num_speculative_tokens", num_speculative_tokens, low=1)
+    load_strategy_factory(config)
+    plain = list(config) if isinstance(config, Sequence) and not isinstance(config, str) else config
+    return {"speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k},
+            "additional_config": {CONFIG_KEY: plain} if plain is not None else {}}
+
+
 class SpecfreeProposer:
     """vLLM's ``custom_class`` proposer running a specfree strategy, one chain per request."""
 
