@@ -66,6 +66,16 @@ def test_prompt_lookup_drafts_the_repeat_and_learns_what_was_accepted():
     assert sum(c[0] for c in rates.counts.values()) == 2 and sum(c[1] for c in rates.counts.values()) == 1
 
 
+def test_unpriced_drafts_the_first_candidate_as_proposed():
+    proposer = SpecfreeProposer(vllm_config(["strategy=prompt_lookup", "strategy.priced=false",
+                                             "strategy.num_candidates=2"]))
+    assert proposer.pricer is None
+    batch = Batch()
+    batch.put(0, [5, 6, 7, 8, 5, 6, 9, 9, 5])  # "5" is followed by "6 7 8 ..." and, more recently, "6 9 9 ..."
+    (draft,) = propose(proposer, batch, [[5]])
+    assert draft == [6, 9, 9, 5]
+
+
 def test_a_request_keeps_its_drafter_when_rows_move_pause_and_finish():
     proposer = SpecfreeProposer(vllm_config(["strategy=trie"], max_num_seqs=2))
     batch = Batch()

@@ -104,8 +104,12 @@ def load_strategy_factory(spec: Any) -> tuple[Callable[[], Strategy], bool]:
                           f"or a list of overrides such as ['strategy=trie'], got {type(spec).__name__}")
     own = reg.get("strategy", cfg.strategy.name).knobs
     priced = bool(knobs(cfg.strategy).get("priced", True)) if "priced" not in own else True
-    build_strategy(cfg, reg)  # refuse a bad config now, in vLLM's start-up, not at the first step
-    return (lambda: build_strategy(cfg, reg)), priced
+    first = [build_strategy(cfg, reg)]  # built now: a bad config fails at vLLM's start, not its first step
+
+    def make() -> Strategy:
+        return first.pop() if first else build_strategy(cfg, reg)
+
+    return make, priced
 
 
 @dataclass
