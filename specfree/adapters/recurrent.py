@@ -20,12 +20,15 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers.cache_utils import Cache, DummyLayer, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers import cache_utils
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.cache_utils import LinearAttentionCacheLayerMixin as StateLayer
 
 from specfree.adapters.kv import GrowingLayer, growing_cache
 
 PLAIN_ATTENTION = (DynamicLayer, DynamicSlidingWindowLayer)
+# A layer that keeps nothing, new in transformers 5.20; vLLM's environment has 5.19 (docs/vllm.md).
+DummyLayer = getattr(cache_utils, "DummyLayer", DynamicLayer)
 
 
 def cache_kind(model) -> str:

