@@ -118,7 +118,7 @@ def test_decode_says_when_a_model_verifies_chains(tmp_path, monkeypatch, capsys)
     assert code == 0
     err = capsys.readouterr().err.splitlines()
     result = json.loads((tmp_path / "r.json").read_text())
-    assert err[0] == result["verification"] == HFAdapter(tiny_model("bloom")).describe()
+    assert err[0] == result["verification"] == HFAdapter(tiny_model("bloom")).capabilities.describe()
     assert "bloom: verifies one chain a step" in err[0]
 
 

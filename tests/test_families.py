@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from specfree import Engine, UnsupportedModelError
-from specfree.adapters.attention import GROUPED_SDPA
+from specfree.adapters.attention import TREE_ATTENTION
 from specfree.adapters.hf import HFAdapter
 from specfree.loading import ignores_custom_masks, load_model
 from tests.tiny_models import COMMON, CONFIGS, FAMILIES, reference_greedy, tiny_model
@@ -58,8 +58,8 @@ def _claims_flash(family: str) -> transformers.PreTrainedModel:
     return model
 
 
-# The grouped-query llama then runs specfree's grouped SDPA (same math as transformers' SDPA).
-@pytest.mark.parametrize("family, fallback, final", [("llama", "sdpa", GROUPED_SDPA), ("gemma2", "eager", "eager")])
+# The llama then runs specfree's tree attention (from SDPA); gemma2's soft-capping keeps eager.
+@pytest.mark.parametrize("family, fallback, final", [("llama", "sdpa", TREE_ATTENTION), ("gemma2", "eager", "eager")])
 def test_flash_attention_model_switches_to_a_masked_implementation(family, fallback, final):
     model = _claims_flash(family)
     with pytest.warns(UserWarning, match=f"'flash_attention_2' cannot take specfree's tree attention mask; "

@@ -65,6 +65,9 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     covered = (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype == torch.float32
                and not dropout and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)
                and getattr(module, "sinks", None) is None
+               # one head dim for query, key and value (MLA's values are narrower), whole query groups
+               and query.shape[-1] == key.shape[-1] == value.shape[-1] and key.shape[:3] == value.shape[:3]
+               and query.shape[1] % key.shape[1] == 0
                and (attention_mask is not None or getattr(module, "is_causal", True))
                and (attention_mask is None or (attention_mask.shape[1] == 1 and attention_mask.dim() == 4
                                                 and attention_mask.shape[-1] == key.shape[-2])))

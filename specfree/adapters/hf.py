@@ -12,6 +12,7 @@ the positions, the store makes the masks and keeps the accepted rows' KV (``comm
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -60,17 +61,22 @@ class HFAdapter:
         self.model = model.eval()
         self._embeddings = model.get_input_embeddings()
         self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
-        if capabilities is None:
-            def probe_adapter(caps: Capabilities) -> HFAdapter:
-                return HFAdapter(model, grouped_attention=grouped_attention, linear_kernel=linear_kernel,
-                                 cache_dir=cache_dir, runner=runner, capabilities=caps)
+        self._compiled_runner = runner
+        self._attach(capabilities or probes.inspect_model(structure, self._probe, compiled=runner is not None,
+                                                          probe=check_tree_mask), runner)
 
-            capabilities = probes.inspect_model(structure, probe_adapter, compiled=runner is not None,
-                                                probe=check_tree_mask)
+    def _attach(self, capabilities: Capabilities, runner: StepRunner | None) -> None:
         self.capabilities = capabilities
-        self.runner = runner or EagerRunner(model, capabilities.cache_argument, capabilities.takes_positions)
+        self.runner = runner or EagerRunner(self.model, capabilities.cache_argument, capabilities.takes_positions)
         self.store: KVStore = STORES["slots" if runner is not None else capabilities.store](
-            model, capabilities, self.runner)
+            self.model, capabilities, self.runner)
+
+    def _probe(self, capabilities: Capabilities) -> HFAdapter:
+        """An adapter over the same, already prepared model, running as ``capabilities`` say (the
+        probes try a mode on it): the model is prepared once."""
+        probe = copy.copy(self)
+        probe._attach(capabilities, self._compiled_runner)
+        return probe
 
     # ---- what the engine reads (``protocol.Adapter``) ------------------------------------
     @property

@@ -74,6 +74,8 @@ class BenchSettings:
 
         try:
             plain = OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)  # untyped: Any stays plain
+            if isinstance(plain.get("model"), str):  # a bare name or path, as the library API takes it
+                plain["model"] = {"name": plain["model"], "path": None}
             if not isinstance(plain.get("bench"), Mapping):
                 raise ConfigError("the bench command needs a bench config: add bench=spec_bench (or bench=custom)")
             if not plain["bench"].get("prompts"):

@@ -151,6 +151,7 @@ class LlamaCppSystem:
     knobs: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)  # the GGUF, threads, context
     kind: str = "llama.cpp"
+    path: str = "llama.cpp"  # its own loop, compared with no specfree path
 
     @property
     def label(self) -> str:

@@ -104,8 +104,8 @@ def test_shipped_sets_are_what_the_generator_makes(tmp_path):
 def test_bench_config_points_at_the_shipped_set(tmp_path):
     bench = OmegaConf.to_container(OmegaConf.load(CONFIG))
     settings = BenchSettings.from_config({"model": "smollm2", "bench": {**bench, "out": str(tmp_path)}})
-    assert settings.prompts == SHIPPED["code_edits"] and settings.max_new_tokens == 256
-    items = load_prompts(settings.prompts, settings.format, settings.fields)
+    assert settings.prompts == SHIPPED["code_edits"] and settings.bench.max_new_tokens == 256
+    items = load_prompts(settings.prompts, settings.bench.format, settings.bench.fields)
     assert [i.category for i in items[:8]] == ["type_hints"] * 8
     multi = BenchSettings.from_config({"model": "smollm2", "bench": {**bench, "prompts": "code_edits_multi_turn",
                                                                      "out": str(tmp_path)}})

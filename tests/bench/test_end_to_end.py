@@ -155,7 +155,7 @@ def test_bad_bench_configs_are_config_errors(tmp_path):
 
 
 def test_transformers_baselines_run_as_shipped_on_the_shared_model():
-    from specfree.adapters.attention import GROUPED_SDPA
+    from specfree.adapters.attention import TREE_ATTENTION
     from specfree.adapters.hf import HFAdapter
     from specfree.adapters.norms import FusedRMSNorm
     from specfree.kernels import FewRowLinear, load_kernels
@@ -163,7 +163,7 @@ def test_transformers_baselines_run_as_shipped_on_the_shared_model():
 
     model = tiny_model("llama")
     HFAdapter(model)  # a specfree engine over the shared model switches it to its CPU kernels
-    assert model.config._attn_implementation == GROUPED_SDPA
+    assert model.config._attn_implementation == TREE_ATTENTION
     assert isinstance(model.lm_head, FewRowLinear) == (load_kernels() is not None)
     norm = model.model.norm.original  # transformers' own
     seen = []
@@ -175,7 +175,7 @@ def test_transformers_baselines_run_as_shipped_on_the_shared_model():
     finally:
         handle.remove()
     assert seen and set(seen) == {("sdpa", torch.nn.Linear, type(norm))}
-    assert model.config._attn_implementation == GROUPED_SDPA  # the engines get theirs back
+    assert model.config._attn_implementation == TREE_ATTENTION  # the engines get theirs back
     assert isinstance(model.lm_head, FewRowLinear) == (load_kernels() is not None)
     assert isinstance(model.model.norm, FusedRMSNorm)
 
