@@ -98,15 +98,7 @@ def tree_attention_covers(model, cache_dir=None) -> bool:
 
 def use_tree_attention(model, cache_dir=None) -> bool:
     """Switch a model ``tree_attention_covers`` to ``tree_attention_forward``; True if switched."""
-    if not tree_attention_covers(model, cache_dir):
-        return False
-    AttentionInterface.register(TREE_ATTENTION, tree_attention_forward)
-    AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
-    try:
-        model.set_attn_implementation(TREE_ATTENTION)
-    except (ValueError, ImportError):  # a family that refuses custom attention keeps its SDPA
-        return False
-    return model.config._attn_implementation == TREE_ATTENTION
+    return tree_attention_covers(model, cache_dir) and _switch(model, TREE_ATTENTION, tree_attention_forward)
 
 
 def attention_path(model) -> str:
@@ -126,13 +118,19 @@ def use_grouped_sdpa(model) -> bool:
     """Switch an SDPA grouped-query model on the CPU to ``grouped_sdpa_attention``; True if switched."""
     if model.config._attn_implementation != "sdpa" or model.device.type != "cpu" or not is_grouped_query(model):
         return False
-    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
-    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+    return _switch(model, GROUPED_SDPA, grouped_sdpa_attention)
+
+
+def _switch(model, name: str, function) -> bool:
+    """Register ``function`` under ``name`` through transformers' own extension points (with SDPA's
+    mask) and switch ``model`` to it; False where the family refuses custom attention."""
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, sdpa_mask)
     try:
-        model.set_attn_implementation(GROUPED_SDPA)
+        model.set_attn_implementation(name)
     except (ValueError, ImportError):  # a family that refuses custom attention keeps its SDPA
         return False
-    return model.config._attn_implementation == GROUPED_SDPA
+    return model.config._attn_implementation == name
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from specfree.kernels.swap import swap_modules, swapped_modules
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
 SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"))  # one library, one compiler call
+HEADERS = (Path(__file__).with_name("isa.h"),)  # included by both sources
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 BACKENDS = ("few_row", "library")  # "library": torch's F.linear, the fallback
 
@@ -36,7 +37,7 @@ BACKENDS = ("few_row", "library")  # "library": torch's F.linear, the fallback
 def kernel_dir(cache_dir: str | Path | None = None) -> Path:
     """Where a build of this source for this torch lives: a new source or torch builds anew."""
     root = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "specfree"
-    return root / "kernels" / fingerprint(*(s.read_text() for s in SOURCES), torch.__version__)
+    return root / "kernels" / fingerprint(*(s.read_text() for s in (*SOURCES, *HEADERS)), torch.__version__)
 
 
 def _registered() -> bool:

@@ -18,6 +18,8 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "isa.h"
+
 #include <algorithm>
 #include <string>
 
@@ -32,14 +34,8 @@ constexpr int64_t kPrefetchBytes = 32768;
 
 constexpr int64_t kMaxRows = 16;  // more rows go to the library's GEMM (compute bound there)
 
-enum class Isa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
-
-Isa best_isa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
-  return Isa::kNone;
-}
+using specfree::Isa;
+using specfree::best_isa;
 
 // ---------------------------------------------------------------- AVX2 + FMA: 8 lanes
 #define SPECFREE_AVX2 __attribute__((target("avx2,fma")))
@@ -198,16 +194,7 @@ void run(Isa isa, const float* x, int64_t m, const W* w, int64_t n, int64_t k, c
   });
 }
 
-Isa parse_isa(const std::string& name) {
-  const Isa best = best_isa();
-  Isa asked = best;
-  if (name == "avx2") asked = Isa::kAvx2;
-  else if (name == "avx512") asked = Isa::kAvx512;
-  else TORCH_CHECK(name == "auto", "specfree::linear: isa must be auto, avx2 or avx512, not ", name);
-  TORCH_CHECK(static_cast<int>(asked) <= static_cast<int>(best) && asked != Isa::kNone,
-              "specfree::linear: this CPU cannot run the ", name, " code path");
-  return asked;
-}
+Isa parse_isa(const std::string& name) { return specfree::parse_isa(name, "specfree::linear"); }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   c10::string_view isa_name) {

@@ -27,6 +27,8 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "isa.h"
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -37,14 +39,8 @@
 
 namespace {
 
-enum class Isa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
-
-Isa best_isa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
-  return Isa::kNone;
-}
+using specfree::Isa;
+using specfree::best_isa;
 
 constexpr int64_t kPad = 16;  // score rows are padded to whole vectors, so exp needs no scalar tail
 constexpr float kLowest = -0.5f * FLT_MAX;  // float mask entries below this hide their key
@@ -334,16 +330,7 @@ void head_group(const Pieces& f, const Visibility& vis, const float* q /*[Q*G, D
   }
 }
 
-Isa parse_isa(const std::string& name) {
-  const Isa best = best_isa();
-  Isa asked = best;
-  if (name == "avx2") asked = Isa::kAvx2;
-  else if (name == "avx512") asked = Isa::kAvx512;
-  else TORCH_CHECK(name == "auto", "specfree::tree_attention: isa must be auto, avx2 or avx512, not ", name);
-  TORCH_CHECK(static_cast<int>(asked) <= static_cast<int>(best) && asked != Isa::kNone,
-              "specfree::tree_attention: this CPU cannot run the ", name, " code path");
-  return asked;
-}
+Isa parse_isa(const std::string& name) { return specfree::parse_isa(name, "specfree::tree_attention"); }
 
 at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                           const std::optional<at::Tensor>& mask, double scale, c10::string_view isa_name) {
