@@ -236,9 +236,9 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
     and mask builder are built first, so their mistakes show before the model spends seconds loading."""
     from specfree.adapters.compiled import check_compile
-    from specfree.generation import check_generation, model_verifier
+    from specfree.generation import check_generation
     from specfree.loading import check_hub_reachable, load_model
-    from specfree.parts import build_adapter
+    from specfree.parts import build_parts
 
     check_compile(cfg.get("compile", "auto"))
     generation = check_generation(cfg.get("generation", "model"))
@@ -255,13 +255,12 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     model, tokenizer = load_model(model_cfg.path or model_cfg.name, device=cfg.device, dtype=cfg.dtype,
                                   cache_dir=cfg.cache_dir, attn_implementation=model_cfg.attn_implementation,
                                   revision=model_cfg.revision)
-    adapter = build_adapter(model, reg, model_cfg.adapter, compile=cfg.get("compile", "auto"),
-                            linear_kernel=model_cfg.linear_kernel, cache_dir=cfg.cache_dir)
     # The verifier's knobs the config leaves unset (null) follow the model's generation_config.
     chosen = cfg.get("verifier")
-    verifier, settings = model_verifier(reg, model, knobs(chosen) if chosen is not None else {}, generation,
-                                        chosen.name if chosen is not None else None)
-    return {"adapter": adapter, "strategy": strategy, "verifier": verifier, "tokenizer": tokenizer,
-            "mask_builder": mask_builder, "model_settings": settings, **step}
+    parts = build_parts(model, reg, strategy, verifier_knobs=knobs(chosen) if chosen is not None else {},
+                        verifier=chosen.name if chosen is not None else None, generation=generation,
+                        adapter_name=model_cfg.adapter, compile=cfg.get("compile", "auto"),
+                        linear_kernel=model_cfg.linear_kernel, cache_dir=cfg.cache_dir)
+    return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, **step}
 
 

@@ -125,8 +125,7 @@ class Engine:
         ``priced``, ``adapt_costs``, ``costs``, ``acceptance``: see ``Engine``.
         """
         from specfree.adapters.compiled import check_compile
-        from specfree.generation import model_verifier
-        from specfree.parts import build_adapter
+        from specfree.parts import build_parts
         from specfree.plugins import build_plugin_manager, registry
 
         sampling_keys = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
@@ -137,14 +136,13 @@ class Engine:
             strategy = reg.make("strategy", strategy, **knobs)
         elif knobs:
             raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
-        verifier, settings = model_verifier(reg, model, sampling, generation)
-        if settings.ignored:
-            warnings.warn(settings.line(), stacklevel=2)
         check_compile(compile)
-        if adapter is None:
-            adapter = build_adapter(model, reg, compile=compile, linear_kernel=linear_kernel, cache_dir=cache_dir)
-        return cls(adapter, strategy, verifier, tokenizer, cache_dir=cache_dir, priced=priced,
-                   adapt_costs=adapt_costs, costs=costs, acceptance=acceptance, model_settings=settings)
+        parts = build_parts(model, reg, strategy, verifier_knobs=sampling, generation=generation, adapter=adapter,
+                            compile=compile, linear_kernel=linear_kernel, cache_dir=cache_dir)
+        if parts["model_settings"].ignored:
+            warnings.warn(parts["model_settings"].line(), stacklevel=2)
+        return cls(**parts, tokenizer=tokenizer, cache_dir=cache_dir, priced=priced, adapt_costs=adapt_costs,
+                   costs=costs, acceptance=acceptance)
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":

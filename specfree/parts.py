@@ -1,10 +1,11 @@
-"""The one way an engine's adapter is built, whichever path builds the engine.
+"""The one way an engine's parts over a loaded model are built, whichever path builds the engine.
 
 ``Engine.from_model`` (and so ``from_pretrained``, the bench's systems and the transformers
-integration), ``config.engine_parts`` (the CLI, ``Engine.from_config``) and the bench's shared
-compiled adapter all call ``build_adapter``: the adapter comes from the plugin registry (kind
-``adapter``; the built-in ``hf`` is ``compiled.make_adapter``), given only the knobs its factory
-takes, so an adapter from a plugin need not know them.
+integration) and ``config.engine_parts`` (the CLI, ``Engine.from_config``) both end in
+``build_parts``; it and the bench's shared compiled adapter build the adapter with
+``build_adapter``: from the plugin registry (kind ``adapter``; the built-in ``hf`` is
+``compiled.make_adapter``), given only the knobs its factory takes, so an adapter from a plugin
+need not know them.
 """
 
 from __future__ import annotations
@@ -32,3 +33,20 @@ def build_adapter(model, reg: Registry | None = None, name: str = "hf", *, compi
     if linear_kernel != "few_row":
         extra["linear_kernel"] = linear_kernel
     return reg.make("adapter", name, model=model, **extra)
+
+
+def build_parts(model, reg: Registry, strategy: Any, *, verifier_knobs: dict[str, Any] | None = None,
+                verifier: str | None = None, generation: Any = "model", adapter: Adapter | None = None,
+                adapter_name: str = "hf", compile: str | bool = "false", linear_kernel: str = "few_row",
+                cache_dir: str | None = None) -> dict[str, Any]:
+    """``adapter``, ``strategy``, ``verifier`` and ``model_settings`` for ``Engine(...)``: the
+    verifier ``verifier`` (None: sampling where asked, else greedy) from ``verifier_knobs`` over the
+    model's generation settings (``generation``: see ``specfree.generation``), then the adapter
+    (``adapter`` when one was built before), so a bad knob shows before the slow model preparation."""
+    from specfree.generation import model_verifier
+
+    chosen, settings = model_verifier(reg, model, verifier_knobs or {}, generation, verifier)
+    if adapter is None:
+        adapter = build_adapter(model, reg, adapter_name, compile=compile, linear_kernel=linear_kernel,
+                                cache_dir=cache_dir)
+    return {"adapter": adapter, "strategy": strategy, "verifier": chosen, "model_settings": settings}
