@@ -36,37 +36,23 @@ constexpr int64_t kMaxRows = 16;  // more rows go to the library's GEMM (compute
 
 using specfree::Isa;
 using specfree::best_isa;
+using specfree::sum16;
+using specfree::sum8;
 
 // ---------------------------------------------------------------- AVX2 + FMA: 8 lanes
-#define SPECFREE_AVX2 __attribute__((target("avx2,fma")))
 
 SPECFREE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 SPECFREE_AVX2 inline __m256 load8(const at::BFloat16* p) {
   __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
-SPECFREE_AVX2 inline float sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // ---------------------------------------------------------------- AVX-512: 16 lanes
-#define SPECFREE_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
 
 SPECFREE_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 SPECFREE_AVX512 inline __m512 load16(const at::BFloat16* p) {
   __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-SPECFREE_AVX512 inline float sum16(__m512 v) {
-  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v),
-                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 inline float widen(float v) { return v; }

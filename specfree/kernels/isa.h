@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <immintrin.h>
 
 #include <string>
 
@@ -27,6 +28,25 @@ inline Isa parse_isa(const std::string& name, const char* op) {
   TORCH_CHECK(static_cast<int>(asked) <= static_cast<int>(best) && asked != Isa::kNone,
               op, ": this CPU cannot run the ", name, " code path");
   return asked;
+}
+
+#define SPECFREE_AVX2 __attribute__((target("avx2,fma")))
+#define SPECFREE_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
+
+// Horizontal sums in one fixed order: both ops reduce lanes the same way, whatever the row count.
+SPECFREE_AVX2 inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+SPECFREE_AVX512 inline float sum16(__m512 v) {
+  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
 }
 
 }  // namespace specfree

@@ -41,6 +41,8 @@ namespace {
 
 using specfree::Isa;
 using specfree::best_isa;
+using specfree::sum16;
+using specfree::sum8;
 
 constexpr int64_t kPad = 16;  // score rows are padded to whole vectors, so exp needs no scalar tail
 constexpr float kLowest = -0.5f * FLT_MAX;  // float mask entries below this hide their key
@@ -49,8 +51,6 @@ constexpr float kLowest = -0.5f * FLT_MAX;  // float mask entries below this hid
 //   scores(q, rows, d, k, out, stride, scale): out[r * stride] = dot(q[r], k) * scale for every row
 //   accumulate(acc, p, stride, seen, rows, d, v, l): for rows that see the key: acc[r] += p[r] v, l[r] += p[r]
 //   exp_shifted(x, n, m): x[i] = exp(x[i] - m), n a multiple of kPad; exp(-inf) = 0
-#define SPECFREE_AVX2 __attribute__((target("avx2,fma")))
-#define SPECFREE_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
 
 // exp(x) for x <= 0: x = n ln2 + r with |r| <= ln2/2, a degree-6 polynomial in r, times 2^n. Below
 // -87.3 (where 2^n would be subnormal) the result is 0. Every lane computes the same formula.
@@ -90,20 +90,6 @@ SPECFREE_EXP(SPECFREE_AVX512, exp16, __m512, _mm512_set1_ps, _mm512_add_ps, _mm5
              _mm512_fmadd_ps, round16, _mm512_cvtps_epi32, _mm512_slli_epi32, add16i, _mm512_castsi512_ps,
              zero_below16)
 
-SPECFREE_AVX2 inline float sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-SPECFREE_AVX512 inline float sum16(__m512 v) {
-  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v),
-                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 #define SPECFREE_PIECES(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, STORE, SET1, FMA, MAX, SUM, EXP)          \
   ATTR void scores_##SUFFIX(const float* q, int64_t rows, int64_t d, const float* k, float* out,           \
