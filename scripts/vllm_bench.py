@@ -35,7 +35,7 @@ METHODS = [("plain", []), ("ngram", []), ("suffix", []), ("specfree", ["strategy
 
 def smollm2_folder(folder: Path):
     """SmolLM2 as a plain fp32 folder vLLM loads (specfree's embedded model, saved once)."""
-    from specfree.adapters.loading import load_model
+    from specfree.loading import load_model
 
     model, tokenizer = load_model("smollm2", device="cpu", dtype="float32")
     if not (folder / "config.json").exists():

@@ -81,7 +81,7 @@ def test_unknown_strategy_is_one_line(tiny_llama, tmp_path):
 
 @pytest.mark.model
 def test_smollm2_output_equals_plain(tmp_path):
-    from specfree.adapters.loading import load_model
+    from specfree.loading import load_model
 
     model, tokenizer = load_model("smollm2", device="cpu", dtype="float32")
     folder = tmp_path / "smollm2"
