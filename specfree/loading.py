@@ -12,11 +12,8 @@ show a library's traceback.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
-import shutil
-import tempfile
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +23,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, one_line
+from specfree.files import atomic_path, fingerprint
 
 def ignores_custom_masks(attn_implementation: str | None) -> bool:
     """Flash-attention kernels take no arbitrary mask: tree rows would see their siblings."""
@@ -214,8 +212,7 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
     """Dequantize a GGUF once into ``cache_dir`` as a transformers folder, and return it."""
     with boundary(f"read GGUF file {path}", GGUF_FIX):
         stat = path.stat()
-        key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
-                           .encode()).hexdigest()[:16]
+        key = fingerprint(str(path.resolve()), stat.st_size, stat.st_mtime_ns, transformers.__version__)
         folder = cache_dir / "gguf" / f"{path.stem}-{key}"
         if (folder / "model.safetensors").is_file():
             return folder
@@ -234,14 +231,9 @@ def write_atomically(folder: Path, write) -> None:
     rename; if ``write`` fails, the temporary folder is removed and ``folder`` is left as it was. An
     entry already at ``folder`` (an incomplete one from an older specfree) is replaced whole."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
-    try:
+    with atomic_path(folder) as tmp:  # a half-written cache never looks complete
+        tmp.mkdir()
         write(tmp)
-        if folder.is_dir():  # replaced, never merged
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)  # atomic: a half-written cache never looks complete
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _save_dequantized(model, tokenizer, folder: Path) -> None:

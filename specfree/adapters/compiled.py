@@ -45,6 +45,7 @@ from specfree.adapters.hf import HFAdapter, prepare_model
 from specfree.adapters.kv import StaticSlots, cache_argument, growing_cache
 from specfree.adapters.packaged import StepPackage
 from specfree.adapters.runners import RUNNERS, PackageRunner
+from specfree.files import fingerprint
 from specfree.masks.bucketed import ROW_BUCKETS
 
 MIN_SLOTS = 512  # KV slots of the first tier
@@ -159,15 +160,11 @@ def check_compile(value) -> str:
 def compiled_marker(model, cache_dir, **knobs) -> Path:
     """The file that says this setup (model, device, dtype, threads, torch, knobs) compiled here
     before with torch.compile, so Inductor's on-disk caches should be warm."""
-    import hashlib
-    import json
-
     params = sum(p.numel() for p in model.parameters())
     device = model.get_input_embeddings().weight.device
     setup = [model.config.model_type, params, str(device), str(model.dtype), torch.get_num_threads(),
              torch.__version__, sorted((k, str(v)) for k, v in knobs.items())]
-    key = hashlib.sha1(json.dumps(setup).encode()).hexdigest()[:16]
-    return Path(cache_dir) / "compiled" / f"{key}.json"
+    return Path(cache_dir) / "compiled" / f"{fingerprint(*setup)}.json"
 
 
 def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache_dir=None,

@@ -25,6 +25,7 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from specfree.adapters.kv import cache_argument
+from specfree.files import atomic_path, fingerprint
 
 
 class SlotLayer(StaticLayer):
@@ -94,13 +95,12 @@ def build_package(model: torch.nn.Module, example: tuple, path: Path, options: d
     """Export ``SlotStep(model)`` at ``example``'s shapes (any row and slot count) and compile it
     with Inductor ``options``, the weights left out, into the package ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"partial-{path.name}")
-    with torch.no_grad():
+    # a package on disk is always whole: an interrupted build leaves nothing at ``path``
+    with torch.no_grad(), atomic_path(path) as partial:
         program = torch.export.export(SlotStep(model), example, dynamic_shapes=dynamic_shapes(example), strict=False)
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(partial),
             inductor_configs={**options, "aot_inductor.package_constants_in_so": False})
-    partial.replace(path)  # a package on disk is always whole: an interrupted build leaves only partial-*
 
 
 def load_package(path: Path, model: torch.nn.Module):
@@ -128,7 +128,7 @@ class StepPackage:
             package_dir = self._temporary.name
         # Packages hold kernels built for one thread count, torch build and set of Inductor options.
         setup = f"{architecture_fingerprint(model)}-{linears}-{torch.get_num_threads()}t-torch{torch.__version__}"
-        self.folder = Path(package_dir) / hashlib.sha1(f"{setup}-{sorted(options.items())}".encode()).hexdigest()[:16]
+        self.folder = Path(package_dir) / fingerprint(setup, sorted(options.items()))
         self.path = self.folder / "step.pt2"
         self.built = self.loaded = 0
         self._runner = None

@@ -17,11 +17,8 @@ Nothing here imports ``llama_cpp`` until these rows are asked for and can run.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +29,7 @@ from specfree.bench.systems import LLAMA_CPP_BASELINES as BASELINES
 from specfree.bench.systems import Turn, describe
 from specfree.conf.schema import DEFAULT_BASELINES
 from specfree.errors import ConfigError, check_int
+from specfree.files import atomic_path, fingerprint
 
 INSTALL = 'pip install "specfree[llama-cpp]"'
 BUILD_NOTE = "it builds llama.cpp from source"
@@ -113,30 +111,25 @@ def converted_gguf(source: Path, dtype: str, cache_dir: Path) -> Path:
     llama_cpp = import_llama_cpp()
     name, ftype = FTYPES[dtype]
     stat = source.stat()
-    key = hashlib.sha1(f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{name}".encode()).hexdigest()[:16]
+    key = fingerprint(str(source.resolve()), stat.st_size, stat.st_mtime_ns, name)
     target = cache_dir / "llama_cpp" / f"{source.stem}-{key}.{name}.gguf"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".gguf")
-    os.close(handle)
     log = logging.getLogger("llama-cpp-python")  # where llama-cpp-python sends llama.cpp's log
     level = log.level
     log.setLevel(logging.ERROR)  # not a line per tensor
     try:
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = ftype
-        params.allow_requantize = True
-        params.nthread = 0  # every core: it runs once
-        if llama_cpp.llama_model_quantize(str(source).encode(), tmp.encode(), params) != 0:
-            raise ConfigError(f"llama.cpp could not convert {source} to {name}: set bench.baselines without "
-                              f"the llama_cpp rows, or give a GGUF llama.cpp reads")
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; it is an ordinary cache file
-        os.replace(tmp, target)  # a half-written file never looks complete
+        with atomic_path(target) as tmp:  # a half-written file never looks complete
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = ftype
+            params.allow_requantize = True
+            params.nthread = 0  # every core: it runs once
+            if llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), params) != 0:
+                raise ConfigError(f"llama.cpp could not convert {source} to {name}: set bench.baselines without "
+                                  f"the llama_cpp rows, or give a GGUF llama.cpp reads")
     finally:
         log.setLevel(level)
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return target
 
 

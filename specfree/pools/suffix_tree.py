@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import os
 import struct
-import tempfile
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -28,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from specfree.errors import ConfigError, check_int
+from specfree.files import write_atomic
 from specfree.pools._common import as_tokens, leaf_paths
 
 _NAME = "suffix_tree"
@@ -297,14 +296,7 @@ class SuffixTreePool:
                            self.max_tree_depth, len(lengths), len(tokens), zlib.crc32(payload))
         path = Path(path).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + body + struct.pack("<I", zlib.crc32(body)) + payload)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, _MAGIC + body + struct.pack("<I", zlib.crc32(body)) + payload)
 
     def load(self, path: str | Path, vocab_size: int, fingerprint: bytes) -> None:
         """Replace the cached requests with those of a file ``save`` wrote for the same tokenizer.
