@@ -163,7 +163,7 @@ def compile_blocker(model) -> str | None:
     import shutil
     import sys
 
-    device = model.get_input_embeddings().weight.device
+    device = next(model.parameters()).device
     if device.type not in ("cpu", "cuda"):
         return f"torch.compile is not used on {device.type} devices"
     if device.type == "cpu" and not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")):
@@ -173,6 +173,12 @@ def compile_blocker(model) -> str | None:
     if verifies_chains(model):
         return "models with recurrent or chunked-attention layers verify chains on the eager path only"
     return None
+
+
+def output_rows(model) -> int:
+    """Rows of the LM head (its vocabulary), without materializing a packed head's weight."""
+    head = model.get_output_embeddings()
+    return head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
 
 
 def model_structure(model) -> Capabilities:
@@ -186,7 +192,7 @@ def model_structure(model) -> Capabilities:
     # A chain's rows are causal: the model masks its own windows, over its own window layers.
     windows, max_length = (Windows(), max_length) if chain_only else attention_windows(config, max_length)
     return Capabilities(
-        family=config.model_type, vocab_size=model.get_output_embeddings().weight.shape[0], max_length=max_length,
+        family=config.model_type, vocab_size=output_rows(model), max_length=max_length,
         cache_kind=recurrent.cache_kind(model), keeps_cache=argument is not None, cache_argument=argument,
         takes_positions="position_ids" in inspect.signature(model.forward).parameters or not chain_only,
         verification=CHAIN_OWN_MASK if chain_only else TREE,

@@ -59,8 +59,8 @@ class HFAdapter:
         this model (given: no probes run); ``check_tree_mask=False`` skips the probes."""
         structure = capabilities or model_structure(model)  # refusals first, before any kernel is swapped
         self.model = model.eval()
-        self._embeddings = model.get_input_embeddings()
         self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
+        self._device = next(model.parameters()).device  # model.device scans every parameter: slow
         self._compiled_runner = runner
         self._attach(capabilities or probes.inspect_model(structure, self._probe, compiled=runner is not None,
                                                           probe=check_tree_mask), runner)
@@ -81,7 +81,7 @@ class HFAdapter:
     # ---- what the engine reads (``protocol.Adapter``) ------------------------------------
     @property
     def device(self) -> torch.device:
-        return self._embeddings.weight.device  # model.device scans the parameters: slow, several calls a step
+        return self._device
 
     @property
     def dtype(self) -> torch.dtype:

@@ -26,6 +26,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from specfree.adapters.kv import cache_argument
 from specfree.files import atomic_path, fingerprint
+from specfree.kernels.panels import stock_tensor_specs
 
 
 class SlotLayer(StaticLayer):
@@ -69,6 +70,13 @@ NOT_ARCHITECTURE = {"architectures", "dtype", "torch_dtype", "transformers_versi
                     "output_attentions", "output_hidden_states", "return_dict"}
 
 
+def model_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by name, tied ones under each name, as the module holds them (not
+    ``state_dict()``, which gives packed weights in their stock layout, as copies)."""
+    return {**dict(module.named_buffers(remove_duplicate=False)),
+            **dict(module.named_parameters(remove_duplicate=False))}
+
+
 def architecture_fingerprint(model: torch.nn.Module) -> str:
     """A short hash of the model's architecture: its config and the name, shape and dtype of
     every tensor (a package's code depends on these, not on the weights' values)."""
@@ -76,8 +84,8 @@ def architecture_fingerprint(model: torch.nn.Module) -> str:
               if key not in NOT_ARCHITECTURE and not key.startswith("_")}
     config["attention"] = model.config._attn_implementation  # which attention code was traced
     digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode())
-    for name, tensor in model.state_dict().items():
-        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+    for name, (shape, dtype) in stock_tensor_specs(model).items():  # a packed model's as its stock one's
+        digest.update(f"{name}{shape}{dtype}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -107,7 +115,7 @@ def load_package(path: Path, model: torch.nn.Module):
     """The callable in package ``path`` ((ids, positions, mask, slot_index, kv) -> logits), reading
     ``model``'s own tensors as its weights (no copy)."""
     runner = torch._inductor.aoti_load_package(str(path))
-    tensors = {**dict(SlotStep(model).named_buffers()), **SlotStep(model).state_dict(keep_vars=True)}
+    tensors = model_tensors(SlotStep(model))
     runner.load_constants({name: tensors[name].detach() for name in runner.get_constant_fqns()},
                           check_full_update=True, user_managed=True)
     return runner

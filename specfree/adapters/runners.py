@@ -172,7 +172,7 @@ class GraphRunner(StepRunner):
         self.backend, self.buckets, self.max_autotune = backend, tuple(sorted(set(buckets))), max_autotune
         self.linears = linear_path(model)
         self._tracing_config = tracing_config
-        device = model.get_input_embeddings().weight.device
+        device = next(model.parameters()).device
         mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
         self._graph = torch.compile(self._step, backend=backend, dynamic=False, options=options, mode=mode)
 

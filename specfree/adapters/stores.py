@@ -38,7 +38,7 @@ class KVStore:
 
     def __init__(self, model, caps: Capabilities, runner):
         self.model, self.caps, self.runner = model, caps, runner
-        self.device, self.dtype = model.get_input_embeddings().weight.device, model.dtype
+        self.device, self.dtype = next(model.parameters()).device, model.dtype
 
     @property
     def past(self) -> int:

@@ -112,6 +112,21 @@ class BenchSettings:
                 "versions": versions()}
 
 
+def curve_notes(meta: dict) -> list[str]:
+    """One line per measured curve, each point also as a multiple of the run's read-pass floor."""
+    floor = min((meta.get("linear_curves_ms") or {}).get("read_pass", {}).values(), default=None)
+    lines = [f"read-pass floor (every weight read once, no arithmetic; same run): {floor:.1f} ms"] if floor else []
+    for key, what in (("linear_curves_ms", "linear layers alone, ms per pass"),
+                      ("forward_curves_ms", "forward at 256 tokens of context, ms")):
+        for name, curve in (meta.get(key) or {}).items():
+            if name == "read_pass":
+                continue
+            ratios = f" = {' / '.join(f'{v / floor:.2f}' for v in curve.values())}x the floor" if floor else ""
+            lines.append(f"{what} ({', '.join(map(str, curve))} rows): {name} "
+                         f"{' / '.join(f'{v:.1f}' for v in curve.values())}{ratios}")
+    return lines
+
+
 def cost_curves(model, eager, compiled) -> dict[str, Any]:
     """ms per pass over the model's linear layers alone (torch's kernels against specfree's), and
     per forward at 256 tokens of context: eager with torch's linear layers, eager with the kernel,
@@ -291,15 +306,10 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
              *([f"compiled forward (strategies and '{BASELINE}{COMPILED}'): {meta.get('compiled_by')}, ready in "
                 f"{meta['compile_s']:.1f} s, not counted in any decode time"]
                if meta.get("compile_s") is not None else []),
-             *(f"linear layers alone, ms per pass ({', '.join(map(str, curve))} rows): {name} "
-               f"{' / '.join(f'{v:.1f}' for v in curve.values())}"
-               for name, curve in (meta.get("linear_curves_ms") or {}).items()),
-             *(f"forward at 256 tokens of context, ms ({', '.join(map(str, curve))} rows): {name} "
-               f"{' / '.join(f'{v:.1f}' for v in curve.values())}"
-               for name, curve in (meta.get("forward_curves_ms") or {}).items()),
+             *curve_notes(meta),
              *([f"drafts verified: {meta['verification']}"] if meta.get("verification") else []),
              *([meta["llama_cpp"]] if meta.get("llama_cpp") else []),
-             *([f"hf_static_compiled: its compile happens in the warm-up, outside the timed runs"]
+             *(["hf_static_compiled: its compile happens in the warm-up, outside the timed runs"]
                if any(s.get("strategy") == "hf_static_compiled" for s in doc.get("systems", [])) else []),
              *(f"failed: prompt {pid} on {', '.join(dict.fromkeys(names))}: {error}"
                for (pid, error), names in list(failures.items())[:20])]

@@ -101,9 +101,13 @@ def cost_curve_plot(meta: dict, path: Path) -> Path | None:
     fig = Figure(figsize=(5.5 * len(panels), 4.5))
     for i, (key, title) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
+        floor = meta["linear_curves_ms"].get("read_pass") if meta.get("linear_curves_ms") else None
         for name, curve in meta[key].items():
             rows = [int(r) for r in curve]
-            ax.plot(rows, list(curve.values()), marker="o", label=name)
+            if name != "read_pass":
+                ax.plot(rows, list(curve.values()), marker="o", label=name)
+        if floor:  # the same line in both panels: what one read of the weights costs in this run
+            ax.axhline(min(floor.values()), color="black", linestyle="--", linewidth=1, label="read-pass floor")
         ax.set_xscale("log", base=2)
         ax.set_xticks(rows, [str(r) for r in rows])
         ax.set_ylim(bottom=0)

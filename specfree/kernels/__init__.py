@@ -1,17 +1,23 @@
-"""A few-row linear kernel for the CPU: ``y = x W^T + b`` at the cost of reading W once.
+"""Few-row linear kernels for the CPU: ``y = x W^T + b`` at the cost of reading W once.
 
 A speculative step pushes 1 to 16 rows through every linear layer. Those products are bound by
 streaming the weights from memory, and the BLAS and oneDNN kernels torch ships pay much more
-than one read for 2 to 16 rows. ``specfree::linear`` (``few_row_linear.cpp``) reads each weight
-once per call whatever the row count, straight from the model's own ``[N, K]`` tensors (no packed
-copy), and gives each output row the same bits whatever the number of rows in the call.
+than one read for 2 to 16 rows. Two ops, one library:
 
-The operator is a torch custom op (``torch.library``), so eager code, ``torch.compile`` and
-AOTInductor packages all call the same code. It is built from its C++ source on first use (about
-10 s, one compiler call) with the C++ compiler Inductor needs anyway, and kept under
-``~/.cache/specfree/kernels/<hash of the source and torch version>``.
-Where it cannot be built or the CPU lacks AVX2, ``load_kernels`` warns once and returns None, and
-``FewRowLinear`` runs the library's ``F.linear``.
+- ``specfree::panel_linear`` (``panel_linear.cpp``) on weights packed once, in place, into panels
+  (``panels.py``): one sequential stream per thread; what an engine's model runs
+  (``use_few_row_linears``, ``PanelLinear``);
+- ``specfree::linear`` (``few_row_linear.cpp``) on the model's own ``[N, K]`` tensors, for models
+  specfree borrows (``few_row_linears``) and heads tied to a layer it cannot repack.
+
+Both give each output row the same bits whatever the number of rows in the call. They are torch
+custom ops (``torch.library``), so eager code, ``torch.compile`` and AOTInductor packages all call
+the same code. They are built from their C++ source on first use (one compiler call) with the C++
+compiler Inductor needs anyway, and kept under
+``~/.cache/specfree/kernels/<hash of the sources and torch version>``. Where they cannot be built
+or the CPU lacks AVX2, ``load_kernels`` warns once and returns None, and the layers run the
+library's ``F.linear``. ``specfree::read_pass`` reads tensors once: the floor the curves are read
+against (``measure.py``).
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.files import atomic_path, fingerprint
+from specfree.kernels.panels import LANES, PanelLinear, pack_linears, unpacked
 from specfree.kernels.swap import swap_modules, swapped_modules
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
-SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"))  # one library, one compiler call
+SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
+           Path(__file__).with_name("panel_linear.cpp"))  # one library, one compiler call
 HEADERS = (Path(__file__).with_name("isa.h"),)  # included by both sources
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 BACKENDS = ("few_row", "library")  # "library": torch's F.linear, the fallback
@@ -116,6 +124,14 @@ def _register_fake() -> None:
     def _(x, weight, bias, isa="auto"):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
+    @torch.library.register_fake("specfree::panel_linear")
+    def _(x, panels, bias, n, isa="auto"):
+        return x.new_empty((*x.shape[:-1], n))
+
+    @torch.library.register_fake("specfree::read_pass")
+    def _(tensors):
+        return torch.empty((), dtype=torch.float64)
+
     @torch.library.register_fake("specfree::tree_attention")
     def _(query, key, value, mask, scale, isa="auto"):  # [B, H, Q, D] in, [B, Q, H, D] out
         return query.new_empty((query.shape[0], query.shape[2], query.shape[1], query.shape[3]))
@@ -172,36 +188,54 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: str | Path | None = None) -> int:
-    """Swap the model's CPU ``nn.Linear`` layers for ``FewRowLinear`` (``backend="few_row"``, where
+def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: str | Path | None = None,
+                        pack: bool = True) -> int:
+    """Swap the model's CPU ``nn.Linear`` layers for specfree's kernel (``backend="few_row"``, where
     the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
-    the kernel."""
+    the kernel. ``pack``: each weight repacked in place into panels (``PanelLinear``, the fastest
+    layout, still one copy); else ``FewRowLinear`` over the model's own tensors."""
     if check_backend(backend) == "library" or (any(_fits(m) for m in model.modules())
                                                 and load_kernels(cache_dir) is None):
         library_linears(model)
         return 0
+    isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
+    if pack and isa in LANES:
+        with torch.no_grad():
+            pack_linears(model, _fits, LANES[isa])
     swap_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None)
-    return sum(isinstance(m, FewRowLinear) for m in model.modules())
+    return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())
 
 
 def linear_path(model: nn.Module) -> str:
-    """Which kernel the model's linear layers run: ``"few_row-avx512"``, ``"few_row-avx2"`` or
-    ``"library"``."""
-    if any(isinstance(m, FewRowLinear) for m in model.modules()) and _registered():
-        return f"few_row-{ISA_NAMES[int(torch.ops.specfree.best_isa())]}"
+    """Which kernel the model's linear layers run: ``"few_row-panels-avx512"`` (packed in place),
+    ``"few_row-avx2"`` (the model's own layout) and so on, or ``"library"``."""
+    if not _registered():
+        return "library"
+    isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
+    if any(isinstance(m, PanelLinear) for m in model.modules()):
+        return f"few_row-panels-{isa}"
+    if any(isinstance(m, FewRowLinear) for m in model.modules()):
+        return f"few_row-{isa}"
     return "library"
 
 
+def _stock(copies: dict):
+    return lambda m: m.to_linear() if isinstance(m, FewRowLinear) else unpacked(m, copies)
+
+
 def library_linears(model: nn.Module) -> int:
-    """Undo ``use_few_row_linears``; returns how many layers went back to ``nn.Linear``."""
-    return swap_modules(model, lambda m: m.to_linear() if isinstance(m, FewRowLinear) else None)
+    """Undo ``use_few_row_linears`` (packed weights unpacked, in place); returns how many
+    ``nn.Linear`` layers the model has then."""
+    with torch.no_grad():
+        swap_modules(model, _stock({}))
+    return sum(type(m) is nn.Linear for m in model.modules())
 
 
 @contextlib.contextmanager
 def stock_linears(model: nn.Module):
-    """Plain ``nn.Linear`` layers inside the block (for baselines that must be stock), then
-    specfree's again."""
-    with swapped_modules(model, lambda m: m.to_linear() if isinstance(m, FewRowLinear) else None):
+    """Plain ``nn.Linear`` layers (and embedding) inside the block, for baselines that must be stock,
+    then specfree's again. Packed weights are unpacked into a copy that lives as long as the block."""
+    with torch.no_grad(), swapped_modules(model, _stock({})):
         yield model
 
 

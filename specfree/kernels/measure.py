@@ -7,7 +7,12 @@ its products. Variants:
 - ``blas``: ``F.linear`` as torch ships it (MKL or OpenBLAS);
 - ``onednn_packed``: oneDNN with each weight packed once (``torch.ops.mkldnn._linear_pointwise``),
   where torch has it; the packed copies exist only during the measurement;
-- ``few_row-avx2`` / ``few_row-avx512``: specfree's kernel, each code path this CPU runs;
+- ``few_row-avx2`` / ``few_row-avx512``: specfree's kernel on the model's own ``[N, K]`` layout,
+  each code path this CPU runs;
+- ``few_row-panels-avx2`` / ``-avx512``: the same on weights packed into panels (``panels.py``),
+  what an engine's model runs;
+- ``read_pass``: the floor, one read of every weight (as panels) with the kernel's split among
+  threads and no arithmetic to speak of; no product over these weights can take less;
 - ``inductor_cpp``: Inductor's C++ GEMM template with frozen weights (optional: it compiles a
   graph per row count, minutes for a real model).
 
@@ -24,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.kernels import FewRowLinear, load_kernels
+from specfree.kernels.panels import LANES, PanelLinear, pack
 
 ROWS = (1, 2, 4, 8, 16)
 
@@ -32,8 +38,9 @@ def model_linears(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | N
     """(weight, bias) of every linear layer, the shared LM head once."""
     seen, out = set(), []
     for module in model.modules():
-        if isinstance(module, (nn.Linear, FewRowLinear)) and id(module.weight) not in seen:
-            seen.add(id(module.weight))
+        key = id(module.panels) if isinstance(module, PanelLinear) else id(getattr(module, "weight", None))
+        if isinstance(module, (nn.Linear, FewRowLinear, PanelLinear)) and key not in seen:
+            seen.add(key)  # a packed layer's weight is unpacked into a copy for the measurement
             out.append((module.weight.detach(), None if module.bias is None else module.bias.detach()))
     return out
 
@@ -92,13 +99,23 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
     if onednn is not None:
         variants["onednn_packed"] = onednn
     isa = load_kernels(progress=False)
-    for path in (["avx2", "avx512"] if isa == "avx512" else ["avx2"] if isa else []):
+    paths = ["avx2", "avx512"] if isa == "avx512" else ["avx2"] if isa else []
+    for path in paths:
         variants[f"few_row-{path}"] = lambda x, w, b, path=path: torch.ops.specfree.linear(x, w, b, path)
     activations = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, _ in layers} for m in rows}
     passes: dict[str, dict[int, Callable]] = {}
     for name, fn in variants.items():
         passes[name] = {m: (lambda fn=fn, xs=activations[m]: [fn(xs[w.shape[1]], w, b) for w, b in layers])
                         for m in rows}
+    for path in paths:
+        packed = [(pack(w, LANES[path]), b, w.shape[0]) for w, b in layers]
+        if path == paths[-1]:  # the floor: the bytes the engine's kernel reads, read once
+            passes["read_pass"] = {m: (lambda p=[p for p, _, _ in packed]: torch.ops.specfree.read_pass(p))
+                                   for m in rows}
+        passes[f"few_row-panels-{path}"] = {
+            m: (lambda xs=activations[m], packed=packed, path=path:
+                [torch.ops.specfree.panel_linear(xs[p.shape[1]], p, b, n, path) for p, b, n in packed])
+            for m in rows}
     if inductor:
         if progress:
             progress("compiling Inductor's C++ GEMM for each row count")

@@ -158,13 +158,13 @@ def test_transformers_baselines_run_as_shipped_on_the_shared_model():
     from specfree.adapters.attention import TREE_ATTENTION
     from specfree.adapters.hf import HFAdapter
     from specfree.adapters.norms import FusedRMSNorm
-    from specfree.kernels import FewRowLinear, load_kernels
+    from specfree.kernels import PanelLinear, load_kernels
     from tests.tiny_models import EOS, tiny_model
 
     model = tiny_model("llama")
     HFAdapter(model)  # a specfree engine over the shared model switches it to its CPU kernels
     assert model.config._attn_implementation == TREE_ATTENTION
-    assert isinstance(model.lm_head, FewRowLinear) == (load_kernels() is not None)
+    assert isinstance(model.lm_head, PanelLinear) == (load_kernels() is not None)
     norm = model.model.norm.original  # transformers' own
     seen = []
     handle = model.model.layers[0].self_attn.register_forward_pre_hook(
@@ -176,7 +176,7 @@ def test_transformers_baselines_run_as_shipped_on_the_shared_model():
         handle.remove()
     assert seen and set(seen) == {("sdpa", torch.nn.Linear, type(norm))}
     assert model.config._attn_implementation == TREE_ATTENTION  # the engines get theirs back
-    assert isinstance(model.lm_head, FewRowLinear) == (load_kernels() is not None)
+    assert isinstance(model.lm_head, PanelLinear) == (load_kernels() is not None)
     assert isinstance(model.model.norm, FusedRMSNorm)
 
 

@@ -1,0 +1,175 @@
+"""Weights packed once, in place, into the layout the few-row kernel streams best.
+
+``specfree::panel_linear`` (``panel_linear.cpp``) reads W as panels ``[N/P, K, P]``: P output
+columns (one vector of the CPU's widest code path: 8 floats AVX2, 16 AVX-512), K contiguous,
+zero columns past N. A thread then reads one sequential stream; the model's own ``[N, K]`` makes
+it read several short rows side by side (25-50% slower on Zen 3).
+
+The panels replace the model's storage rather than adding to it: ``PanelLinear`` holds only the
+panels, and a tied input embedding (SmolLM2's, most small models') becomes a ``PanelEmbedding``
+that looks its rows up in the head's panels, so every weight exists once. Where a weight in
+``[N, K]`` is still wanted it is made on demand, as a copy: ``.weight``, ``state_dict()`` (the
+original keys and layout, so a saved checkpoint loads into the stock model), ``to_linear()`` for
+the stock baselines.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LANES = {"avx2": 8, "avx512": 16}
+
+
+def pack(weight: torch.Tensor, lanes: int) -> torch.Tensor:
+    """[N, K] -> panels [ceil(N / lanes), K, lanes], zero columns past N."""
+    n, k = weight.shape
+    padded = F.pad(weight.detach(), (0, 0, 0, (-n) % lanes))
+    return padded.view(-1, lanes, k).transpose(1, 2).contiguous()
+
+
+def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
+    """Panels -> a new [N, K] tensor (the inverse of ``pack``)."""
+    return panels.transpose(1, 2).reshape(-1, panels.shape[1])[:n].contiguous()
+
+
+class PanelLinear(nn.Module):
+    """An ``nn.Linear`` whose weight lives only as panels; its product runs ``specfree::panel_linear``."""
+
+    def __init__(self, linear: nn.Linear, lanes: int, panels: nn.Parameter | None = None):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.panels = panels if panels is not None else nn.Parameter(pack(linear.weight, lanes), requires_grad=False)
+        self.register_parameter("bias", linear.bias)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight as ``nn.Linear`` holds it: a new tensor each call (the panels are the storage)."""
+        return unpack(self.panels, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        params = self._parameters  # 211 calls a SmolLM2 forward: skip nn.Module.__getattr__
+        return torch.ops.specfree.panel_linear(x, params["panels"], params["bias"], self.out_features)
+
+    def to_linear(self, weight: nn.Parameter | None = None) -> nn.Linear:
+        """A plain ``nn.Linear`` over an unpacked copy (or ``weight``) and the same bias."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta",
+                           dtype=self.panels.dtype)
+        linear.weight = weight if weight is not None else nn.Parameter(self.weight, requires_grad=False)
+        linear.bias = self.bias
+        return linear
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.weight  # the stock layout and key
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        if prefix + "weight" in state_dict:
+            with torch.no_grad():
+                self.panels.copy_(pack(state_dict[prefix + "weight"].to(self.panels.dtype), self.panels.shape[2]))
+        elif strict:
+            missing_keys.append(prefix + "weight")
+        if self.bias is not None and prefix + "bias" in state_dict:
+            with torch.no_grad():
+                self.bias.copy_(state_dict[prefix + "bias"])
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"panels={tuple(self.panels.shape)}")
+
+
+class PanelEmbedding(nn.Module):
+    """A plain ``nn.Embedding`` tied to a ``PanelLinear`` head: rows read from the head's panels."""
+
+    def __init__(self, embedding: nn.Embedding, head: PanelLinear):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.padding_idx = embedding.padding_idx
+        self.panels = head.panels  # shared: the tie stays a tie
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return unpack(self.panels, self.num_embeddings)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [...] -> [..., K]
+        lanes = self.panels.shape[2]
+        return self.panels[torch.div(ids, lanes, rounding_mode="floor"), :, ids % lanes]
+
+    def to_embedding(self, weight: nn.Parameter | None = None) -> nn.Embedding:
+        embedding = nn.Embedding(self.num_embeddings, self.embedding_dim, self.padding_idx, device="meta",
+                                 dtype=self.panels.dtype)
+        embedding.weight = weight if weight is not None else nn.Parameter(self.weight, requires_grad=False)
+        return embedding
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.weight
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        pass  # the head's panels hold this weight and load through the head
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, tied to a PanelLinear head's panels"
+
+
+def stock_tensor_specs(model: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The name, shape and dtype of every tensor ``model.state_dict()`` holds, packed or not, without
+    unpacking anything (a package's key; its code depends on these, not on the layout's copies)."""
+    specs = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{name}." if name else ""
+        if isinstance(module, PanelLinear):
+            specs[prefix + "weight"] = ((module.out_features, module.in_features), module.panels.dtype)
+        elif isinstance(module, PanelEmbedding):
+            specs[prefix + "weight"] = ((module.num_embeddings, module.embedding_dim), module.panels.dtype)
+        for key, tensor in module._parameters.items():
+            if tensor is not None and key != "panels":
+                specs[prefix + key] = (tuple(tensor.shape), tensor.dtype)
+        for key, tensor in module._buffers.items():
+            if tensor is not None and key not in module._non_persistent_buffers_set:
+                specs[prefix + key] = (tuple(tensor.shape), tensor.dtype)
+    return specs
+
+
+def pack_linears(model: nn.Module, fits, lanes: int) -> int:
+    """Replace every linear layer ``fits`` accepts by a ``PanelLinear``, in place (the old weight is
+    freed as each layer is packed); a head tied to a plain ``nn.Embedding`` takes the embedding with
+    it. Returns how many layers were packed. A layer whose weight something else shares (a tie to
+    a scaled embedding, say) is left as it is."""
+    from specfree.kernels.swap import swap_modules
+
+    shared = {}
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None:
+                shared[id(param)] = shared.get(id(param), 0) + 1
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    tied_heads: dict[int, PanelLinear] = {}
+
+    def convert(module):
+        if not fits(module):
+            return None
+        if shared[id(module.weight)] == 1:
+            return PanelLinear(module, lanes)
+        if type(embedding) is nn.Embedding and embedding.weight is module.weight and shared[id(module.weight)] == 2:
+            head = PanelLinear(module, lanes)
+            tied_heads[id(embedding)] = head
+            return head
+        return None
+
+    packed = swap_modules(model, convert)
+    swap_modules(model, lambda m: PanelEmbedding(m, tied_heads[id(m)]) if id(m) in tied_heads else None)
+    return packed
+
+
+def unpacked(module: nn.Module, copies: dict[int, nn.Parameter]) -> nn.Module | None:
+    """The stock module for a packed one (``nn.Linear``, ``nn.Embedding``), over an unpacked copy of
+    its weight; ``copies`` keeps a tied head and embedding on one copy."""
+    if isinstance(module, (PanelLinear, PanelEmbedding)):
+        weight = copies.get(id(module.panels))
+        if weight is None:
+            weight = copies[id(module.panels)] = nn.Parameter(module.weight, requires_grad=False)
+        return module.to_linear(weight) if isinstance(module, PanelLinear) else module.to_embedding(weight)
+    return None

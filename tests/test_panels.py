@@ -1,0 +1,121 @@
+"""Weights packed in place into panels (specfree/kernels/panels.py, panel_linear.cpp): the op against
+float64 over odd shapes, every code path this CPU has, fp32 and bf16 weights; each row's bits
+independent of the other rows; the code paths agree bit for bit; the read-pass floor reads what it
+is given; a packed model computes what the stock one does, keeps one copy of each weight (a tied
+embedding reads the head's panels), and gives the stock state dict back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from specfree.adapters import as_shipped
+from specfree.adapters.hf import HFAdapter
+from specfree.kernels import library_linears, linear_path, load_kernels
+from specfree.kernels.panels import LANES, PanelEmbedding, PanelLinear, pack, unpack
+from tests.tiny_models import tiny_model
+
+ISA = load_kernels(progress=False)
+pytestmark = pytest.mark.skipif(ISA is None, reason="the kernel cannot be built or run on this machine")
+ISAS = ["avx2", "avx512"] if ISA == "avx512" else ["avx2"]
+
+
+def panel_linear(x, weight, bias, isa):
+    return torch.ops.specfree.panel_linear(x, pack(weight, LANES[isa]), bias, weight.shape[0], isa)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 64), k=st.integers(1, 300), n=st.integers(1, 150), with_bias=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), isa=st.sampled_from(ISAS), seed=st.integers(0, 99))
+def test_the_op_equals_matmul_in_float64(rows, k, n, with_bias, dtype, isa, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator)
+    weight = torch.randn(n, k, generator=generator).to(dtype)
+    bias = torch.randn(n, generator=generator).to(dtype) if with_bias else None
+    out = panel_linear(x, weight, bias, isa)
+    assert out.shape == (rows, n) and out.dtype == torch.float32
+    expected = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    # one fp32 accumulator per output, summed over k in order: error ~ sqrt(k) * eps * scale
+    tolerance = 1e-5 * (k ** 0.5) * (x.abs().max().item() * weight.float().abs().max().item() + 1)
+    assert (out.double() - expected).abs().max().item() <= tolerance
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(2, 40), k=st.integers(1, 200), n=st.integers(1, 70), isa=st.sampled_from(ISAS),
+       seed=st.integers(0, 99))
+def test_each_row_has_the_same_bits_alone_and_the_code_paths_agree(rows, k, n, isa, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x, weight, bias = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator), \
+        torch.randn(n, generator=generator)
+    together = panel_linear(x, weight, bias, isa)
+    for row in range(rows):
+        assert torch.equal(panel_linear(x[row:row + 1], weight, bias, isa)[0], together[row])
+    for other in ISAS:  # lane for lane the same fma sequence
+        assert torch.equal(panel_linear(x, weight, bias, other), together)
+
+
+def test_pack_and_unpack_round_trip_and_the_op_refuses_what_it_cannot_run():
+    weight = torch.randn(13, 7)
+    panels = pack(weight, 8)
+    assert panels.shape == (2, 7, 8) and torch.equal(unpack(panels, 13), weight)
+    assert torch.equal(panels[1, :, 5:], torch.zeros(7, 3))  # zero columns past N
+    with pytest.raises(RuntimeError, match="do not multiply"):
+        torch.ops.specfree.panel_linear(torch.randn(2, 6), panels, None, 13, "avx2")
+    with pytest.raises(RuntimeError, match="panels of 16 columns cannot run the avx2 path"):
+        torch.ops.specfree.panel_linear(torch.randn(2, 7), pack(weight, 16), None, 13, "avx2")
+
+
+def test_the_read_pass_reads_every_value():
+    tensors = [torch.randn(1000), torch.randn(37, 5), torch.randn(64, 64)]
+    total = torch.ops.specfree.read_pass(tensors).item()
+    assert total == pytest.approx(sum(t.double().sum().item() for t in tensors), abs=1e-2)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_packed_model_computes_what_the_stock_one_does_and_saves_the_stock_state(family):
+    model = tiny_model(family, seed=5)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with torch.no_grad():
+        stock = model(ids).logits
+    HFAdapter(model, check_tree_mask=False)
+    assert linear_path(model) == f"few_row-panels-{ISA}"
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, stock, rtol=1e-4, atol=1e-4)
+    packed_state = model.state_dict()
+    assert set(packed_state) == set(state) and all(torch.equal(packed_state[k], state[k]) for k in state)
+    model.load_state_dict(state)  # loads into the panels
+    with as_shipped(model):
+        assert linear_path(model) == "library"
+        with torch.no_grad():
+            # the same weights (MKL may round differently on a copy at another alignment)
+            torch.testing.assert_close(model(ids).logits, stock, rtol=1e-6, atol=1e-6)
+    library_linears(model)
+    assert linear_path(model) == "library" and all(torch.equal(model.state_dict()[k], state[k]) for k in state)
+
+
+def test_a_tied_embedding_reads_the_heads_panels_one_copy_of_each_weight():
+    model = tiny_model("llama", seed=6)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.get_input_embeddings().weight
+    ids = torch.tensor([[7, 0, 2, 95, 4]])
+    with torch.no_grad():
+        stock = model(ids).logits
+    stock_bytes = sum(p.numel() for p in model.parameters())
+    HFAdapter(model, check_tree_mask=False)
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, PanelEmbedding) and isinstance(model.lm_head, PanelLinear)
+    assert embedding.panels is model.lm_head.panels
+    assert sum(p.numel() for p in model.parameters()) <= stock_bytes * 1.02  # padding only, no second copy
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, stock, rtol=1e-4, atol=1e-4)
+    with as_shipped(model):
+        assert model.get_input_embeddings().weight is model.lm_head.weight  # the tie kept in the stock copy
+        with torch.no_grad():
+            # the same weights (MKL may round differently on a copy at another alignment)
+            torch.testing.assert_close(model(ids).logits, stock, rtol=1e-6, atol=1e-6)
+    assert isinstance(model.get_input_embeddings(), PanelEmbedding)
