@@ -33,9 +33,15 @@ def cpu_info() -> dict[str, Any]:
 
 
 def cpu_name() -> str:
-    """``AMD EPYC 9R14 96-Core Processor (2 logical cores)``: the CPU in one line."""
+    """``AMD EPYC (family 25 model 1, avx2, 2 logical cores)``: the CPU in one line. A VM's model
+    name may be only the vendor's brand; family, model and the widest vector path tell the kinds
+    apart (Zen 3 and Zen 4 both say "AMD EPYC")."""
+    import torch
+
     info = cpu_info()
-    return f"{info['model_name']} ({info['logical_cores']} logical cores)"
+    ids = f"family {info['family']} model {info['model']}, " if info["family"] is not None else ""
+    return (f"{info['model_name']} ({ids}{torch.backends.cpu.get_cpu_capability().lower()}, "
+            f"{info['logical_cores']} logical cores)")
 
 
 def versions() -> dict[str, str]:

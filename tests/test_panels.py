@@ -119,3 +119,14 @@ def test_a_tied_embedding_reads_the_heads_panels_one_copy_of_each_weight():
             # the same weights (MKL may round differently on a copy at another alignment)
             torch.testing.assert_close(model(ids).logits, stock, rtol=1e-6, atol=1e-6)
     assert isinstance(model.get_input_embeddings(), PanelEmbedding)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_long_prefill_goes_through_the_library_gemm_on_unpacked_tiles(dtype):
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(200, 40, generator=generator)  # more rows than the broadcast kernel takes
+    weight = torch.randn(1100, 40, generator=generator).to(dtype)  # several tiles, the last one short
+    bias = torch.randn(1100, generator=generator).to(dtype)
+    out = panel_linear(x, weight, bias, ISA)
+    expected = x.double() @ weight.double().T + bias.double()
+    assert out.shape == (200, 1100) and (out.double() - expected).abs().max().item() < 1e-3

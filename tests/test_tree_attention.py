@@ -28,7 +28,7 @@ LOWEST = torch.finfo(torch.float32).min
 # other layers are row-wise or run the batch-invariant linear kernel). Not here, though they run the
 # operator: gpt2 (Conv1D layers, not nn.Linear), mixtral (expert routing), gemma4_text, dory.
 BIT_IDENTICAL = ("cohere_compass_text", "gemma", "gemma3_text", "gemma3n_text", "gpt_neox", "llama", "mistral",
-                 "olmo2", "opt", "phi", "phi3", "qwen2", "qwen3", "stablelm", "starcoder2", "xmod")
+                 "olmo2", "opt", "phi", "phi3", "qwen2", "qwen3", "smollm3", "stablelm", "starcoder2", "xmod")
 
 
 def reference(query, key, value, mask, scale):

@@ -154,6 +154,25 @@ int lanes_of(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }
 // Panels per task: a thread's share is a contiguous run of panels, one stream.
 constexpr int64_t kPanelsPerTask = 4;
 
+// More rows than a step ever has (a long prompt's prefill) are compute bound, and there the
+// library's GEMM runs nearer the peak than broadcasts. Each tile of panels is unpacked (a few MB)
+// and multiplied by it. Measured on Zen 3 over a third of SmolLM2's shapes (ms, library GEMM /
+// broadcasts / tiles): 128 rows 161 / 163 / 236, 256 rows 297 / 406 / 303. Rows of such a call
+// round as the GEMM does, not as the one-row kernel.
+constexpr int64_t kLibraryRows = 160;
+constexpr int64_t kPanelsPerTile = 128;
+
+void library_gemm(const at::Tensor& x32, const at::Tensor& panels, const at::Tensor& bias, int64_t n, at::Tensor& y) {
+  const int64_t k = panels.size(1), lanes = panels.size(2);
+  for (int64_t p0 = 0; p0 < panels.size(0); p0 += kPanelsPerTile) {
+    const int64_t p1 = std::min(panels.size(0), p0 + kPanelsPerTile);
+    const int64_t c0 = p0 * lanes, c1 = std::min(n, p1 * lanes);
+    const at::Tensor tile = panels.slice(0, p0, p1).transpose(1, 2).reshape({-1, k}).slice(0, 0, c1 - c0).to(at::kFloat);
+    y.slice(1, c0, c1).copy_(bias.defined() ? at::addmm(bias.slice(0, c0, c1).to(at::kFloat), x32, tile.t())
+                                            : at::mm(x32, tile.t()));
+  }
+}
+
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                         int64_t n, c10::string_view isa_name) {
   TORCH_CHECK(x.device().is_cpu() && panels.device().is_cpu(), "specfree::panel_linear runs on the CPU");
@@ -175,7 +194,9 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) b = bias->to(panels.scalar_type()).contiguous();
   at::Tensor y = at::empty({m, n}, x32.options());
-  if (m > 0) {
+  if (m > kLibraryRows) {
+    library_gemm(x32, panels, b, n, y);
+  } else if (m > 0) {
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
       if (panels.scalar_type() == at::kFloat)
         panel_range<float>(isa, lanes, x32.data_ptr<float>(), m, panels.data_ptr<float>(), k,
