@@ -4,8 +4,9 @@
         --inductor-gemm --out cf.json
 
 First the model's linear layers alone (``specfree.kernels.measure``): ms per pass over all of them
-for 1..16 rows, with torch's BLAS, oneDNN with packed weights, specfree's few-row kernel (each
-code path this CPU runs) and, with ``--inductor-gemm``, Inductor's C++ GEMM with frozen weights.
+for 1..16 rows, with torch's BLAS, oneDNN with packed weights, specfree's few-row kernel on the
+model's layout and on weights packed into panels (each code path this CPU runs), the read-pass
+floor (``read_pass``: every packed weight read once, same threads) and, with ``--inductor-gemm``, Inductor's C++ GEMM with frozen weights.
 With ``--attention``, the model's attention alone (``tree_attention.py``): specfree's tree-attention
 op against SDPA at 1..16 rows and 64..2048 tokens of context, growing cache and static slots.
 Then per variant (``packages``: the AOTInductor package, the CPU default, kept in

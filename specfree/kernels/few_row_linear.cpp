@@ -35,25 +35,11 @@ constexpr int64_t kPrefetchBytes = 32768;
 constexpr int64_t kMaxRows = 16;  // more rows go to the library's GEMM (compute bound there)
 
 using specfree::Isa;
+using specfree::load16;
+using specfree::load8;
 using specfree::best_isa;
 using specfree::sum16;
 using specfree::sum8;
-
-// ---------------------------------------------------------------- AVX2 + FMA: 8 lanes
-
-SPECFREE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-SPECFREE_AVX2 inline __m256 load8(const at::BFloat16* p) {
-  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-
-// ---------------------------------------------------------------- AVX-512: 16 lanes
-
-SPECFREE_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-SPECFREE_AVX512 inline __m512 load16(const at::BFloat16* p) {
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
 
 inline float widen(float v) { return v; }
 inline float widen(at::BFloat16 v) { return static_cast<float>(v); }
@@ -126,12 +112,7 @@ BlockFn<W> pick_rows(Isa isa, int nb) {
 
 template <typename W>
 BlockFn<W> pick(Isa isa, int nb, int64_t mb) {
-  switch (mb) {
-    case 1: return pick_rows<1, W>(isa, nb);  case 2: return pick_rows<2, W>(isa, nb);
-    case 3: return pick_rows<3, W>(isa, nb);  case 4: return pick_rows<4, W>(isa, nb);
-    case 5: return pick_rows<5, W>(isa, nb);  case 6: return pick_rows<6, W>(isa, nb);
-    case 7: return pick_rows<7, W>(isa, nb);  default: return pick_rows<8, W>(isa, nb);
-  }
+  return specfree::for_rows(mb, [&](auto rows) { return pick_rows<decltype(rows)::value, W>(isa, nb); });
 }
 
 // Columns [n_begin, n_end) for all m_rows rows: NB columns of W at a time, then single columns.

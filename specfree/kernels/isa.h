@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 #include <immintrin.h>
 
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace specfree {
 
@@ -47,6 +49,30 @@ SPECFREE_AVX512 inline float sum16(__m512 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// Vectors of 8 (AVX2) or 16 (AVX-512) weights, fp32 or bf16 widened to fp32 (bf16 is fp32's top half).
+SPECFREE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+SPECFREE_AVX2 inline __m256 load8(const at::BFloat16* p) {
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+SPECFREE_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+SPECFREE_AVX512 inline __m512 load16(const at::BFloat16* p) {
+  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// ``pick(std::integral_constant<int, MB>{})`` for a group of ``rows`` (1-8, more as 8): a block
+// kernel compiled for each row count, chosen at run time.
+template <typename Pick>
+auto for_rows(int64_t rows, Pick&& pick) {
+  switch (rows) {
+    case 1: return pick(std::integral_constant<int, 1>{});  case 2: return pick(std::integral_constant<int, 2>{});
+    case 3: return pick(std::integral_constant<int, 3>{});  case 4: return pick(std::integral_constant<int, 4>{});
+    case 5: return pick(std::integral_constant<int, 5>{});  case 6: return pick(std::integral_constant<int, 6>{});
+    case 7: return pick(std::integral_constant<int, 7>{});  default: return pick(std::integral_constant<int, 8>{});
+  }
 }
 
 }  // namespace specfree

@@ -29,6 +29,8 @@
 namespace {
 
 using specfree::Isa;
+using specfree::load16;
+using specfree::load8;
 
 // Rows in one pass over a block of panels: their accumulators fill the registers. More rows go in
 // groups, each group re-reading the block from cache. (AVX2 in groups of 4 rows against 2 panels,
@@ -40,16 +42,6 @@ constexpr int group_rows(Isa) { return kGroupRows; }
 // Software prefetch this far ahead in each stream (bytes). Measured on SmolLM2's 211 shapes.
 constexpr int64_t kAhead = 1024;
 
-SPECFREE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-SPECFREE_AVX2 inline __m256 load8(const at::BFloat16* p) {
-  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-SPECFREE_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-SPECFREE_AVX512 inline __m512 load16(const at::BFloat16* p) {
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
 
 SPECFREE_AVX2 inline __m256 bcast8(const float* p) { return _mm256_broadcast_ss(p); }
 SPECFREE_AVX512 inline __m512 bcast16(const float* p) { return _mm512_set1_ps(*p); }
@@ -113,12 +105,7 @@ PanelFn<W> pick_rows(Isa isa, int nb) {
 
 template <typename W>
 PanelFn<W> pick(Isa isa, int nb, int64_t mb) {
-  switch (mb) {
-    case 1: return pick_rows<1, W>(isa, nb);  case 2: return pick_rows<2, W>(isa, nb);
-    case 3: return pick_rows<3, W>(isa, nb);  case 4: return pick_rows<4, W>(isa, nb);
-    case 5: return pick_rows<5, W>(isa, nb);  case 6: return pick_rows<6, W>(isa, nb);
-    case 7: return pick_rows<7, W>(isa, nb);  default: return pick_rows<8, W>(isa, nb);
-  }
+  return specfree::for_rows(mb, [&](auto rows) { return pick_rows<decltype(rows)::value, W>(isa, nb); });
 }
 
 // Panels [p_begin, p_end) for all m rows into y [m, n]. Blocks are as wide as the first group
