@@ -92,8 +92,8 @@ def test_a_packed_model_computes_what_the_stock_one_does_and_saves_the_stock_sta
     with as_shipped(model):
         assert linear_path(model) == "library"
         with torch.no_grad():
-            # the same weights (MKL may round differently on a copy at another alignment)
-            torch.testing.assert_close(model(ids).logits, stock, rtol=1e-6, atol=1e-6)
+            # the same weights (the state dict above); the attention call may differ in its mask argument
+            torch.testing.assert_close(model(ids).logits, stock, rtol=1e-5, atol=1e-5)
     library_linears(model)
     assert linear_path(model) == "library" and all(torch.equal(model.state_dict()[k], state[k]) for k in state)
 
@@ -116,17 +116,17 @@ def test_a_tied_embedding_reads_the_heads_panels_one_copy_of_each_weight():
     with as_shipped(model):
         assert model.get_input_embeddings().weight is model.lm_head.weight  # the tie kept in the stock copy
         with torch.no_grad():
-            # the same weights (MKL may round differently on a copy at another alignment)
-            torch.testing.assert_close(model(ids).logits, stock, rtol=1e-6, atol=1e-6)
+            # the same weights (the state dict above); the attention call may differ in its mask argument
+            torch.testing.assert_close(model(ids).logits, stock, rtol=1e-5, atol=1e-5)
     assert isinstance(model.get_input_embeddings(), PanelEmbedding)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_long_prefill_goes_through_the_library_gemm_on_unpacked_tiles(dtype):
     generator = torch.Generator().manual_seed(7)
-    x = torch.randn(200, 40, generator=generator)  # more rows than the broadcast kernel takes
+    x = torch.randn(2, 100, 40, generator=generator)  # more rows than the broadcast kernel takes, batched
     weight = torch.randn(1100, 40, generator=generator).to(dtype)  # several tiles, the last one short
     bias = torch.randn(1100, generator=generator).to(dtype)
     out = panel_linear(x, weight, bias, ISA)
     expected = x.double() @ weight.double().T + bias.double()
-    assert out.shape == (200, 1100) and (out.double() - expected).abs().max().item() < 1e-3
+    assert out.shape == (2, 100, 1100) and (out.double() - expected).abs().max().item() < 1e-3

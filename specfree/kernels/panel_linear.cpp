@@ -182,7 +182,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   if (has_bias) b = bias->to(panels.scalar_type()).contiguous();
   at::Tensor y = at::empty({m, n}, x32.options());
   if (m > kLibraryRows) {
-    library_gemm(x32, panels, b, n, y);
+    library_gemm(x32.view({m, k}), panels, b, n, y);
   } else if (m > 0) {
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
       if (panels.scalar_type() == at::kFloat)
