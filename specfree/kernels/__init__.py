@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.files import atomic_path, fingerprint
-from specfree.kernels.panels import LANES, PanelLinear, pack_linears, unpacked
+from specfree.kernels.panels import LANES, PanelLinear, pack_linears, release_checkpoint_mapping, unpacked
 from specfree.kernels.swap import swap_modules, swapped_modules
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
@@ -199,9 +199,8 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
         library_linears(model)
         return 0
     isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
-    if pack and isa in LANES:
-        with torch.no_grad():
-            pack_linears(model, _fits, LANES[isa])
+    if pack and isa in LANES and pack_linears(model, _fits, LANES[isa]):
+        release_checkpoint_mapping(model)
     swap_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None)
     return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())
 

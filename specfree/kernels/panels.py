@@ -25,8 +25,8 @@ LANES = {"avx2": 8, "avx512": 16}
 def pack(weight: torch.Tensor, lanes: int) -> torch.Tensor:
     """[N, K] -> panels [ceil(N / lanes), K, lanes], zero columns past N."""
     n, k = weight.shape
-    padded = F.pad(weight.detach(), (0, 0, 0, (-n) % lanes))
-    return padded.view(-1, lanes, k).transpose(1, 2).contiguous()
+    padded = F.pad(weight.detach(), (0, 0, 0, (-n) % lanes)) if n % lanes else weight.detach()
+    return padded.reshape(-1, lanes, k).transpose(1, 2).contiguous()
 
 
 def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
@@ -159,9 +159,40 @@ def pack_linears(model: nn.Module, fits, lanes: int) -> int:
             return head
         return None
 
-    packed = swap_modules(model, convert)
-    swap_modules(model, lambda m: PanelEmbedding(m, tied_heads[id(m)]) if id(m) in tied_heads else None)
+    with torch.no_grad():
+        packed = swap_modules(model, convert)
+        swap_modules(model, lambda m: PanelEmbedding(m, tied_heads[id(m)]) if id(m) in tied_heads else None)
     return packed
+
+
+SMALL_BYTES = 64 << 20
+
+
+def release_checkpoint_mapping(model: nn.Module) -> None:
+    """Copy the tensors packing left in place (norms, biases: each under 64 MB) into memory of their
+    own. A checkpoint loaded from safetensors is a memory-mapped file, and any tensor still on the
+    mapping keeps all of it: the pages packing read stayed resident (SmolLM2: 0.6 GB of file pages
+    beside the panels; after the copy, 0.1 GB)."""
+    with torch.no_grad():
+        for module in model.modules():
+            for name, param in module._parameters.items():
+                if param is not None and name != "panels" and param.numel() * param.element_size() <= SMALL_BYTES:
+                    param.data = param.data.clone()
+            for name, buffer in module._buffers.items():
+                if buffer is not None and buffer.numel() * buffer.element_size() <= SMALL_BYTES:
+                    module._buffers[name] = buffer.clone()
+    _return_freed_memory()
+
+
+def _return_freed_memory() -> None:
+    """Packing frees a model's worth of small blocks, which glibc keeps for reuse: hand them back."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    if trim is not None:  # glibc only; elsewhere the allocator keeps them, as it would anyway
+        trim(0)
 
 
 def unpacked(module: nn.Module, copies: dict[int, nn.Parameter]) -> nn.Module | None:
