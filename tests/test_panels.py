@@ -130,3 +130,20 @@ def test_a_long_prefill_goes_through_the_library_gemm_on_unpacked_tiles(dtype):
     out = panel_linear(x, weight, bias, ISA)
     expected = x.double() @ weight.double().T + bias.double()
     assert out.shape == (2, 100, 1100) and (out.double() - expected).abs().max().item() < 1e-3
+
+
+def test_save_pretrained_of_a_packed_tied_model_loads_into_the_stock_class(tmp_path):
+    import transformers
+
+    model = tiny_model("llama", seed=6)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.get_input_embeddings().weight
+    ids = torch.tensor([[7, 0, 2, 95, 4]])
+    with torch.no_grad():
+        stock = model(ids).logits
+    HFAdapter(model, check_tree_mask=False)
+    model.save_pretrained(tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert back.lm_head.weight is back.get_input_embeddings().weight
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, stock, rtol=1e-5, atol=1e-5)
