@@ -18,6 +18,8 @@ from specfree.kernels import library_linears, linear_path, load_kernels
 from specfree.kernels.panels import LANES, PanelEmbedding, PanelLinear, pack, unpack
 from tests.tiny_models import tiny_model
 
+fresh_model = tiny_model.__wrapped__  # a model of its own: these tests repack, tie and restore it
+
 ISA = load_kernels(progress=False)
 pytestmark = pytest.mark.skipif(ISA is None, reason="the kernel cannot be built or run on this machine")
 ISAS = ["avx2", "avx512"] if ISA == "avx512" else ["avx2"]
@@ -76,7 +78,7 @@ def test_the_read_pass_reads_every_value():
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_a_packed_model_computes_what_the_stock_one_does_and_saves_the_stock_state(family):
-    model = tiny_model(family, seed=5)
+    model = fresh_model(family, seed=5)
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     with torch.no_grad():
@@ -99,7 +101,7 @@ def test_a_packed_model_computes_what_the_stock_one_does_and_saves_the_stock_sta
 
 
 def test_a_tied_embedding_reads_the_heads_panels_one_copy_of_each_weight():
-    model = tiny_model("llama", seed=6)
+    model = fresh_model("llama", seed=6)
     model.config.tie_word_embeddings = True
     model.lm_head.weight = model.get_input_embeddings().weight
     ids = torch.tensor([[7, 0, 2, 95, 4]])
@@ -135,7 +137,7 @@ def test_a_long_prefill_goes_through_the_library_gemm_on_unpacked_tiles(dtype):
 def test_save_pretrained_of_a_packed_tied_model_loads_into_the_stock_class(tmp_path):
     import transformers
 
-    model = tiny_model("llama", seed=6)
+    model = fresh_model("llama", seed=6)
     model.config.tie_word_embeddings = True
     model.lm_head.weight = model.get_input_embeddings().weight
     ids = torch.tensor([[7, 0, 2, 95, 4]])
