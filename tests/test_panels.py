@@ -100,13 +100,21 @@ def test_a_packed_model_computes_what_the_stock_one_does_and_saves_the_stock_sta
     assert linear_path(model) == "library" and all(torch.equal(model.state_dict()[k], state[k]) for k in state)
 
 
-def test_a_tied_embedding_reads_the_heads_panels_one_copy_of_each_weight():
+TIED_IDS = torch.tensor([[7, 0, 2, 95, 4]])
+
+
+def tied_model():
+    """A tiny Llama whose head shares the embedding's weight (as SmolLM2's does), some ids, and its
+    stock logits for them."""
     model = fresh_model("llama", seed=6)
     model.config.tie_word_embeddings = True
     model.lm_head.weight = model.get_input_embeddings().weight
-    ids = torch.tensor([[7, 0, 2, 95, 4]])
     with torch.no_grad():
-        stock = model(ids).logits
+        return model, TIED_IDS, model(TIED_IDS).logits
+
+
+def test_a_tied_embedding_reads_the_heads_panels_one_copy_of_each_weight():
+    model, ids, stock = tied_model()
     stock_bytes = sum(p.numel() for p in model.parameters())
     HFAdapter(model, check_tree_mask=False)
     embedding = model.get_input_embeddings()
@@ -137,12 +145,7 @@ def test_a_long_prefill_goes_through_the_library_gemm_on_unpacked_tiles(dtype):
 def test_save_pretrained_of_a_packed_tied_model_loads_into_the_stock_class(tmp_path):
     import transformers
 
-    model = fresh_model("llama", seed=6)
-    model.config.tie_word_embeddings = True
-    model.lm_head.weight = model.get_input_embeddings().weight
-    ids = torch.tensor([[7, 0, 2, 95, 4]])
-    with torch.no_grad():
-        stock = model(ids).logits
+    model, ids, stock = tied_model()
     HFAdapter(model, check_tree_mask=False)
     model.save_pretrained(tmp_path)
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)

@@ -36,12 +36,10 @@ using specfree::load8;
 // groups, each group re-reading the block from cache. (AVX2 in groups of 4 rows against 2 panels,
 // so each broadcast meets two weight vectors, measured no faster on Zen 3: 8 rows 1.82x the read
 // pass against 1.69x in one group of 8.)
-constexpr int kGroupRows = 8;  // the most any ISA takes
-constexpr int group_rows(Isa) { return kGroupRows; }
+constexpr int kGroupRows = 8;
 
 // Software prefetch this far ahead in each stream (bytes). Measured on SmolLM2's 211 shapes.
 constexpr int64_t kAhead = 1024;
-
 
 SPECFREE_AVX2 inline __m256 bcast8(const float* p) { return _mm256_broadcast_ss(p); }
 SPECFREE_AVX512 inline __m512 bcast16(const float* p) { return _mm512_set1_ps(*p); }
@@ -52,30 +50,30 @@ SPECFREE_AVX512 inline __m512 bcast16(const float* p) { return _mm512_set1_ps(*p
 
 // MB rows against NB adjacent panels (P = LANES columns each), all of K. Registers: MB*NB
 // accumulators, NB weight vectors, one broadcast. ``out`` is [MB, NB*LANES], row stride ldo.
-#define SPECFREE_PANELS(ATTR, NAME, VEC, LANES, ZERO, LOAD, FMA, BCAST, STORE)                        \
-  template <int MB, int NB, typename W>                                                          \
-  ATTR void NAME(const float* x, int64_t ldx, const W* panels, int64_t k, float* out, int64_t ldo,   \
-                 bool prefetch) {                                                                \
-    VEC acc[MB][NB];                                                                             \
-    UNROLL for (int m = 0; m < MB; ++m)                                                          \
-      UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = ZERO();                                           \
-    const int64_t stride = k * LANES; /* one panel */                                            \
-    constexpr int64_t ahead = kAhead / sizeof(W);                                                \
-    constexpr int64_t line = 64 / sizeof(W);                                                     \
-    for (int64_t i = 0; i < k; ++i) {                                                            \
-      const W* at = panels + i * LANES;                                                          \
-      VEC ws[NB];                                                                                \
-      UNROLL for (int j = 0; j < NB; ++j) ws[j] = LOAD(at + j * stride);                                \
-      if (prefetch && (i * LANES) % line == 0)                                                   \
-        for (int j = 0; j < NB; ++j)                                                             \
-          _mm_prefetch(reinterpret_cast<const char*>(at + j * stride + ahead), _MM_HINT_T0);     \
-      UNROLL for (int m = 0; m < MB; ++m) {                                                      \
-        VEC xv = BCAST(x + m * ldx + i);                                                         \
-        UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = FMA(xv, ws[j], acc[m][j]);                      \
-      }                                                                                          \
-    }                                                                                            \
-    UNROLL for (int m = 0; m < MB; ++m)                                                          \
-      UNROLL for (int j = 0; j < NB; ++j) STORE(out + m * ldo + j * LANES, acc[m][j]);                  \
+#define SPECFREE_PANELS(ATTR, NAME, VEC, LANES, ZERO, LOAD, FMA, BCAST, STORE)                     \
+  template <int MB, int NB, typename W>                                                            \
+  ATTR void NAME(const float* x, int64_t ldx, const W* panels, int64_t k, float* out, int64_t ldo, \
+                 bool prefetch) {                                                                  \
+    VEC acc[MB][NB];                                                                               \
+    UNROLL for (int m = 0; m < MB; ++m)                                                            \
+      UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = ZERO();                                      \
+    const int64_t stride = k * LANES; /* one panel */                                              \
+    constexpr int64_t ahead = kAhead / sizeof(W);                                                  \
+    constexpr int64_t line = 64 / sizeof(W);                                                       \
+    for (int64_t i = 0; i < k; ++i) {                                                              \
+      const W* at = panels + i * LANES;                                                            \
+      VEC ws[NB];                                                                                  \
+      UNROLL for (int j = 0; j < NB; ++j) ws[j] = LOAD(at + j * stride);                           \
+      if (prefetch && (i * LANES) % line == 0)                                                     \
+        for (int j = 0; j < NB; ++j)                                                               \
+          _mm_prefetch(reinterpret_cast<const char*>(at + j * stride + ahead), _MM_HINT_T0);       \
+      UNROLL for (int m = 0; m < MB; ++m) {                                                        \
+        VEC xv = BCAST(x + m * ldx + i);                                                           \
+        UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = FMA(xv, ws[j], acc[m][j]);                 \
+      }                                                                                            \
+    }                                                                                              \
+    UNROLL for (int m = 0; m < MB; ++m)                                                            \
+      UNROLL for (int j = 0; j < NB; ++j) STORE(out + m * ldo + j * LANES, acc[m][j]);             \
   }
 
 SPECFREE_PANELS(SPECFREE_AVX2, panels_avx2, __m256, 8, _mm256_setzero_ps, load8, _mm256_fmadd_ps,
@@ -96,10 +94,10 @@ constexpr int kBlockAvx512[kGroupRows + 1] = {0, 4, 4, 4, 4, 4, 3, 3, 3};
 template <int MB, typename W>
 PanelFn<W> pick_rows(Isa isa, int nb) {
   if (isa == Isa::kAvx512) {
-    constexpr int own = kBlockAvx512[MB], full = kBlockAvx512[group_rows(Isa::kAvx512)];
+    constexpr int own = kBlockAvx512[MB], full = kBlockAvx512[kGroupRows];
     return nb == own ? panels_avx512<MB, own, W> : nb == full ? panels_avx512<MB, full, W> : panels_avx512<MB, 1, W>;
   }
-  constexpr int own = kBlockAvx2[MB], full = kBlockAvx2[group_rows(Isa::kAvx2)];
+  constexpr int own = kBlockAvx2[MB], full = kBlockAvx2[kGroupRows];
   return nb == own ? panels_avx2<MB, own, W> : nb == full ? panels_avx2<MB, full, W> : panels_avx2<MB, 1, W>;
 }
 
@@ -114,7 +112,7 @@ template <typename W>
 void panel_range(Isa isa, int lanes, const float* x, int64_t m, const W* panels, int64_t k, const W* bias,
                  int64_t n, int64_t p_begin, int64_t p_end, float* y) {
   const int* widths = isa == Isa::kAvx512 ? kBlockAvx512 : kBlockAvx2;
-  const int64_t group = group_rows(isa), first = std::min(group, m);  // (GCC 12 miscompiles min() inside a[])
+  const int64_t group = kGroupRows, first = std::min(group, m);  // (GCC 12 miscompiles min() inside a[])
   const int nb = widths[first];
   const int64_t groups = (m + group - 1) / group;
   float out[kGroupRows * 4 * 16];  // one group's results for one block, [rows, nb * lanes]
