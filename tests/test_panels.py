@@ -15,7 +15,7 @@ from torch import nn
 from specfree.adapters import as_shipped
 from specfree.adapters.hf import HFAdapter
 from specfree.kernels import library_linears, linear_path, load_kernels
-from specfree.kernels.panels import LANES, PanelEmbedding, PanelLinear, pack, unpack
+from specfree.kernels.panels import LANES, FilePages, PanelEmbedding, PanelLinear, pack, unpack
 from tests.tiny_models import tiny_model
 
 fresh_model = tiny_model.__wrapped__  # a model of its own: these tests repack, tie and restore it
@@ -152,3 +152,22 @@ def test_save_pretrained_of_a_packed_tied_model_loads_into_the_stock_class(tmp_p
     assert back.lm_head.weight is back.get_input_embeddings().weight
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, stock, rtol=1e-5, atol=1e-5)
+
+
+def test_packing_hands_back_clean_checkpoint_pages_and_nothing_else(tmp_path):
+    """A weight read from a mapped file gives its pages back once packed (the peak stays one copy
+    of the model), reads back the same afterwards; a page written since mapping is kept."""
+    data = torch.arange(1 << 20, dtype=torch.float32)  # 4 MB: whole pages inside it
+    path = tmp_path / "weights.bin"
+    data.numpy().tofile(path)
+    mapped = torch.from_file(str(path), shared=False, size=data.numel())  # a private mapping
+    assert torch.equal(mapped, data)  # every page read, so resident
+    pages = FilePages.of_this_process()
+    if not pages.ranges:
+        pytest.skip("no /proc/self/maps on this system: dropping is a no-op")
+    assert pages.drop(mapped)
+    assert torch.equal(mapped, data)  # faulted in again from the file
+    mapped[5] = -1.0  # now a private copy of that page
+    assert not pages.drop(mapped)
+    assert mapped[5] == -1.0 and torch.equal(mapped[6:], data[6:])
+    assert not pages.drop(data.clone())  # ordinary memory is freed with its tensor, not here

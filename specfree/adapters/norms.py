@@ -49,7 +49,8 @@ def _epsilon(norm: nn.Module) -> float | None:
 def _fused(module: nn.Module) -> FusedRMSNorm | None:
     """The fused twin of ``module`` if it is an fp32 CPU RMSNorm, not fused yet, whose outputs the
     twin matches bit for bit on random probes, else None."""
-    weight = getattr(module, "weight", None)
+    # Straight from the parameters: a packed layer's ``weight`` is an unpacked copy made per read.
+    weight = module._parameters.get("weight")
     eps = _epsilon(module)
     if (isinstance(module, FusedRMSNorm) or not type(module).__name__.endswith("RMSNorm")
             or not isinstance(weight, nn.Parameter) or eps is None or weight.dim() != 1

@@ -13,6 +13,7 @@ import inspect
 import torch
 
 from specfree.errors import UnsupportedModelError
+from specfree.kernels.panels import PanelLinear
 
 
 def refuse_unverifiable(model, max_length: int) -> None:
@@ -54,6 +55,8 @@ def check_one_lm_head(model) -> None:
     sequence, one token per position. MusicGen's decoders have a list of heads, one per audio codebook,
     and take one row of input_ids per codebook."""
     heads = model.get_output_embeddings()
+    if isinstance(heads, PanelLinear):  # packed already (its ``weight`` would be a copy)
+        return
     if isinstance(getattr(heads, "weight", None), torch.Tensor) and heads.weight.dim() == 2:
         return
     config = model.config

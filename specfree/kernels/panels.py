@@ -15,6 +15,7 @@ the stock baselines.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -148,15 +149,22 @@ def pack_linears(model: nn.Module, fits, lanes: int) -> int:
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     tied_heads: dict[int, PanelLinear] = {}
 
+    file_pages = FilePages.of_this_process()
+
     def convert(module):
         if not fits(module):
             return None
-        if shared[id(module.weight)] == 1:
-            return PanelLinear(module, lanes)
-        if type(embedding) is nn.Embedding and embedding.weight is module.weight and shared[id(module.weight)] == 2:
-            head = PanelLinear(module, lanes)
-            tied_heads[id(embedding)] = head
-            return head
+        tied = type(embedding) is nn.Embedding and embedding.weight is module.weight
+        weight = module.weight
+        holders = shared[id(weight)]
+        if holders == 1 or (tied and holders == 2):
+            packed = PanelLinear(module, lanes)
+            # The source is read once, here: its checkpoint pages need not stay resident until the
+            # mapping goes (they would add the model's size again to the peak).
+            file_pages.drop(weight)
+            if tied:
+                tied_heads[id(embedding)] = packed
+            return packed
         return None
 
     with torch.no_grad():
@@ -182,6 +190,67 @@ def release_checkpoint_mapping(model: nn.Module) -> None:
                 if buffer is not None and buffer.numel() * buffer.element_size() <= SMALL_BYTES:
                     module._buffers[name] = buffer.clone()
     _return_freed_memory()
+
+
+class FilePages:
+    """The file mappings of this process (a safetensors checkpoint is one, mapped private), so that
+    the pages a tensor on one has been read from can be handed back once read. Only clean pages
+    are: they stay in the page cache, and a later read, by anyone still holding the tensor, faults
+    them in again with the same bytes. A page written since it was mapped (a private copy) is never
+    dropped. Linux only; elsewhere, and for tensors in ordinary memory, ``drop`` does nothing (they
+    are freed with the tensor)."""
+
+    MADV_DONTNEED = 4
+    PAGE = 4096
+
+    def __init__(self, ranges: list[tuple[int, int]], madvise=None):
+        self.ranges = ranges
+        self.madvise = madvise
+
+    @classmethod
+    def of_this_process(cls) -> FilePages:
+        import ctypes
+        import ctypes.util
+
+        try:
+            with open("/proc/self/maps", encoding="utf-8") as maps:
+                lines = maps.read().splitlines()
+            madvise = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).madvise
+        except (OSError, AttributeError, TypeError):
+            return cls([])
+        madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        ranges = []
+        for line in lines:  # start-end perms offset dev inode path
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((start, end))
+        return cls(ranges, madvise)
+
+    def drop(self, tensor: torch.Tensor) -> bool:
+        """Hand back the clean whole pages under ``tensor``; whether any were."""
+        if not self.ranges or tensor.device.type != "cpu":
+            return False
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()  # weights are contiguous
+        if not any(low <= start and end <= high for low, high in self.ranges):
+            return False  # ordinary memory
+        first, last = -(-start // self.PAGE) * self.PAGE, end // self.PAGE * self.PAGE
+        if last <= first or self._written(first, last):
+            return False
+        return self.madvise(first, last - first, self.MADV_DONTNEED) == 0
+
+    def _written(self, first: int, last: int) -> bool:
+        """Whether a page in [first, last) is a private copy: present but not file-backed, or in
+        swap (``/proc/self/pagemap``: bit 63 present, 62 swapped, 61 file page). Unreadable: assume so."""
+        try:
+            with open("/proc/self/pagemap", "rb") as pagemap:
+                pagemap.seek(first // self.PAGE * 8)
+                entries = np.frombuffer(pagemap.read((last - first) // self.PAGE * 8), dtype=np.uint64)
+        except OSError:
+            return True
+        present, swapped, file = (entries >> 63) & 1, (entries >> 62) & 1, (entries >> 61) & 1
+        return len(entries) != (last - first) // self.PAGE or bool(((present & (file ^ 1)) | swapped).any())
 
 
 def _return_freed_memory() -> None:
