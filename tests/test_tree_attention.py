@@ -12,10 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfree.adapters.attention import TREE_ATTENTION, attention_path, stock_attention
+from specfree.adapters.attention import (TREE_ATTENTION, attention_path, grouped_sdpa_attention, stock_attention,
+                                        tree_attention_forward)
 from specfree.adapters.hf import HFAdapter
 from specfree.kernels import load_kernels
-from specfree.kernels.attention import tree_attention, visible
+from specfree.kernels.attention import LONG_ROWS, tree_attention, visible
 from specfree.masks.tree import ancestors
 from tests.tiny_models import tiny_model
 
@@ -186,6 +187,24 @@ def test_stock_attention_is_sdpa_inside_the_block():
     with stock_attention(adapter.model):
         assert adapter.model.config._attn_implementation == "sdpa" and attention_path(adapter.model) == "sdpa"
     assert adapter.model.config._attn_implementation == TREE_ATTENTION
+
+
+def test_a_long_prefill_runs_sdpa_and_a_step_the_operator():
+    """Beyond ``LONG_ROWS`` rows (a prefill, never a verify step) attention is SDPA's, bit for bit."""
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    outputs = {}
+    for rows in (LONG_ROWS, LONG_ROWS + 1):
+        generator = torch.Generator().manual_seed(rows)
+        query = torch.randn(1, 4, rows, 16, generator=generator)
+        key, value = torch.randn(2, 1, 2, rows, 16, generator=generator)
+        outputs[rows] = (tree_attention_forward(module, query, key, value, None, scaling=0.25)[0],
+                         tree_attention(query, key, value, None, 0.25),
+                         grouped_sdpa_attention(module, query, key, value, None, scaling=0.25)[0])
+    step, op, sdpa = outputs[LONG_ROWS]
+    assert torch.equal(step, op) and not torch.equal(op, sdpa)  # the two differ in bits
+    prefill, op, sdpa = outputs[LONG_ROWS + 1]
+    assert torch.equal(prefill, sdpa) and not torch.equal(prefill, op)
 
 
 def test_a_bf16_model_keeps_sdpa():

@@ -58,11 +58,12 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                            **kwargs) -> tuple[torch.Tensor, None]:
     """specfree's tree-attention operator where it computes what the model asks, else
     ``grouped_sdpa_attention``. query [B, H, Q, D]; key, value [B, Hkv, S, D]; mask [B or 1, 1, Q, S]."""
-    from specfree.kernels.attention import tree_attention
+    from specfree.kernels.attention import LONG_ROWS, tree_attention
 
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]  # as transformers' SDPA does
-    covered = (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype == torch.float32
+    covered = (query.shape[-2] <= LONG_ROWS  # a long prefill: SDPA is faster there
+               and query.device.type == "cpu" and query.dtype == key.dtype == value.dtype == torch.float32
                and not dropout and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)
                and getattr(module, "sinks", None) is None
                # one head dim for query, key and value (MLA's values are narrower), whole query groups
