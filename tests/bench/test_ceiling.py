@@ -64,3 +64,13 @@ def test_ceiling_without_a_bench_output_is_one_clear_error(tmp_path, capsys):
     assert main(["ceiling", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "ceiling:" in err and "pass a bench output folder" in err
+
+
+def test_the_ceiling_prices_with_the_curve_of_the_path_the_run_took():
+    curves = {"eager, library linears": {"1": 60.0, "8": 120.0}, "eager, few_row-panels-avx2": {"1": 30.0, "8": 45.0},
+              "compiled, few_row-panels-avx2": {"1": 18.0, "8": 31.0}}
+    name, cost = ceiling.run_curve({"compile": "true", "forward_curves_ms": curves})
+    assert name.startswith("compiled") and cost(1) == 0.018 and cost(8) == 0.031
+    name, cost = ceiling.run_curve({"compile": "false", "forward_curves_ms": curves})
+    assert name == "eager, few_row-panels-avx2" and cost(8) == 0.045
+    assert ceiling.run_curve({"compile": "true"}) is None  # a run without curves: the cached one is used
