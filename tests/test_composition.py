@@ -210,6 +210,15 @@ def test_prompt_lookup_over_a_suffix_array_drafts_exactly_what_the_scan_drafts(p
         assert (a.candidates, a.labels) == (b.candidates, b.labels)
 
 
+@settings(max_examples=100, deadline=None)
+@given(context=st.lists(st.integers(0, 3), min_size=1, max_size=40), n=st.integers(1, 5), start=st.integers(0, 8))
+def test_the_scan_finds_every_earlier_window_equal_to_the_last_n_tokens_newest_first(context, n, start):
+    from specfree.strategies.prompt_lookup import _scan
+
+    brute = [i for i in range(start, len(context) - n) if context[i : i + n] == context[-n:]][::-1]
+    assert _scan(np.array(context), n, start).tolist() == brute
+
+
 @pytest.fixture(scope="module")
 def tiny_datastore(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("composition") / "store.sfds"

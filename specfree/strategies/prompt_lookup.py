@@ -12,7 +12,6 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from specfree.errors import ConfigError, check_int
 from specfree.pools.prompt_index import PromptIndex
@@ -99,7 +98,13 @@ class PromptLookup(Strategy):
 
 def _scan(context: np.ndarray, n: int, start: int) -> np.ndarray:
     """Start indices i >= start of windows of context[:-1] equal to its last n tokens, newest first."""
-    if len(context) - 1 - start < n:
+    stop = len(context) - n  # the last window ends just before the final token
+    if stop <= start:
         return np.empty(0, dtype=np.int64)
-    windows = sliding_window_view(context[start:-1], n)  # excludes the suffix matching itself
-    return np.flatnonzero((windows == context[-n:]).all(axis=1))[::-1] + start
+    tail = context[-n:]
+    # Positions of the first token, then narrowed one token at a time: a handful survive the first
+    # comparison, where comparing every window whole costs an [L, n] array each step.
+    starts = np.flatnonzero(context[start:stop] == tail[0]) + start
+    for j in range(1, n):
+        starts = starts[context[starts + j] == tail[j]]
+    return starts[::-1]
