@@ -321,10 +321,14 @@ Visibility visibility(const std::optional<at::Tensor>& mask, int64_t b, int64_t 
 void head_group(const Pieces& f, const Visibility& vis, const float* q /*[rows, D]*/, const float* k,
                 const float* v, int64_t ks, int64_t vs, int64_t q_len, int64_t groups, int64_t row0, int64_t rows,
                 int64_t s_len, int64_t d, float scale, float* out /*[rows, D]*/) {
-  const int64_t width = (s_len + kPad - 1) / kPad * kPad;
+  // Score rows span the keys up to the last one some row sees, not every slot: over static slots
+  // (2304 for SmolLM2's package) the max and exp passes would otherwise run over the empty ones.
+  // Neither depends on the span (an exact max; exp lane by lane), so the bits do not either.
+  const int64_t n_keys = static_cast<int64_t>(vis.keys.size());
+  const int64_t span = n_keys ? vis.keys.back() + 1 : 0;
+  const int64_t width = (span + kPad - 1) / kPad * kPad;
   std::vector<float> score(rows * width, -std::numeric_limits<float>::infinity());
   std::vector<uint8_t> seen(rows);
-  const int64_t n_keys = static_cast<int64_t>(vis.keys.size());
   auto block = [&](int64_t j) {
     return Block{vis.keys.data() + j, static_cast<int>(std::min<int64_t>(kBlock, n_keys - j)), vis.seen_t.data(),
                  vis.bias.empty() ? nullptr : vis.bias.data(), q_len, groups, s_len, row0};
