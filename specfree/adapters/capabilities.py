@@ -163,7 +163,7 @@ def compile_blocker(model) -> str | None:
     import shutil
     import sys
 
-    device = next(model.parameters()).device
+    device = model_device(model)
     if device.type not in ("cpu", "cuda"):
         return f"torch.compile is not used on {device.type} devices"
     if device.type == "cpu" and not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")):
@@ -173,6 +173,12 @@ def compile_blocker(model) -> str | None:
     if verifies_chains(model):
         return "models with recurrent or chunked-attention layers verify chains on the eager path only"
     return None
+
+
+def model_device(model) -> torch.device:
+    """Where the model's weights are: its first parameter's device (``model.device`` scans every
+    parameter; an embedding tied to a packed head has no ``weight`` of its own to ask)."""
+    return next(model.parameters()).device
 
 
 def output_rows(model) -> int:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from specfree.adapters.capabilities import compile_blocker
+from specfree.adapters.capabilities import compile_blocker, model_device
 from specfree.adapters.hf import HFAdapter, prepare_model
 from specfree.adapters.kv import StaticSlots, cache_argument, growing_cache
 from specfree.adapters.packaged import StepPackage
@@ -100,7 +100,7 @@ def shared_parameter_copy(model: torch.nn.Module) -> torch.nn.Module:
 def layer_shapes(model) -> list[tuple[torch.Size, torch.Size]]:
     """Each cache layer's key and value shape for one token, from one eager forward."""
     probe = growing_cache()
-    device = next(model.parameters()).device
+    device = model_device(model)
     model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=True, logits_to_keep=1,
           **{cache_argument(model): probe})
     return [(layer.keys.shape, layer.values.shape) for layer in probe.layers]
@@ -123,7 +123,7 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
     max_autotune = resolve_autotune(max_autotune, model)
     model = shared_parameter_copy(model)
     kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir) > 0
-    device = next(model.parameters()).device
+    device = model_device(model)
     backend = resolve_backend(backend, device)
     packaged = backend == "aoti"
     slots = StaticSlots(layer_shapes(model), model.dtype, device, min_slots, tier_step if packaged else None)
@@ -161,7 +161,7 @@ def compiled_marker(model, cache_dir, **knobs) -> Path:
     """The file that says this setup (model, device, dtype, threads, torch, knobs) compiled here
     before with torch.compile, so Inductor's on-disk caches should be warm."""
     params = sum(p.numel() for p in model.parameters())
-    device = next(model.parameters()).device
+    device = model_device(model)
     setup = [model.config.model_type, params, str(device), str(model.dtype), torch.get_num_threads(),
              torch.__version__, sorted((k, str(v)) for k, v in knobs.items())]
     return Path(cache_dir) / "compiled" / f"{fingerprint(*setup)}.json"
@@ -231,7 +231,7 @@ def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, lin
     the last warm-up took at most ``AUTO_READY_S``."""
     import json
 
-    device = next(model.parameters()).device
+    device = model_device(model)
     if resolve_backend(knobs.get("backend", "auto"), device) == "aoti":
         from specfree.kernels import load_kernels
 

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from specfree.adapters import probes
 from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_maskable_attention, use_tree_attention
-from specfree.adapters.capabilities import Capabilities, model_structure
+from specfree.adapters.capabilities import Capabilities, model_device, model_structure
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.stores import STORES, KVStore
@@ -60,7 +60,7 @@ class HFAdapter:
         structure = capabilities or model_structure(model)  # refusals first, before any kernel is swapped
         self.model = model.eval()
         self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
-        self._device = next(model.parameters()).device  # model.device scans every parameter: slow
+        self._device = model_device(model)
         self._compiled_runner = runner
         self._attach(capabilities or probes.inspect_model(structure, self._probe, compiled=runner is not None,
                                                           probe=check_tree_mask), runner)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from specfree.adapters.capabilities import model_device
 from specfree.adapters.kv import StaticSlots, cache_argument, cache_in
 from specfree.adapters.packaged import MAX_ROWS as PACKAGE_MAX_ROWS
 from specfree.adapters.packaged import StepPackage
@@ -172,7 +173,7 @@ class GraphRunner(StepRunner):
         self.backend, self.buckets, self.max_autotune = backend, tuple(sorted(set(buckets))), max_autotune
         self.linears = linear_path(model)
         self._tracing_config = tracing_config
-        device = next(model.parameters()).device
+        device = model_device(model)
         mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
         self._graph = torch.compile(self._step, backend=backend, dynamic=False, options=options, mode=mode)
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import torch
 
 from specfree.adapters import recurrent
-from specfree.adapters.capabilities import Capabilities, causal
+from specfree.adapters.capabilities import Capabilities, causal, model_device
 from specfree.adapters.kv import StaticSlots, keep_rows
 from specfree.masks.bucketed import pad_rows
 
@@ -38,7 +38,7 @@ class KVStore:
 
     def __init__(self, model, caps: Capabilities, runner):
         self.model, self.caps, self.runner = model, caps, runner
-        self.device, self.dtype = next(model.parameters()).device, model.dtype
+        self.device, self.dtype = model_device(model), model.dtype
 
     @property
     def past(self) -> int:
