@@ -19,8 +19,9 @@
 //
 // The work is split by (batch, key/value head, chunk of its rows): each task reads each key and
 // value that some row sees once, for all the query rows of its chunk (Q * H/Hkv rows make a
-// group); keys no row sees (empty static slots, keys outside every row's window) are never read. Two code paths chosen at run time (AVX-512, AVX2);
-// they round differently from each other; within one process one path is used.
+// group); keys no row sees (empty static slots, keys outside every row's window) are never read.
+// Two code paths chosen at run time (AVX-512, AVX2); they round differently from each other;
+// within one process one path is used.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -153,7 +154,8 @@ struct Block {
   int64_t row0;  // the group's row of the block's first row (rows run in chunks)
 };
 
-#define SPECFREE_BLOCKS(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, STORE, SET1, FMA, SUM)                   \
+// AVX-512 only: AVX2 scores a block with scores_block8_avx2 below.
+#define SPECFREE_SCORES_BLOCK(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, FMA, SUM)                          \
   template <int ND>                                                                                   \
   ATTR void scores_block_##SUFFIX(const Block& b, const float* q, int64_t rows, const float* k,         \
                                   int64_t ks, float* out, int64_t stride, float scale) {               \
@@ -171,7 +173,9 @@ struct Block {
                               : b.bias ? x + b.bias[qi * b.s_len + s] : x;                            \
       }                                                                                               \
     }                                                                                                 \
-  }                                                                                                   \
+  }
+
+#define SPECFREE_ACCUMULATE_BLOCK(ATTR, SUFFIX, VEC, LANES, LOAD, STORE, SET1, FMA)                    \
   template <int ND>                                                                                   \
   ATTR void accumulate_block_##SUFFIX(const Block& b, float* acc, const float* p, int64_t stride,     \
                                       int64_t rows, const float* v, int64_t vs, float* l) {            \
@@ -195,8 +199,12 @@ struct Block {
     }                                                                                                 \
   }
 
-SPECFREE_BLOCKS(SPECFREE_AVX2, avx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,
-                _mm256_set1_ps, _mm256_fmadd_ps, sum8)
+SPECFREE_SCORES_BLOCK(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_fmadd_ps,
+                      sum16)
+SPECFREE_ACCUMULATE_BLOCK(SPECFREE_AVX2, avx2, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
+                          _mm256_fmadd_ps)
+SPECFREE_ACCUMULATE_BLOCK(SPECFREE_AVX512, avx512, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
+                          _mm512_fmadd_ps)
 
 // Lane j of the result is sum8(a[j]) bit for bit (the same additions, in the same tree), for eight
 // keys at once: one horizontal sum per key cost more than the key's eight FMAs.
@@ -213,7 +221,8 @@ SPECFREE_AVX2 inline __m256 sum8x8(const __m256 a[8]) {
                        _mm256_shuffle_ps(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// scores_block_avx2 with the block's eight keys reduced together (sum8x8): the same bits.
+// A block's scores on AVX2: per (row, key) the FMAs of scores_block_avx512 over 8-lane vectors,
+// then the eight keys' sums reduced together (sum8x8): the same bits as one sum8 per key.
 template <int ND>
 SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t rows, const float* k, int64_t ks,
                                       float* out, int64_t stride, float scale) {
@@ -227,7 +236,7 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
     __m256 acc[kBlock];
 #pragma GCC unroll 8
     for (int j = 0; j < kBlock; ++j) acc[j] = _mm256_setzero_ps();
-    for (int i = 0; i < ND; ++i) {  // per key, the dims in the order scores_block_avx2 takes them
+    for (int i = 0; i < ND; ++i) {  // per key, the dims in the order scores_avx2 takes them
       const __m256 qi = _mm256_loadu_ps(qr + i * 8);
 #pragma GCC unroll 8
       for (int j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kj[j] + i * 8), acc[j]);
@@ -241,8 +250,6 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
     }
   }
 }
-SPECFREE_BLOCKS(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
-                _mm512_set1_ps, _mm512_fmadd_ps, sum16)
 
 using ScoresBlock = void (*)(const Block&, const float*, int64_t, const float*, int64_t, float*, int64_t, float);
 using AccumulateBlock = void (*)(const Block&, float*, const float*, int64_t, int64_t, const float*, int64_t,
