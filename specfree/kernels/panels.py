@@ -179,8 +179,8 @@ SMALL_BYTES = 64 << 20
 def release_checkpoint_mapping(model: nn.Module) -> None:
     """Copy the tensors packing left in place (norms, biases: each under 64 MB) into memory of their
     own. A checkpoint loaded from safetensors is a memory-mapped file, and any tensor still on the
-    mapping keeps all of it: the pages packing read stayed resident (SmolLM2: 0.6 GB of file pages
-    beside the panels; after the copy, 0.1 GB)."""
+    mapping keeps all of it (``FilePages`` has handed back the packed weights' pages as they were
+    packed; this lets the mapping itself go)."""
     with torch.no_grad():
         for module in model.modules():
             for name, param in module._parameters.items():
@@ -210,13 +210,13 @@ class FilePages:
     @classmethod
     def of_this_process(cls) -> FilePages:
         import ctypes
-        import ctypes.util
 
+        libc = _libc()
         try:
             with open("/proc/self/maps", encoding="utf-8") as maps:
                 lines = maps.read().splitlines()
-            madvise = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).madvise
-        except (OSError, AttributeError, TypeError):
+            madvise = libc.madvise
+        except (OSError, AttributeError):  # no /proc, no libc, or a libc without madvise
             return cls([])
         madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         ranges = []
@@ -253,13 +253,21 @@ class FilePages:
         return len(entries) != (last - first) // self.PAGE or bool(((present & (file ^ 1)) | swapped).any())
 
 
-def _return_freed_memory() -> None:
-    """Packing frees a model's worth of small blocks, which glibc keeps for reuse: hand them back."""
+def _libc():
+    """The C library, or None where there is none to load."""
     import ctypes
     import ctypes.util
 
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def _return_freed_memory() -> None:
+    """Packing frees a model's worth of small blocks, which glibc keeps for reuse: hand them back."""
+    trim = getattr(_libc(), "malloc_trim", None)
     if trim is not None:  # glibc only; elsewhere the allocator keeps them, as it would anyway
         trim(0)
 
