@@ -156,14 +156,12 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
         raise ConfigError(f"ceiling: {path} not found; pass a bench output folder or its {store_mod.FILENAME}")
     data = store_mod.read(path)
     meta = data.get("meta", {})
-    contexts, cached = _conversation_and_cost(meta)
-    own = run_curve(meta)
-    cost = own[1] if own else cached
+    contexts, cost, curve_name = _conversation_and_cost(meta)
     rows = ceiling_rows(data["records"], contexts, cost, systems_meta=data.get("systems", []))
     console = console or wide_console()
     console.print(table(rows))
     curve = ", ".join(f"{k}: {cost(k) * 1000:.0f} ms" for k in (1, 2, 4, 8, 16, 32)) + (
-        f" (the run's own curve: {own[0]})" if own else " (this machine's cached curve: the run recorded none)")
+        f" (the run's own curve: {curve_name})" if curve_name else " (this machine's cached curve: the run recorded none)")
     out = path.parent / "ceiling.md"
     out.write_text(markdown(rows, curve), encoding="utf-8")
     console.print(f"written: {out}")
@@ -185,8 +183,9 @@ def run_curve(meta: dict) -> tuple[str, Callable[[int], float]] | None:
 
 def _conversation_and_cost(meta: dict):
     """Each record's prompt ids, encoded by the bench's own ``Conversation`` (turn 2 sees the
-    baseline's first answer), and the cached cost curve of the model, device, dtype and
-    threads the run used."""
+    baseline's first answer); the cost curve the run recorded for its own path (``run_curve``), or
+    where it recorded none, the cached curve of the model, device, dtype and threads it used; and
+    the recorded curve's name (None for the cached one)."""
     import torch
 
     from specfree.loading import DEFAULT_CACHE
@@ -223,4 +222,7 @@ def _conversation_and_cost(meta: dict):
         conversation.run(replay, item.turns[: len(record["turns"])], max_new_tokens=0)
         return replay.seen
 
-    return contexts, CostModel.cached(engine.adapter, DEFAULT_CACHE)
+    own = run_curve(meta)
+    if own is not None:
+        return contexts, own[1], own[0]
+    return contexts, CostModel.cached(engine.adapter, DEFAULT_CACHE), None  # measured here only if never before

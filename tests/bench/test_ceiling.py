@@ -46,7 +46,7 @@ def test_ceiling_replays_the_bench_prompts_and_prints_a_table(tiny_model_dir, pr
     out = tmp_path / "out"
     assert cli.run(config(tiny_model_dir, prompts, out, limit=2, baselines=[], warmup=0), quiet()) == 0
     data = json.loads((out / "bench.json").read_text())
-    contexts, cost = ceiling._conversation_and_cost(data["meta"])
+    contexts, cost, _ = ceiling._conversation_and_cost(data["meta"])
     for record in data["records"]:
         # The replayed ids are the ones the bench ran: every turn's prompt length agrees.
         assert [len(ids) for ids in contexts(record)] == [t["prompt_tokens"] for t in record["turns"]]
