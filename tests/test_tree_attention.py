@@ -125,6 +125,13 @@ def test_a_row_has_the_same_bits_alone_in_a_tree_and_wherever_its_keys_sit(rows,
     tree_mask = step_mask(past, allowed, past + 2 * rows, None, torch.arange(2 * rows), True)
     tree = tree_attention(tree_query, tree_key, tree_value, tree_mask, 0.125, isa=isa)
     assert torch.equal(tree[:, 0::2], chain)
+    # the chain's keys at every other slot, the slots between seen by no row (blocks of keys that
+    # are not runs of slots take the op's per-key path; runs, above, its vector path)
+    gappy = lambda x: torch.stack([x, torch.full_like(x, float("nan"))], dim=3).flatten(2, 3)  # noqa: E731
+    gappy_mask = torch.zeros(1, 1, rows, 2 * (past + rows), dtype=torch.bool)
+    gappy_mask[..., 0::2] = chain_mask.bool() if chain_mask.dtype == torch.bool else chain_mask == 0
+    gappy_out = tree_attention(query, gappy(key), gappy(value), gappy_mask, 0.125, isa=isa)
+    assert torch.equal(gappy_out, chain)
     for i in range(rows):  # one row, no mask: every key of its cache
         alone = tree_attention(query[:, :, i:i + 1], key[:, :, :past + i + 1], value[:, :, :past + i + 1], None,
                                0.125, isa=isa)

@@ -34,6 +34,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -148,10 +149,12 @@ constexpr int64_t kMinChunkRows = 4;
 struct Block {
   const int64_t* keys;  // ascending key indices
   int count;
+  bool run;               // kBlock keys in a row (keys[j] = keys[0] + j): most blocks of a step
+  const uint8_t* seen;    // [Q, S]
   const uint8_t* seen_t;  // [S, Q]
   const float* bias;      // [Q, S] or null
-  int64_t q_len, groups, s_len;
-  int64_t row0;  // the group's row of the block's first row (rows run in chunks)
+  int64_t q_len, s_len;
+  const int64_t* qrow;  // per row of the chunk, its query position (a table: no division per block)
 };
 
 // AVX-512 only: AVX2 scores a block with scores_block8_avx2 below.
@@ -162,7 +165,7 @@ struct Block {
     for (int64_t r = 0; r < rows; ++r) {                                                              \
       VEC qv[ND];                                                                                     \
       for (int i = 0; i < ND; ++i) qv[i] = LOAD(q + r * ND * LANES + i * LANES);                      \
-      const int64_t qi = (b.row0 + r) / b.groups;                                                     \
+      const int64_t qi = b.qrow[r];                                                                   \
       for (int j = 0; j < b.count; ++j) {                                                             \
         const int64_t s = b.keys[j];                                                                  \
         const float* kj = k + s * ks;                                                                 \
@@ -175,6 +178,14 @@ struct Block {
     }                                                                                                 \
   }
 
+// Whether a row sees all kBlock keys of a run (its kBlock visibility bytes are all 1).
+inline bool all_seen(const uint8_t* flags) {
+  uint64_t word;
+  std::memcpy(&word, flags, sizeof word);
+  return word == 0x0101010101010101ull;
+}
+static_assert(kBlock == 8, "all_seen reads one byte per key of a block");
+
 #define SPECFREE_ACCUMULATE_BLOCK(ATTR, SUFFIX, VEC, LANES, LOAD, STORE, SET1, FMA)                    \
   template <int ND>                                                                                   \
   ATTR void accumulate_block_##SUFFIX(const Block& b, float* acc, const float* p, int64_t stride,     \
@@ -184,7 +195,16 @@ struct Block {
       float* ar = acc + r * ND * LANES;                                                               \
       for (int i = 0; i < ND; ++i) a[i] = LOAD(ar + i * LANES);                                       \
       float lr = l[r];                                                                                \
-      const int64_t qi = (b.row0 + r) / b.groups;                                                     \
+      const int64_t qi = b.qrow[r];                                                                   \
+      if (b.run && all_seen(b.seen + qi * b.s_len + b.keys[0])) { /* the same sums, no test per key */ \
+        const float* pr = p + r * stride + b.keys[0];                                                 \
+        const float* vj = v + b.keys[0] * vs;                                                         \
+        for (int j = 0; j < kBlock; ++j, vj += vs) {                                                  \
+          const VEC pv = SET1(pr[j]);                                                                 \
+          for (int i = 0; i < ND; ++i) a[i] = FMA(pv, LOAD(vj + i * LANES), a[i]);                    \
+          lr += pr[j];                                                                                \
+        }                                                                                             \
+      } else {                                                                                        \
       for (int j = 0; j < b.count; ++j) {                                                             \
         const int64_t s = b.keys[j];                                                                  \
         if (!b.seen_t[s * b.q_len + qi]) continue;                                                    \
@@ -193,6 +213,7 @@ struct Block {
         const float* vj = v + s * vs;                                                                 \
         for (int i = 0; i < ND; ++i) a[i] = FMA(pv, LOAD(vj + i * LANES), a[i]);                      \
         lr += pr;                                                                                     \
+      }                                                                                               \
       }                                                                                               \
       for (int i = 0; i < ND; ++i) STORE(ar + i * LANES, a[i]);                                       \
       l[r] = lr;                                                                                      \
@@ -230,6 +251,7 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
   const float* kj[kBlock];  // a block's missing keys read zeros (their scores are not stored)
   for (int j = 0; j < kBlock; ++j) kj[j] = j < b.count ? k + b.keys[j] * ks : zeros;
   const __m256 scale8 = _mm256_set1_ps(scale);
+  const __m256 hidden = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   alignas(32) float x[kBlock];
   for (int64_t r = 0; r < rows; ++r) {
     const float* qr = q + r * ND * 8;
@@ -241,8 +263,17 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
 #pragma GCC unroll 8
       for (int j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kj[j] + i * 8), acc[j]);
     }
-    _mm256_store_ps(x, _mm256_mul_ps(sum8x8(acc), scale8));
-    const int64_t qrow = (b.row0 + r) / b.groups;
+    const __m256 scores = _mm256_mul_ps(sum8x8(acc), scale8);
+    const int64_t qrow = b.qrow[r];
+    if (b.run) {  // the eight scores (+ mask values) stored at once, hidden keys -inf as below
+      const int64_t s0 = b.keys[0];
+      const __m128i flags = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.seen + qrow * b.s_len + s0));
+      const __m256 shown = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(flags), _mm256_setzero_si256()));
+      const __m256 value = b.bias ? _mm256_add_ps(scores, _mm256_loadu_ps(b.bias + qrow * b.s_len + s0)) : scores;
+      _mm256_storeu_ps(out + r * stride + s0, _mm256_blendv_ps(hidden, value, shown));
+      continue;
+    }
+    _mm256_store_ps(x, scores);
     for (int j = 0; j < b.count; ++j) {
       const int64_t s = b.keys[j];
       out[r * stride + s] = !b.seen_t[s * b.q_len + qrow] ? -std::numeric_limits<float>::infinity()
@@ -293,20 +324,29 @@ Visibility visibility(const std::optional<at::Tensor>& mask, int64_t b, int64_t 
     for (int64_t q = 0; q < q_len; ++q)
       for (int64_t s = 0; s <= s_len - q_len + q && s < s_len; ++s) vis.seen[q * s_len + s] = 1;
   } else {
-    const at::Tensor m = mask->select(0, mask->size(0) == 1 ? 0 : b).select(0, 0);  // [Q, S]
+    // [Q, S] of this batch row, read through its strides (a select and a contiguous copy per call
+    // cost more than the loop at a few rows); masks of other dtypes are converted to float first
+    const at::Tensor m = mask->scalar_type() == at::kBool || mask->scalar_type() == at::kFloat ? *mask
+                                                                                               : mask->to(at::kFloat);
+    const int64_t sq = m.stride(2), ss = m.stride(3), offset = m.size(0) == 1 ? 0 : b * m.stride(0);
     if (m.scalar_type() == at::kBool) {
-      const at::Tensor mc = m.contiguous();
-      const bool* data = mc.data_ptr<bool>();
-      for (int64_t i = 0; i < q_len * s_len; ++i) vis.seen[i] = data[i];
+      const bool* data = m.data_ptr<bool>() + offset;
+      for (int64_t q = 0; q < q_len; ++q)
+        for (int64_t s = 0; s < s_len; ++s) vis.seen[q * s_len + s] = data[q * sq + s * ss];
     } else {
-      const at::Tensor mc = m.to(at::kFloat).contiguous();
-      const float* data = mc.data_ptr<float>();
+      const float* data = m.data_ptr<float>() + offset;
       bool any_bias = false;
-      for (int64_t i = 0; i < q_len * s_len; ++i) {
-        vis.seen[i] = data[i] >= kLowest;
-        any_bias |= vis.seen[i] && data[i] != 0.0f;
+      for (int64_t q = 0; q < q_len; ++q)
+        for (int64_t s = 0; s < s_len; ++s) {
+          const float x = data[q * sq + s * ss];
+          vis.seen[q * s_len + s] = x >= kLowest;
+          any_bias |= x >= kLowest && x != 0.0f;
+        }
+      if (any_bias) {
+        vis.bias.resize(q_len * s_len);
+        for (int64_t q = 0; q < q_len; ++q)
+          for (int64_t s = 0; s < s_len; ++s) vis.bias[q * s_len + s] = data[q * sq + s * ss];
       }
-      if (any_bias) vis.bias.assign(data, data + q_len * s_len);
     }
   }
   vis.seen_t.assign(s_len * q_len, 0);
@@ -321,13 +361,30 @@ Visibility visibility(const std::optional<at::Tensor>& mask, int64_t b, int64_t 
   return vis;
 }
 
-// Rows [row0, row0 + rows) of one (batch, key/value head): its G query heads times Q rows, row
-// index r = q * G + g. A row's arithmetic does not depend on which other rows run beside it, so
-// the rows of a group can be split into chunks that run in parallel (SmolLM2 has 3 key/value
-// heads: 3 tasks would keep one of 2 threads idle half the time).
-void head_group(const Pieces& f, const Visibility& vis, const float* q /*[rows, D]*/, const float* k,
-                const float* v, int64_t ks, int64_t vs, int64_t q_len, int64_t groups, int64_t row0, int64_t rows,
-                int64_t s_len, int64_t d, float scale, float* out /*[rows, D]*/) {
+// Where one (batch, key/value head)'s rows live: row r = q * G + g is query head h * G + g at
+// position q, read from the query and written to the output through their strides (no reshaped
+// copies of either: at a few rows those ATen calls cost more than the arithmetic).
+struct HeadRows {
+  const float* q;  // [b, h * G, 0, 0]
+  int64_t q_head, q_pos;
+  float* out;      // [b, 0, h * G, 0] of the [B, Q, H, D] result
+  int64_t out_head, out_pos;
+  int64_t groups;
+};
+
+// Rows [row0, row0 + rows) of one (batch, key/value head). A row's arithmetic does not depend on
+// which other rows run beside it, so the rows of a group can be split into chunks that run in
+// parallel (SmolLM2 has 3 key/value heads: 3 tasks would keep one of 2 threads idle half the time).
+void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, const float* k, const float* v,
+                int64_t ks, int64_t vs, int64_t q_len, int64_t row0, int64_t rows, int64_t s_len, int64_t d,
+                float scale) {
+  std::vector<int64_t> qrow(rows);
+  std::vector<float> q(rows * d);  // the chunk's query rows side by side, [rows, D]
+  for (int64_t r = 0; r < rows; ++r) {
+    qrow[r] = (row0 + r) / place.groups;
+    const float* src = place.q + (row0 + r) % place.groups * place.q_head + qrow[r] * place.q_pos;
+    std::copy(src, src + d, q.data() + r * d);
+  }
   // Score rows span the keys up to the last one some row sees, not every slot: over static slots
   // (2304 for SmolLM2's package) the max and exp passes would otherwise run over the empty ones.
   // Neither depends on the span (an exact max; exp lane by lane), so the bits do not either.
@@ -337,16 +394,18 @@ void head_group(const Pieces& f, const Visibility& vis, const float* q /*[rows, 
   std::vector<float> score(rows * width, -std::numeric_limits<float>::infinity());
   std::vector<uint8_t> seen(rows);
   auto block = [&](int64_t j) {
-    return Block{vis.keys.data() + j, static_cast<int>(std::min<int64_t>(kBlock, n_keys - j)), vis.seen_t.data(),
-                 vis.bias.empty() ? nullptr : vis.bias.data(), q_len, groups, s_len, row0};
+    const int count = static_cast<int>(std::min<int64_t>(kBlock, n_keys - j));
+    const bool run = count == kBlock && vis.keys[j + kBlock - 1] - vis.keys[j] == kBlock - 1;
+    return Block{vis.keys.data() + j, count, run, vis.seen.data(), vis.seen_t.data(),
+                 vis.bias.empty() ? nullptr : vis.bias.data(), q_len, s_len, qrow.data()};
   };
   if (f.scores_block) {  // pass 1: every row's score on each key some row sees
-    for (int64_t j = 0; j < n_keys; j += kBlock) f.scores_block(block(j), q, rows, k, ks, score.data(), width, scale);
+    for (int64_t j = 0; j < n_keys; j += kBlock) f.scores_block(block(j), q.data(), rows, k, ks, score.data(), width, scale);
   } else {
     for (const int64_t s : vis.keys) {
-      f.scores(q, rows, d, k + s * ks, score.data() + s, width, scale);
+      f.scores(q.data(), rows, d, k + s * ks, score.data() + s, width, scale);
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t qi = (row0 + r) / groups;
+        const int64_t qi = qrow[r];
         float& x = score[r * width + s];
         x = vis.seen_t[s * q_len + qi] ? (vis.bias.empty() ? x : x + vis.bias[qi * s_len + s])
                                        : -std::numeric_limits<float>::infinity();
@@ -364,13 +423,14 @@ void head_group(const Pieces& f, const Visibility& vis, const float* q /*[rows, 
       f.accumulate_block(block(j), acc.data(), score.data(), width, rows, v, vs, l.data());
   } else {
     for (const int64_t s : vis.keys) {
-      for (int64_t r = 0; r < rows; ++r) seen[r] = vis.seen_t[s * q_len + (row0 + r) / groups];
+      for (int64_t r = 0; r < rows; ++r) seen[r] = vis.seen_t[s * q_len + qrow[r]];
       f.accumulate(acc.data(), score.data() + s, width, seen.data(), rows, d, v + s * vs, l.data());
     }
   }
   for (int64_t r = 0; r < rows; ++r) {  // a row that sees nothing gets zeros
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    for (int64_t i = 0; i < d; ++i) out[r * d + i] = acc[r * d + i] * inv;
+    float* out = place.out + (row0 + r) % place.groups * place.out_head + qrow[r] * place.out_pos;
+    for (int64_t i = 0; i < d; ++i) out[i] = acc[r * d + i] * inv;
   }
 }
 
@@ -396,17 +456,12 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
                 "specfree::tree_attention: the mask must be [B or 1, 1, rows, keys], not ", mask->sizes());
   const Pieces f = pieces(parse_isa(std::string(isa_name)), d);
   const int64_t groups = heads / kv_heads;
-  // query rows of a key/value head side by side: [B, Hkv, Q, G, D]
-  const at::Tensor qg = query.view({batch, kv_heads, groups, q_len, d}).transpose(2, 3).contiguous();
+  const at::Tensor q = query.stride(3) == 1 ? query : query.contiguous();
   const at::Tensor k = key.stride(3) == 1 ? key : key.contiguous();
   const at::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
-  at::Tensor out = at::empty({batch, kv_heads, q_len, groups, d}, query.options());
+  at::Tensor out = at::empty({batch, q_len, heads, d}, query.options());  // what transformers expects back
   std::vector<Visibility> vis;
   for (int64_t b = 0; b < batch; ++b) vis.push_back(visibility(mask, b, q_len, s_len));
-  const float* qp = qg.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
   const int64_t rows = q_len * groups;
   // Tasks: (batch, key/value head, chunk of its rows), up to 4 per thread. A chunk has at least
   // kMinChunkRows rows: each chunk reads its group's keys and values again (a one-row step over
@@ -421,15 +476,14 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
       const int64_t n = std::min(chunk, rows - row0);
       if (n <= 0) continue;
       const int64_t b = group / kv_heads, h = group % kv_heads;
-      head_group(f, vis[b], qp + (group * rows + row0) * d, kp + b * k.stride(0) + h * k.stride(1),
-                 vp + b * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2), q_len, groups, row0, n, s_len, d,
-                 static_cast<float>(scale), op + (group * rows + row0) * d);
+      const HeadRows place{q.data_ptr<float>() + b * q.stride(0) + h * groups * q.stride(1), q.stride(1), q.stride(2),
+                        out.data_ptr<float>() + b * out.stride(0) + h * groups * d, d, heads * d, groups};
+      head_group(f, vis[b], place, k.data_ptr<float>() + b * k.stride(0) + h * k.stride(1),
+                 v.data_ptr<float>() + b * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2), q_len, row0, n,
+                 s_len, d, static_cast<float>(scale));
     }
   });
-  // [B, Hkv, Q, G, D] -> [B, Q, H, D], contiguous as the fake promises (with one query head per
-  // key/value head, reshape alone would return a strided view, and compiled code reading the
-  // result by the promised strides would read the wrong rows)
-  return out.permute({0, 2, 1, 3, 4}).reshape({batch, q_len, heads, d}).contiguous();
+  return out;
 }
 
 }  // namespace
