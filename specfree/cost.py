@@ -34,6 +34,16 @@ class CostModel:
             return float(self.seconds[-1] + slope * (rows - self.rows[-1]))
         return float(np.interp(rows, self.rows, self.seconds))
 
+    def many(self, rows: np.ndarray) -> np.ndarray:
+        """``self(r)`` for every r of ``rows`` at once (pricing asks for a whole range each step)."""
+        rows = np.asarray(rows, dtype=np.float64)
+        out = np.interp(rows, self.rows, self.seconds)
+        beyond = rows > self.rows[-1]
+        if beyond.any():
+            slope = (self.seconds[-1] - self.seconds[-2]) / max(1.0, self.rows[-1] - self.rows[-2])
+            out[beyond] = self.seconds[-1] + slope * (rows[beyond] - self.rows[-1])
+        return out
+
     def observe(self, rows: int, seconds: float, weight: float = 0.1) -> None:
         """Fold a real step's forward time into the nearest measured size (machines drift)."""
         i = int(np.abs(self.rows - rows).argmin())

@@ -177,11 +177,16 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
             seconds += sum(((p[j] if j else 1.0) - p[j + 1]) * cost(j + 1) for j in range(k))
         return (expected[k] + extra_tokens) / seconds
 
+    many = getattr(cost, "many", None)  # a CostModel prices every k at once
+
     def best(extra_rows: int, extra_tokens: float) -> tuple[float, int]:
         most = max(0, min(len(ranked), room - 1 - extra_rows))
-        rates_per_k = [rate_of(k, extra_rows, extra_tokens) for k in range(most + 1)]
+        if many is not None and not rollback:  # the same numbers as rate_of's, in one array
+            rates_per_k = (expected[: most + 1] + extra_tokens) / many(np.arange(most + 1) + 1 + extra_rows)
+        else:
+            rates_per_k = [rate_of(k, extra_rows, extra_tokens) for k in range(most + 1)]
         k = int(np.argmax(rates_per_k))
-        return rates_per_k[k], k
+        return float(rates_per_k[k]), k
 
     kept_windows: list[int] = []
     rows, tokens = 0, 0.0

@@ -163,6 +163,24 @@ def test_a_plan_is_a_subtree_of_the_proposal_and_pricing_is_pure(candidates, sou
     assert plan.tree.tokens[0] == 7
 
 
+@settings(max_examples=60, deadline=None)
+@given(candidates=candidates, history=st.lists(st.tuples(st.integers(1, 6), st.booleans()), max_size=40),
+       curve=curves, max_rows=st.integers(1, 40), windows=st.lists(st.integers(1, 6), max_size=2))
+def test_the_curve_priced_at_once_plans_what_pricing_row_count_by_row_count_plans(candidates, history, curve,
+                                                                                  max_rows, windows):
+    """``CostModel.many`` (one array per step) against the curve called once per row count."""
+    proposal = Proposal(candidates, "a", max_rows=max_rows, windows=[(f"w{i}", window(n)) for i, n in enumerate(windows)])
+    acceptance = AcceptanceModel()
+    for depth, hit in history:
+        acceptance.record("a", None, depth, hit)
+    rows = np.arange(0, 90)
+    assert np.array_equal(curve.many(rows), [curve(int(r)) for r in rows])
+    at_once = price(7, proposal, acceptance, curve, max_depth=8)
+    one_by_one = price(7, proposal, acceptance, lambda rows: curve(rows), max_depth=8)
+    assert at_once.tree.tokens == one_by_one.tree.tokens and at_once.tree.parents == one_by_one.tree.parents
+    assert at_once.windows == one_by_one.windows
+
+
 def test_siblings_share_one_token():
     reach = reach_probabilities({(1,): 0.5, (2,): 0.4, (1, 7): 0.5})
     assert np.isclose(reach[(1,)], 0.5)
