@@ -205,15 +205,15 @@ static_assert(kBlock == 8, "all_seen reads one byte per key of a block");
           lr += pr[j];                                                                                \
         }                                                                                             \
       } else {                                                                                        \
-      for (int j = 0; j < b.count; ++j) {                                                             \
-        const int64_t s = b.keys[j];                                                                  \
-        if (!b.seen_t[s * b.q_len + qi]) continue;                                                    \
-        const float pr = p[r * stride + s];                                                           \
-        const VEC pv = SET1(pr);                                                                      \
-        const float* vj = v + s * vs;                                                                 \
-        for (int i = 0; i < ND; ++i) a[i] = FMA(pv, LOAD(vj + i * LANES), a[i]);                      \
-        lr += pr;                                                                                     \
-      }                                                                                               \
+        for (int j = 0; j < b.count; ++j) {                                                           \
+          const int64_t s = b.keys[j];                                                                \
+          if (!b.seen_t[s * b.q_len + qi]) continue;                                                  \
+          const float pr = p[r * stride + s];                                                         \
+          const VEC pv = SET1(pr);                                                                    \
+          const float* vj = v + s * vs;                                                               \
+          for (int i = 0; i < ND; ++i) a[i] = FMA(pv, LOAD(vj + i * LANES), a[i]);                    \
+          lr += pr;                                                                                   \
+        }                                                                                             \
       }                                                                                               \
       for (int i = 0; i < ND; ++i) STORE(ar + i * LANES, a[i]);                                       \
       l[r] = lr;                                                                                      \
