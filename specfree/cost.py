@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from specfree.files import fingerprint, write_atomic
-from specfree.kernels import linear_path
+from specfree.kernels import kernel_dir, linear_path
 from specfree.timing import clock
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -92,10 +92,11 @@ class CostModel:
         # The layer classes name the kernels (few-row linears, fused norms, ...), whichever were swapped in.
         classes = {type(m) for m in model.modules()}
         layers = sorted(f"{c.__module__}.{c.__qualname__}" for c in classes)
-        # The KV layers, and the compiled path's own curve: padded buckets, Inductor's kernels.
+        # The KV layers, and the compiled path's own curve: padded buckets, Inductor's kernels; and
+        # the build of specfree's ops (a faster kernel is a new curve, or pricing keeps the old one).
         setup = [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
                  torch.__version__, model.config._attn_implementation, layers, linear_path(model),
-                 *adapter.cost_setup()]
+                 kernel_dir().name, *adapter.cost_setup()]
         path = Path(cache_dir) / "costs" / f"{fingerprint(setup)}.json"
         if path.is_file():
             try:

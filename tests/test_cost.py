@@ -42,3 +42,7 @@ def test_the_curve_is_measured_once_per_setup(tmp_path, monkeypatch):
     with stock_norms(model):  # transformers' norm layers: another curve
         CostModel.cached(adapter, tmp_path)
     assert len(list((tmp_path / "costs").iterdir())) == (3 if load_kernels() is not None else 2)
+    before = len(measured)
+    monkeypatch.setattr("specfree.cost.kernel_dir", lambda: tmp_path / "another-build")  # the ops' sources changed
+    CostModel.cached(adapter, tmp_path)
+    assert len(measured) == before + 1
