@@ -3,15 +3,19 @@
 Every step reduces each tree row's logits, about 50k floats, to its argmax (the verifier) and
 its top-k (recycling). torch's CPU kernels for both are slow for this shape: on a 2-core Xeon,
 8 rows of 49152 took ~0.4 ms for ``argmax`` and ~0.5 ms for ``topk``, about 1.5% of a
-SmolLM2-135M step. numpy's argmax is vectorised (~0.03 ms), and top-k can first keep the k
-blocks with the largest maxima (~0.1 ms).
+SmolLM2-135M step. numpy's argmax is vectorised (~0.03 ms); top-k runs specfree's one-pass op
+(``kernels/top_ids.cpp``) where the kernels are built, else first keeps the k blocks with the
+largest maxima (~0.1 ms).
 """
 
 from __future__ import annotations
 
 import torch
 
+from specfree.kernels import has_op
+
 BLOCK = 128  # vocabulary entries per block for the two-stage top-k
+MAX_KERNEL_K = 64  # the op keeps at most this many per row (kMaxK in top_ids.cpp)
 
 
 def greedy_ids(logits: torch.Tensor) -> list[int]:
@@ -22,12 +26,17 @@ def greedy_ids(logits: torch.Tensor) -> list[int]:
     return logits.detach().float().numpy().argmax(-1).tolist()  # .float(): no-op on fp32, exact on fp16/bf16
 
 
-def top_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
+def top_ids(logits: torch.Tensor, k: int, kernel: bool = True) -> torch.Tensor:
     """[T, k] ids of each row's k largest logits, largest first (ties in any order).
 
-    Each of a row's k largest entries lies in a block whose maximum is at least as large, so the
-    k blocks with the largest maxima, plus the tail that does not fill a block, hold them all.
+    On the CPU in fp32, specfree's one-pass op (``kernels/top_ids.cpp``, ~10x torch.topk at a
+    49152-entry row) where it is built; ``kernel=False`` forces the library path: each of a row's
+    k largest entries lies in a block whose maximum is at least as large, so the k blocks with the
+    largest maxima, plus the tail that does not fill a block, hold them all.
     """
+    if kernel and logits.device.type == "cpu" and logits.dtype == torch.float32 and k <= MAX_KERNEL_K \
+            and has_op("top_ids"):
+        return torch.ops.specfree.top_ids(logits.detach(), k)
     rows, vocab = logits.shape
     body = vocab - vocab % BLOCK
     if body < 4 * k * BLOCK:  # too few blocks to save anything

@@ -10,7 +10,9 @@ than one read for 2 to 16 rows. Two ops, one library:
 - ``specfree::linear`` (``few_row_linear.cpp``) on the model's own ``[N, K]`` tensors, for models
   specfree borrows (``few_row_linears``) and heads tied to a layer it cannot repack.
 
-Both give each output row the same bits whatever the number of rows in the call. They are torch
+Both give each output row the same bits whatever the number of rows in the call. The same library
+holds ``specfree::tree_attention`` (``tree_attention.cpp``, the step's attention) and
+``specfree::top_ids`` (``top_ids.cpp``, each row's top-k ids for the drafters that recycle logits). They are torch
 custom ops (``torch.library``), so eager code, ``torch.compile`` and AOTInductor packages all call
 the same code. They are built from their C++ source on first use (one compiler call) with the C++
 compiler Inductor needs anyway, and kept under
@@ -36,7 +38,8 @@ from specfree.kernels.swap import swap_modules, swapped_modules
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
 SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
-           Path(__file__).with_name("panel_linear.cpp"))  # one library, one compiler call
+           Path(__file__).with_name("panel_linear.cpp"),
+           Path(__file__).with_name("top_ids.cpp"))  # one library, one compiler call
 HEADERS = (Path(__file__).with_name("isa.h"),)  # included by both sources
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 BACKENDS = ("few_row", "library")  # "library": torch's F.linear, the fallback
@@ -49,7 +52,12 @@ def kernel_dir(cache_dir: str | Path | None = None) -> Path:
 
 
 def _registered() -> bool:
-    return hasattr(torch.ops, "specfree") and hasattr(torch.ops.specfree, "linear")
+    return has_op("linear")
+
+
+def has_op(name: str) -> bool:
+    """Whether specfree's library, with op ``name``, is loaded in this process (``load_kernels``)."""
+    return hasattr(torch.ops, "specfree") and hasattr(torch.ops.specfree, name)
 
 
 LIBRARY = "specfree_kernels.so"
