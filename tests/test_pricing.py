@@ -169,7 +169,8 @@ def test_a_plan_is_a_subtree_of_the_proposal_and_pricing_is_pure(candidates, sou
 def test_the_curve_priced_at_once_plans_what_pricing_row_count_by_row_count_plans(candidates, history, curve,
                                                                                   max_rows, windows):
     """``CostModel.many`` (one array per step) against the curve called once per row count."""
-    proposal = Proposal(candidates, "a", max_rows=max_rows, windows=[(f"w{i}", window(n)) for i, n in enumerate(windows)])
+    blocks = [(f"w{i}", window(n)) for i, n in enumerate(windows)]
+    proposal = Proposal(candidates, "a", max_rows=max_rows, windows=blocks)
     acceptance = AcceptanceModel()
     for depth, hit in history:
         acceptance.record("a", None, depth, hit)

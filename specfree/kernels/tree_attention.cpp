@@ -400,7 +400,8 @@ void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, c
                  vis.bias.empty() ? nullptr : vis.bias.data(), q_len, s_len, qrow.data()};
   };
   if (f.scores_block) {  // pass 1: every row's score on each key some row sees
-    for (int64_t j = 0; j < n_keys; j += kBlock) f.scores_block(block(j), q.data(), rows, k, ks, score.data(), width, scale);
+    for (int64_t j = 0; j < n_keys; j += kBlock)
+      f.scores_block(block(j), q.data(), rows, k, ks, score.data(), width, scale);
   } else {
     for (const int64_t s : vis.keys) {
       f.scores(q.data(), rows, d, k + s * ks, score.data() + s, width, scale);
