@@ -29,17 +29,14 @@ class CostModel:
         self.seconds = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64)[order])
 
     def __call__(self, rows: int) -> float:
-        if rows > self.rows[-1]:  # extrapolate linearly from the last two points
-            slope = (self.seconds[-1] - self.seconds[-2]) / max(1.0, self.rows[-1] - self.rows[-2])
-            return float(self.seconds[-1] + slope * (rows - self.rows[-1]))
-        return float(np.interp(rows, self.rows, self.seconds))
+        return float(self.many(np.array([rows]))[0])
 
     def many(self, rows: np.ndarray) -> np.ndarray:
         """``self(r)`` for every r of ``rows`` at once (pricing asks for a whole range each step)."""
         rows = np.asarray(rows, dtype=np.float64)
         out = np.interp(rows, self.rows, self.seconds)
         beyond = rows > self.rows[-1]
-        if beyond.any():
+        if beyond.any():  # extrapolate linearly from the last two points
             slope = (self.seconds[-1] - self.seconds[-2]) / max(1.0, self.rows[-1] - self.rows[-2])
             out[beyond] = self.seconds[-1] + slope * (rows[beyond] - self.rows[-1])
         return out

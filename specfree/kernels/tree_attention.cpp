@@ -325,9 +325,8 @@ Visibility visibility(const std::optional<at::Tensor>& mask, int64_t b, int64_t 
       for (int64_t s = 0; s <= s_len - q_len + q && s < s_len; ++s) vis.seen[q * s_len + s] = 1;
   } else {
     // [Q, S] of this batch row, read through its strides (a select and a contiguous copy per call
-    // cost more than the loop at a few rows); masks of other dtypes are converted to float first
-    const at::Tensor m = mask->scalar_type() == at::kBool || mask->scalar_type() == at::kFloat ? *mask
-                                                                                               : mask->to(at::kFloat);
+    // cost more than the loop at a few rows); bool or float (tree_attention converts other dtypes)
+    const at::Tensor& m = *mask;
     const int64_t sq = m.stride(2), ss = m.stride(3), offset = m.size(0) == 1 ? 0 : b * m.stride(0);
     if (m.scalar_type() == at::kBool) {
       const bool* data = m.data_ptr<bool>() + offset;
@@ -461,8 +460,11 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
   const at::Tensor k = key.stride(3) == 1 ? key : key.contiguous();
   const at::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
   at::Tensor out = at::empty({batch, q_len, heads, d}, query.options());  // what transformers expects back
+  std::optional<at::Tensor> m = mask;  // a mask neither bool nor float is converted once, for every batch row
+  if (m.has_value() && m->defined() && m->scalar_type() != at::kBool && m->scalar_type() != at::kFloat)
+    m = m->to(at::kFloat);
   std::vector<Visibility> vis;
-  for (int64_t b = 0; b < batch; ++b) vis.push_back(visibility(mask, b, q_len, s_len));
+  for (int64_t b = 0; b < batch; ++b) vis.push_back(visibility(m, b, q_len, s_len));
   const int64_t rows = q_len * groups;
   // Tasks: (batch, key/value head, chunk of its rows), up to 4 per thread. A chunk has at least
   // kMinChunkRows rows: each chunk reads its group's keys and values again (a one-row step over
