@@ -4,6 +4,11 @@ On a CPU the price of a step is its row count: one row is a memory-bound matrix-
 two rows already switch to slower matrix-matrix kernels, and from there rows are cheap until
 compute dominates. Strategies that size their drafts from this curve spend rows only where
 the expected accepted tokens pay for them.
+
+The price of a row also grows with the context: each row attends to every committed token, so on
+a 2-core CPU 8 rows cost 1.4x one row at 64 tokens of context and 2x at 1536. The curve is
+measured at two contexts and priced at each step's own (``at``), linear in the context between
+and beyond them, as attention is.
 """
 
 from __future__ import annotations
@@ -19,14 +24,30 @@ from specfree.kernels import kernel_dir, linear_path
 from specfree.timing import clock
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+CONTEXTS = (256, 1024)  # the two contexts the curve is measured at
 
 
 class CostModel:
-    def __init__(self, rows: list[int], seconds: list[float]):
+    """Seconds of a forward by its rows, at ``context`` tokens of context; ``growth`` (seconds per
+    context token, by rows; None: the context is not priced) gives the curve at any other context."""
+
+    def __init__(self, rows: list[int], seconds: list[float], context: int = CONTEXTS[0],
+                 growth: list[float] | None = None):
         order = np.argsort(rows)
         self.rows = np.asarray(rows, dtype=np.float64)[order]
         # A forward never gets cheaper with more rows; smooth measurement noise accordingly.
         self.seconds = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64)[order])
+        self.context = int(context)
+        # Nor does a row's share of a longer context: each row attends to all of it.
+        self.growth = None if growth is None else np.maximum.accumulate(
+            np.maximum(0.0, np.asarray(growth, dtype=np.float64)[order]))
+
+    def at(self, context: int) -> "CostModel":
+        """The curve at ``context`` tokens of context (this curve, where the context is not priced)."""
+        if self.growth is None or context == self.context:
+            return self
+        seconds = np.maximum(self.seconds + self.growth * (context - self.context), 0.1 * self.seconds)
+        return CostModel(self.rows, seconds, context, self.growth)
 
     def __call__(self, rows: int) -> float:
         return float(self.many(np.array([rows]))[0])
@@ -41,20 +62,30 @@ class CostModel:
             out[beyond] = self.seconds[-1] + slope * (rows[beyond] - self.rows[-1])
         return out
 
-    def observe(self, rows: int, seconds: float, weight: float = 0.1) -> None:
-        """Fold a real step's forward time into the nearest measured size (machines drift)."""
+    def observe(self, rows: int, seconds: float, weight: float = 0.1, context: int | None = None) -> None:
+        """Fold a real step's forward time (at ``context``, default this curve's) into the nearest
+        measured size (machines drift)."""
         i = int(np.abs(self.rows - rows).argmin())
         if self.rows[i] == rows:
+            if context is not None and self.growth is not None:
+                seconds -= self.growth[i] * (context - self.context)  # as if at this curve's context
             self.seconds[i] += weight * (seconds - self.seconds[i])
             self.seconds = np.maximum.accumulate(self.seconds)
 
     def as_dict(self) -> dict:
-        return {"rows": self.rows.astype(int).tolist(), "seconds": self.seconds.tolist()}
+        out = {"rows": self.rows.astype(int).tolist(), "seconds": self.seconds.tolist(), "context": self.context}
+        return out if self.growth is None else {**out, "growth": self.growth.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostModel":
+        return cls(data["rows"], data["seconds"], data.get("context", CONTEXTS[0]), data.get("growth"))
 
     @classmethod
     @torch.inference_mode()
-    def measure(cls, adapter, context: int = 256, sizes=SIZES, repeats: int = 5) -> "CostModel":
-        """Time forwards of ``sizes`` rows after a ``context``-token prefix (best of ``repeats``).
+    def measure(cls, adapter, context: int = CONTEXTS[0], sizes=SIZES, repeats: int = 5,
+                longer: int | None = CONTEXTS[1]) -> "CostModel":
+        """Time forwards of ``sizes`` rows after a ``context``-token prefix (best of ``repeats``), and
+        again after ``longer`` tokens (None: the context is not priced) for the curve's growth.
 
         The sizes take turns, round after round, so a slow spell of a shared machine slows every
         size alike instead of bending the curve.
@@ -63,23 +94,15 @@ class CostModel:
         # Each timed forward leaves one row in the cache: a short-context model measures fewer sizes.
         while len(sizes) > 2 and max(sizes) + (repeats + 1) * len(sizes) + 2 >= adapter.max_length:
             sizes.pop(sizes.index(max(sizes)))
-        context = max(1, min(context, adapter.max_length - max(sizes) - (repeats + 1) * len(sizes) - 2))
-        generator = torch.Generator().manual_seed(0)
-        vocab = adapter.vocab_size
-        adapter.reset()
-        adapter.prefill(torch.randint(0, vocab, (context,), generator=generator))
-        inputs = [(torch.randint(0, vocab, (k,), generator=generator), torch.ones(k, k, dtype=torch.bool).tril())
-                  for k in sizes]
-        best = [float("inf")] * len(sizes)
-        for round_ in range(repeats + 1):  # round 0 warms the kernels up
-            for i, (tokens, allowed) in enumerate(inputs):
-                start = clock(adapter.device)
-                adapter.forward(tokens, None if len(tokens) == 1 else allowed)
-                if round_:
-                    best[i] = min(best[i], clock(adapter.device) - start)
-                adapter.commit([0], rows=len(tokens))  # keep one row: the context barely grows
-        adapter.reset()
-        return cls(list(sizes), best)
+        room = adapter.max_length - max(sizes) - (repeats + 1) * len(sizes) - 2
+        context = max(1, min(context, room))
+        seconds = _time_sizes(adapter, context, sizes, repeats)
+        longer = None if longer is None else min(longer, room)
+        if longer is None or longer < context + 64:  # too short a model to tell the growth apart
+            return cls(sizes, seconds, context)
+        slower = _time_sizes(adapter, longer, sizes, repeats)
+        growth = [(b - a) / (longer - context) for a, b in zip(seconds, slower)]
+        return cls(sizes, seconds, context, growth)
 
     @classmethod
     def cached(cls, adapter, cache_dir: Path) -> "CostModel":
@@ -93,15 +116,34 @@ class CostModel:
         # the build of specfree's ops (a faster kernel is a new curve, or pricing keeps the old one).
         setup = [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
                  torch.__version__, model.config._attn_implementation, layers, linear_path(model),
-                 kernel_dir().name, *adapter.cost_setup()]
+                 kernel_dir().name, CONTEXTS, *adapter.cost_setup()]
         path = Path(cache_dir) / "costs" / f"{fingerprint(setup)}.json"
         if path.is_file():
             try:
-                data = json.loads(path.read_text())
-                return cls(data["rows"], data["seconds"])
+                return cls.from_dict(json.loads(path.read_text()))
             except (ValueError, KeyError):
                 pass  # a damaged cache file is simply measured again
         costs = cls.measure(adapter)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(costs.as_dict()))
         return costs
+
+
+def _time_sizes(adapter, context: int, sizes: list[int], repeats: int) -> list[float]:
+    """Best-of-``repeats`` seconds of a forward of each of ``sizes`` rows after ``context`` tokens."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = adapter.vocab_size
+    adapter.reset()
+    adapter.prefill(torch.randint(0, vocab, (context,), generator=generator))
+    inputs = [(torch.randint(0, vocab, (k,), generator=generator), torch.ones(k, k, dtype=torch.bool).tril())
+              for k in sizes]
+    best = [float("inf")] * len(sizes)
+    for round_ in range(repeats + 1):  # round 0 warms the kernels up
+        for i, (tokens, allowed) in enumerate(inputs):
+            start = clock(adapter.device)
+            adapter.forward(tokens, None if len(tokens) == 1 else allowed)
+            if round_:
+                best[i] = min(best[i], clock(adapter.device) - start)
+            adapter.commit([0], rows=len(tokens))  # keep one row: the context barely grows
+    adapter.reset()
+    return best

@@ -58,15 +58,18 @@ class Engine:
     """``priced`` (the default): every step keeps only the drafted rows that raise expected tokens
     per second on the measured cost curve (``specfree.pricing``); False runs the strategy exactly
     at its knobs. ``adapt_costs`` folds live forward times into the curve (tracks machine drift,
-    at the price of step counts that vary from run to run). ``costs``: a cost curve to use instead
+    at the price of step counts that vary from run to run). ``price_context`` (the default) prices
+    each step's rows at its own context (a row attends to all of it); False prices every step at
+    the curve's reference context (256 tokens). ``costs``: a cost curve to use instead
     of the measured one; ``acceptance``: statistics to start from (and keep learning into).
     ``model_settings``: which of the model's generation settings the verifier follows (a record,
     for reports; ``specfree.generation``)."""
 
     def __init__(self, adapter: Adapter, strategy: Strategy, verifier=None, tokenizer=None,
                  cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None, *,
-                 priced: bool = True, adapt_costs: bool = False, costs: CostModel | None = None,
-                 acceptance: AcceptanceModel | None = None, model_settings: ModelSettings | None = None):
+                 priced: bool = True, adapt_costs: bool = False, price_context: bool = True,
+                 costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
+                 model_settings: ModelSettings | None = None):
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
@@ -81,6 +84,7 @@ class Engine:
         self.costs = costs
         self.pricer = Pricer(costs, acceptance) if priced else None
         self._costs = costs if adapt_costs else None
+        self.price_context = price_context
         self.eos_ids = self._eos_ids()
         self.model_settings = model_settings or ModelSettings()
 
@@ -108,8 +112,8 @@ class Engine:
     def from_model(cls, model, tokenizer=None, strategy: str | Strategy = DEFAULT_STRATEGY, *,
                    cache_dir: str | None = None, linear_kernel: str = "few_row", compile: str | bool = False,
                    adapter: Adapter | None = None, priced: bool = True, adapt_costs: bool = False,
-                   costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
-                   generation: str | GenerationConfig = "model", **knobs: Any) -> "Engine":
+                   price_context: bool = True, costs: CostModel | None = None,
+                   acceptance: AcceptanceModel | None = None, generation: str | GenerationConfig = "model", **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model (``linear_kernel``: see ``HFAdapter``).
 
         ``generation``: ``"model"`` (the default) follows what the model's ``generation_config``
@@ -122,7 +126,7 @@ class Engine:
         a machine takes minutes), ``auto`` only where one compiled here before is ready within
         seconds, ``false`` (the default here; ``from_pretrained`` and configs default to ``auto``) never.
         ``adapter``: one built before for this model (a compiled one is reused, not recompiled).
-        ``priced``, ``adapt_costs``, ``costs``, ``acceptance``: see ``Engine``.
+        ``priced``, ``adapt_costs``, ``price_context``, ``costs``, ``acceptance``: see ``Engine``.
         """
         from specfree.adapters.compiled import check_compile
         from specfree.parts import build_parts
@@ -142,7 +146,7 @@ class Engine:
         if parts["model_settings"].ignored:
             warnings.warn(parts["model_settings"].line(), stacklevel=2)
         return cls(**parts, tokenizer=tokenizer, cache_dir=cache_dir, priced=priced, adapt_costs=adapt_costs,
-                   costs=costs, acceptance=acceptance)
+                   price_context=price_context, costs=costs, acceptance=acceptance)
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":
@@ -251,7 +255,7 @@ class Engine:
                 t0 = time.perf_counter()
                 context = buffer[:n]
                 proposal = strategy.propose(context, max_depth=limit - n - 1)
-                plan = self._plan(int(context[-1]), proposal, max_depth=limit - n - 1)  # the rows to run
+                plan = self._plan(int(context[-1]), proposal, max_depth=limit - n - 1, context=n)  # rows to run
                 tree, aux = plan.tree, plan.aux
                 t1 = time.perf_counter()
                 layout = self.mask_builder(tree, aux, n - 1)
@@ -261,7 +265,7 @@ class Engine:
                                          layout.positions)
                 t3 = clock(adapter.device)
                 if self._costs is not None:
-                    self._costs.observe(layout.rows, t3 - t2)
+                    self._costs.observe(layout.rows, t3 - t2, context=n if self.price_context else None)
                 verdict = verifier.verify(logits[: layout.num_tree], tree, torch.from_numpy(context))
                 t4 = time.perf_counter()
                 adapter.commit([0, *verdict.path], rows=layout.rows)
@@ -303,7 +307,7 @@ class Engine:
         return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,
                           prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft)
 
-    def _plan(self, root: int, proposal, max_depth: int) -> Plan:
+    def _plan(self, root: int, proposal, max_depth: int, context: int) -> Plan:
         """The rows this step runs: those worth their cost (priced), or all the strategy asked for.
         A model that verifies chains gets one chain and no aux rows."""
         adapter, caps = self.adapter, self.adapter.capabilities
@@ -314,7 +318,8 @@ class Engine:
         # A cut chain puts recurrent states back and replays the kept rows: pricing counts that.
         rollback = caps.rollback
         depth = max_depth if not chain or max_chain is None else min(max_depth, max_chain)
-        return self.pricer.plan(root, proposal, max_depth=depth, chain=chain, rollback=rollback)
+        return self.pricer.plan(root, proposal, max_depth=depth, chain=chain, rollback=rollback,
+                                context=context if self.price_context else None)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:

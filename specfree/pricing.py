@@ -231,9 +231,11 @@ class Pricer:
         self.acceptance = acceptance or AcceptanceModel()
 
     def plan(self, root: int, proposal: Proposal, *, max_depth: int, chain: bool = False,
-             rollback: bool = False) -> Plan:
-        return price(root, proposal, self.acceptance, self.cost, max_depth=max_depth, chain=chain,
-                     rollback=rollback)
+             rollback: bool = False, context: int | None = None) -> Plan:
+        """Price ``proposal`` on the curve at ``context`` committed tokens (where the curve knows it)."""
+        at = getattr(self.cost, "at", None)
+        cost = at(context) if at is not None and context is not None else self.cost
+        return price(root, proposal, self.acceptance, cost, max_depth=max_depth, chain=chain, rollback=rollback)
 
     def observe(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
         """Learn from a step: ``emitted`` tokens (accepted drafts, then the model's own), the first

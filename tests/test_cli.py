@@ -48,7 +48,7 @@ def test_help_lists_commands_and_config_groups(capsys):
     (["nope"], "error: unknown command 'nope'; commands: decode, bench, compare, ceiling, plugins, datastore (see --help)"),
     (["decode", "strategy=prompt_lookup", "strategy.max_ngramm=3"],
      "error: strategy.max_ngramm: strategy 'prompt_lookup' has no knob 'max_ngramm'; its knobs: max_ngram, "
-     "min_ngram, draft_len, num_candidates, match, priced, adapt_costs (did you mean max_ngram?)"),
+     "min_ngram, draft_len, num_candidates, match, priced, adapt_costs, price_context (did you mean max_ngram?)"),
     (["decode", "strategy=prompt_lookup", "strategy.max_ngram=abc"],
      "error: strategy.max_ngram: expected int, got 'abc'"),
     (["decode", "-m", "strategy=autoregressive,nope", "prompt=hi"],

@@ -61,7 +61,7 @@ def test_every_option_composes(reg, group, option):
     if group in ("strategy", "verifier", "pool", "mask"):
         assert plain[group]["name"] == option
         # The node holds exactly the knobs the registry will be asked to build with, and a
-        # strategy's the step knobs the engine takes (priced, adapt_costs).
+        # strategy's the step knobs the engine takes (priced, adapt_costs, price_context).
         step = set(STEP_KNOBS) if group == "strategy" else set()
         assert set(plain[group]) - {"name"} <= set(reg.get(group, option).knobs) | step
         assert step <= set(plain[group])
@@ -83,7 +83,7 @@ def test_defaults_of_the_primary_config(reg):
     (["model=llama3"], "unknown model 'llama3'; available: llama2, local, mistral, qwen2, smollm2, tinyllama$"),
     (["strategy=prompt_lookup", "strategy.max_ngramm=3"],
      "^strategy.max_ngramm: strategy 'prompt_lookup' has no knob 'max_ngramm'; its knobs: max_ngram, min_ngram, "
-     r"draft_len, num_candidates, match, priced, adapt_costs \(did you mean max_ngram\?\)$"),
+     r"draft_len, num_candidates, match, priced, adapt_costs, price_context \(did you mean max_ngram\?\)$"),
     (["strategy=prompt_lookup", "+strategy.max_ngramm=3"], "strategy 'prompt_lookup' has no knob 'max_ngramm'"),
     (["strategy=prompt_lookup", "strategy.max_ngram=abc"], "^strategy.max_ngram: expected int, got 'abc'$"),
     (["strategy=trie", "strategy.priced=maybe"], "^strategy.priced: expected bool, got 'maybe'$"),
@@ -113,7 +113,7 @@ def test_load_config_applies_overrides_after_the_config(reg, tmp_path):
     assert cfg.strategy.draft_len == 6 and cfg.verifier.name == "sampling" and cfg.model.path == "/somewhere"
     # An override that picks another option drops the config's node for that group.
     cfg = load_config(OmegaConf.load(path), ["strategy=autoregressive"], reg=reg)
-    assert OmegaConf.to_container(cfg.strategy) == {"name": "autoregressive", "priced": True, "adapt_costs": False}
+    assert OmegaConf.to_container(cfg.strategy) == {"name": "autoregressive", "priced": True, "adapt_costs": False, "price_context": True}
     assert load_config({"strategy": "autoregressive"}, reg=reg).strategy.name == "autoregressive"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.norms import stock_norms
@@ -46,3 +47,50 @@ def test_the_curve_is_measured_once_per_setup(tmp_path, monkeypatch):
     monkeypatch.setattr("specfree.cost.kernel_dir", lambda: tmp_path / "another-build")  # the ops' sources changed
     CostModel.cached(adapter, tmp_path)
     assert len(measured) == before + 1
+
+
+def test_the_curve_grows_with_the_context_and_prices_each_step_at_its_own():
+    adapter = HFAdapter(tiny_model("llama"), check_tree_mask=False)
+    assert adapter.max_length >= 400
+    costs = CostModel.measure(adapter, context=64, sizes=(1, 4), repeats=1, longer=320)
+    assert costs.context == 64 and costs.growth is not None and np.all(costs.growth >= 0)
+    again = CostModel.from_dict(costs.as_dict())
+    assert again.at(320).seconds.tolist() == costs.at(320).seconds.tolist()
+    curve = CostModel([1, 8], [1.0, 1.4], context=256, growth=[0.0, 0.5 / 1024])  # 8 rows: +0.5 s per 1024 tokens
+    assert curve.at(256) is curve
+    assert curve.at(1280)(8) == pytest.approx(1.9) and curve.at(1280)(1) == pytest.approx(1.0)
+    assert curve.at(0)(8) == pytest.approx(1.4 - 0.125)
+    flat = CostModel([1, 8], [1.0, 1.4])  # no growth measured: the same curve at every context
+    assert flat.at(4096) is flat
+
+
+def test_a_longer_context_keeps_fewer_rows():
+    from specfree.pricing import Pricer
+    from specfree.types import Proposal
+
+    curve = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2], context=256, growth=[0.0, 0.1 / 256, 0.3 / 256, 0.7 / 256])
+    proposal = Proposal([[5, 6, 7, 8, 9, 10, 11]], source="prompt_lookup")
+    pricer = Pricer(curve)
+    for depth in range(1, 8):  # this drafter's tokens are accepted 80% of the time at every depth
+        for hit in [True] * 79 + [False] * 20:
+            pricer.acceptance.record("prompt_lookup", None, depth, hit)
+    short = pricer.plan(4, proposal, max_depth=8, context=256)
+    long = pricer.plan(4, proposal, max_depth=8, context=2048)
+    assert len(short.tree) == 8 and len(long.tree) == 2  # 1.2 s for 8 rows at 256 tokens, 6.1 s at 2048
+
+
+def test_the_engine_prices_each_step_at_its_context():
+    from specfree.engine import Engine
+    from tests.tiny_models import reference_greedy
+
+    model = tiny_model("llama")
+    # Rows are nearly free at 256 tokens of context and dear at 300+ (a steep growth).
+    curve = CostModel([1, 2, 16], [1.0, 1.01, 1.02], context=256, growth=[0.0, 0.05, 0.1])
+    prompt = [5, 6, 7, 8] * 80  # 320 tokens that prompt lookup matches everywhere
+    rows = {}
+    for price_context in (True, False):
+        engine = Engine.from_model(model, None, "prompt_lookup", costs=curve, price_context=price_context)
+        result = engine.generate(prompt, 12, ignore_eos=True)
+        assert result.tokens == reference_greedy(model, prompt, 12, ignore_eos=True)
+        rows[price_context] = max(s.rows for s in result.steps)
+    assert rows == {True: 1, False: rows[False]} and rows[False] > 1

@@ -46,8 +46,8 @@ def test_a_plugin_object_adds_a_strategy_with_a_config_node(example_module):
     assert component.source == "specfree_example.plugin"
     assert knob_fields(component) == {"k": (int, 2)}  # the default from Registry.add(config=...)
     cfg = compose(["strategy=repeat_last", "strategy.k=5"], reg)
-    assert dict(cfg.strategy) == {"name": "repeat_last", "k": 5, "priced": True, "adapt_costs": False}
-    typo = (r"^strategy.kk: strategy 'repeat_last' has no knob 'kk'; its knobs: k, priced, adapt_costs "
+    assert dict(cfg.strategy) == {"name": "repeat_last", "k": 5, "priced": True, "adapt_costs": False, "price_context": True}
+    typo = (r"^strategy.kk: strategy 'repeat_last' has no knob 'kk'; its knobs: k, priced, adapt_costs, price_context "
             r"\(did you mean k\?\)$")
     with pytest.raises(ConfigError, match=typo):
         compose(["strategy=repeat_last", "strategy.kk=5"], reg)
@@ -100,5 +100,5 @@ def test_the_cli_uses_an_installed_plugin_by_name(example_plugin_paths, tiny_lla
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith("· repeat_last")
     result = json.loads((tmp_path / "r.json").read_text())
-    assert result["strategy"] == {"name": "repeat_last", "k": 2, "priced": True, "adapt_costs": False}
+    assert result["strategy"] == {"name": "repeat_last", "k": 2, "priced": True, "adapt_costs": False, "price_context": True}
     assert len(result["tokens"]) == 6

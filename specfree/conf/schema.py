@@ -91,9 +91,11 @@ class SpecfreeConfig:
 
 # ---- config nodes made from the registry ---------------------------------------------------
 # Knobs of every strategy node that set how the engine runs the steps, not the drafter itself
-# (``Engine(priced=..., adapt_costs=...)``): every strategy is priced unless told otherwise, and
-# live forward times stay out of the cost curve (runs repeat step for step).
-STEP_KNOBS: dict[str, tuple[type, Any]] = {"priced": (bool, True), "adapt_costs": (bool, False)}
+# (``Engine(priced=..., adapt_costs=..., price_context=...)``): every strategy is priced unless told
+# otherwise, at each step's own context, and live forward times stay out of the cost curve (runs
+# repeat step for step).
+STEP_KNOBS: dict[str, tuple[type, Any]] = {"priced": (bool, True), "adapt_costs": (bool, False),
+                                           "price_context": (bool, True)}
 
 
 def knob_fields(component: Component) -> dict[str, tuple[Any, Any]]:
