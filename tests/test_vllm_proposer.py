@@ -172,3 +172,60 @@ def test_vllm_args_name_the_proposer_and_refuse_a_bad_config_before_vllm_starts(
         vllm_args(3, {"strategy": {"name": "trie", "nope": 1}})
     with pytest.raises(ConfigError, match="num_speculative_tokens"):
         vllm_args(0)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_step_time_is_learned_from_clean_decode_steps_only():
+    clock = FakeClock()
+    proposer = SpecfreeProposer(vllm_config(["strategy=prompt_lookup"]), clock=clock)
+    batch = Batch()
+    batch.put(0, REPEAT + [5])
+    (draft,) = propose(proposer, batch, [[5]])  # after the request's prefill
+    for _ in range(4):
+        clock.now += 0.010 + 0.001 * (1 + len(draft))  # vLLM's step: 10 ms and 1 ms a token
+        emitted = draft + [5 + (draft[-1] - 4) % 8]  # every draft accepted, then vLLM's own token
+        batch.grow(0, emitted)
+        (draft,) = propose(proposer, batch, [emitted])
+    samples = {n: list(times) for n, times in proposer.steps.samples.items()}
+    assert sorted(samples) == [5] and samples[5] == pytest.approx([0.015] * 4)
+    batch.put(1, [70, 71, 72, 70])  # a new request joins: its step held a prefill, so it is not timed
+    clock.now += 0.2
+    propose(proposer, batch, [[draft[0]], [70]])
+    assert sum(map(len, proposer.steps.samples.values())) == 4
+
+
+@pytest.mark.parametrize("per_token, longest", [(0.0005, K), (1.0, 0)])
+def test_chains_are_priced_on_the_measured_step_time(per_token, longest):
+    proposer = SpecfreeProposer(vllm_config(["strategy=prompt_lookup"]))
+    for tokens in (1, 5):  # vLLM's step: 20 ms, then per_token for each token it verifies
+        proposer.steps.samples[tokens].extend([0.020 + per_token * (tokens - 1)] * 3)
+    batch = Batch()
+    batch.put(0, REPEAT + [5])
+    (draft,) = propose(proposer, batch, [[5]])
+    assert len(draft) == longest  # cheap rows: the whole chain; dear ones: nothing is worth a row
+
+
+def test_the_global_suffix_tree_is_shared_by_every_request():
+    proposer = SpecfreeProposer(vllm_config(["strategy=suffix", "strategy.priced=false"]))
+    batch = Batch()
+    batch.put(0, [20, 3, 4])
+    propose(proposer, batch, [[4]])
+    for token in (7, 8, 9, 10, 11, 12):  # request A's output, a token a step
+        batch.grow(0, [token])
+        propose(proposer, batch, [[token]])
+    first = proposer.drafters.rows[0].strategy
+    batch.put(0, [30, 31, 7, 8])  # A finished; B, on its row, has just emitted what A did after 7
+    batch.put(1, [40, 41, 7, 8])  # and C, a second row at the same time
+    drafts = propose(proposer, batch, [[8], [8]])
+    # From A's output (their own text has no "8 ..."), as long as the match: max_spec_factor 1 x "7 8".
+    assert drafts == [[9, 10], [9, 10]]
+    b, c = (proposer.drafters.rows[row].strategy for row in (0, 1))
+    assert len({id(first), id(b), id(c)}) == 3 and b.pool is c.pool is first.pool
+    assert b.local is not c.local

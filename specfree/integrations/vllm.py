@@ -16,8 +16,10 @@ overrides (``["strategy=trie", "strategy.decoding_length=8"]``); no entry means 
 vLLM hands the proposer batch rows, not request ids, and moves requests between rows as others
 finish, so a request's drafter is found by its ids: a row continues the drafter whose context is
 a prefix of the row's context. A drafter no row continues is parked (a request paused by the
-scheduler comes back to it); past ``max_num_seqs`` parked drafters the oldest is ended and its
-strategy reused for a new request, so pools that learn keep learning and memory stays bounded.
+scheduler comes back to it). A parked drafter has ended its request (vLLM does not say whether
+it finished), so stores shared by every request's drafter (the global suffix tree) learn its
+output at once; one that comes back begins again from its whole context. Past ``max_num_seqs``
+parked drafters the oldest one's strategy is reused for a new request, so memory stays bounded.
 
 Nothing here imports vLLM: vLLM imports this module. ``check_environment()`` (and ``python -m
 specfree.integrations.vllm``) says in one line what is wrong with a vLLM set-up.
@@ -25,15 +27,18 @@ specfree.integrations.vllm``) says in one line what is wrong with a vLLM set-up.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import copy
+import time
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from specfree.cost import CostModel
 from specfree.errors import ConfigError, one_line
-from specfree.pricing import Plan, Pricer, as_proposed
+from specfree.pricing import Plan, Pricer, as_proposed, price
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal, Verdict
 
@@ -104,12 +109,33 @@ def load_strategy_factory(spec: Any) -> tuple[Callable[[], Strategy], bool]:
                           f"or a list of overrides such as ['strategy=trie'], got {type(spec).__name__}")
     own = reg.get("strategy", cfg.strategy.name).knobs
     priced = bool(knobs(cfg.strategy).get("priced", True)) if "priced" not in own else True
-    first = [build_strategy(cfg, reg)]  # built now: a bad config fails at vLLM's start, not its first step
+    template = build_strategy(cfg, reg)  # built now: a bad config fails at vLLM's start, not its first step
+    # Every request's drafter is a copy of it that shares the stores meant to be shared (the global
+    # suffix tree), so what one request's output teaches reaches the next, however many run at once.
+    shared = {id(store): store for store in shared_stores(template)}
 
     def make() -> Strategy:
-        return first.pop() if first else build_strategy(cfg, reg)
+        return copy.deepcopy(template, dict(shared))
 
     return make, priced
+
+
+def shared_stores(strategy: Strategy) -> list[Any]:
+    """The stores inside ``strategy`` (a hybrid's members included) that concurrent requests can
+    share: those whose class says ``shared_across_requests``."""
+    found, stack, seen = [], [strategy], set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if getattr(type(obj), "shared_across_requests", False):
+            found.append(obj)
+        elif isinstance(obj, Strategy):
+            stack.extend(vars(obj).values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return found
 
 
 @dataclass
@@ -168,7 +194,9 @@ class Drafters:
             if drafting.continues(context):
                 return previous.pop(row)
         for key, drafting in self.parked.items():
-            if drafting.continues(context):
+            if drafting.continues(context):  # a paused request is back: it begins again from all it has
+                drafting.strategy.begin(context.copy())
+                drafting.proposal = drafting.plan = None
                 return self.parked.pop(key)
         return None
 
@@ -182,12 +210,62 @@ class Drafters:
         return Drafting(strategy, context.copy())
 
     def _park(self, drafting: Drafting) -> None:
+        # vLLM does not say whether a request finished or was paused: it is ended now, so stores
+        # shared across requests learn its output at once, and begins again if it comes back.
+        drafting.strategy.end()
         self.parked[id(drafting)] = drafting
         while len(self.parked) > self.max_parked:
             _, oldest = self.parked.popitem(last=False)
-            oldest.strategy.end()
             if len(self.spare) < self.max_parked:
                 self.spare.append(oldest.strategy)
+
+
+class StepClock:
+    """vLLM's step time as a function of the tokens it verifies, learned from the wall time between
+    ``propose`` calls: the step's scheduling, forward, sampling and verification all happen between
+    the end of one call and the start of the next.
+
+    Only decode steps whose rows all continued from the step before are timed (a new request's
+    prefill, or the idle time between ``generate`` calls, would read as a slow step). Each token
+    count keeps its last ``window`` times; the curve is their medians, once ``min_sizes`` counts
+    have ``min_samples`` each.
+    """
+
+    def __init__(self, window: int = 16, min_samples: int = 3, min_sizes: int = 2):
+        self.window, self.min_samples, self.min_sizes = window, min_samples, min_sizes
+        self.samples: defaultdict[int, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        self.tokens: int | None = None  # what the step now running verifies
+        self.since = 0.0
+
+    def started(self, tokens: int, now: float) -> None:
+        """A step of ``tokens`` tokens starts (``propose`` returned its drafts)."""
+        self.tokens, self.since = tokens, now
+
+    def finished(self, now: float, timed: bool) -> None:
+        """That step is over (``propose`` is called again); ``timed``: it was a clean decode step."""
+        if self.tokens is not None and timed:
+            self.samples[self.tokens].append(now - self.since)
+        self.tokens = None
+
+    def curve(self) -> CostModel | None:
+        sizes = sorted(n for n, times in self.samples.items() if len(times) >= self.min_samples)
+        if len(sizes) < self.min_sizes:
+            return None
+        return CostModel(sizes, [float(np.median(self.samples[n])) for n in sizes])
+
+
+@dataclass
+class Shifted:
+    """A request's price for its own rows when the batch's other rows send ``others`` tokens."""
+
+    curve: CostModel
+    others: int
+
+    def __call__(self, rows: int) -> float:
+        return self.curve(rows + self.others)
+
+    def many(self, rows: np.ndarray) -> np.ndarray:
+        return self.curve.many(np.asarray(rows) + self.others)
 
 
 def vllm_args(num_speculative_tokens: int = 4, config: Any = None) -> dict[str, Any]:
@@ -208,7 +286,7 @@ def vllm_args(num_speculative_tokens: int = 4, config: Any = None) -> dict[str, 
 class SpecfreeProposer:
     """vLLM's ``custom_class`` proposer running a specfree strategy, one chain per request."""
 
-    def __init__(self, vllm_config: Any):
+    def __init__(self, vllm_config: Any, clock: Callable[[], float] = time.perf_counter):
         spec_config = vllm_config.speculative_config
         model_config = vllm_config.model_config
         self.k = int(spec_config.num_speculative_tokens)
@@ -216,6 +294,7 @@ class SpecfreeProposer:
         extra = getattr(vllm_config, "additional_config", None) or {}
         make, priced = load_strategy_factory(extra.get(CONFIG_KEY) if isinstance(extra, Mapping) else None)
         self.pricer = Pricer(None) if priced else None  # acceptance learned across all requests
+        self.clock, self.steps = clock, StepClock()  # rows priced on vLLM's own step time
         max_seqs = int(getattr(vllm_config.scheduler_config, "max_num_seqs", 256) or 256)
         self.drafters = Drafters(make, int(model_config.get_vocab_size()), self.max_model_len, max_seqs)
 
@@ -226,14 +305,26 @@ class SpecfreeProposer:
                 token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
         """Draft ids for every row: ``token_ids_cpu[row, :num_tokens_no_spec[row]]`` is the request's
         context, already grown by the ``sampled_token_ids[row]`` vLLM accepted this step."""
+        now = self.clock()
         ids = token_ids_cpu.numpy() if hasattr(token_ids_cpu, "numpy") else np.asarray(token_ids_cpu)
         lengths = np.asarray(num_tokens_no_spec).reshape(-1)
         contexts = [ids[row, : int(lengths[row])] if len(sampled) and row < len(lengths) else None
                     for row, sampled in enumerate(sampled_token_ids)]
-        return [self._draft(d, c) if d is not None else []
-                for d, c in zip(self.drafters.step(contexts), contexts)]
+        previous = {id(d) for d in self.drafters.rows.values() if d.plan is not None}
+        drafters = self.drafters.step(contexts)
+        live = [d for d in drafters if d is not None]
+        # Timed only when the same requests, every one of them drafted for, ran the step.
+        self.steps.finished(now, timed=bool(live) and {id(d) for d in live} == previous)
+        curve = self.steps.curve() if self.pricer is not None else None
+        sent = [len(d.plan.tree.tokens) if d.plan is not None else 1 for d in live]  # last step's tokens
+        others = sum(sent)
+        drafts = [self._draft(d, c, None if curve is None else Shifted(curve, others - n))
+                  for d, c, n in zip(live, [c for c in contexts if c is not None], sent)]
+        self.steps.started(sum(1 + len(d) for d in drafts), self.clock())
+        out = iter(drafts)
+        return [next(out) if d is not None else [] for d in drafters]
 
-    def _draft(self, drafting: Drafting, context: np.ndarray) -> list[int]:
+    def _draft(self, drafting: Drafting, context: np.ndarray, cost: Shifted | None) -> list[int]:
         if drafting.plan is not None and len(context) > len(drafting.context):
             self._observe(drafting, context)
         drafting.context = context.copy()
@@ -244,7 +335,7 @@ class SpecfreeProposer:
         proposal = drafting.strategy.propose(drafting.context, max_depth=depth)
         root = int(context[-1])
         if self.pricer is not None:
-            plan = self.pricer.plan(root, proposal, max_depth=depth, chain=True)
+            plan = price(root, proposal, self.pricer.acceptance, cost, max_depth=depth, chain=True)
         else:
             plan = as_proposed(root, proposal, max_depth=depth, budget=depth, chain=True, max_chain=depth)
         drafting.proposal, drafting.plan = proposal, plan

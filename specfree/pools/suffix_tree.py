@@ -238,7 +238,12 @@ class SuffixTreePool:
     As a pool (``pool=suffix_tree``) any drafter can use it: ``update`` caches a sequence (one
     request's output), ``lookup`` drafts the speculation tree of ``SuffixTrie.speculate`` with
     ``max_spec_factor`` unbounded (``max_nodes`` decides) and ``min_token_prob`` 0.1.
+
+    Requests only read it while they run and add their output when they end, so concurrent
+    requests (vLLM's batch rows) can share one store.
     """
+
+    shared_across_requests = True
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_nodes: int = 400_000):
         self.trie = SuffixTrie(max_tree_depth)
