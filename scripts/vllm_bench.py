@@ -5,14 +5,17 @@ Run with specfree's own python; each vLLM method runs in vLLM's environment (doc
 
     python scripts/vllm_bench.py [--vllm-python .vllm-venv/bin/python] [--max-tokens 64] [--out DIR]
 
-One row per (system, batch): tokens/s of the timed run after a warm-up, speed-up over vLLM plain at
-the same batch, drafted/accepted tokens, and whether the output equals vLLM plain's.
+One row per (system, k, batch): tokens/s of the timed run after a warm-up on other text, speed-up
+over vLLM plain at the same batch, drafted/accepted tokens, and whether the output equals vLLM
+plain's. Each (system, k, batch) runs in a fresh vLLM process, so nothing a drafter learned in one
+row's run reaches another's, with Intel OpenMP preloaded as vLLM's CPU guide asks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -29,8 +32,12 @@ PROMPTS = [f"Summarize the following article in two sentences.\n\n{ARTICLE}",
            f"Add type hints and a docstring to every function below; repeat the code in full.\n\n{CODE}",
            f"Copy the following text exactly, then say how many sentences it has.\n\n{ARTICLE}",
            f"Rename `width` to `w` and `height` to `h` in this code and show the whole result.\n\n{CODE}"]
-METHODS = [("plain", []), ("ngram", []), ("suffix", []), ("specfree", ["strategy=prompt_lookup"]),
-           ("specfree", ["strategy=hybrid"])]
+METHODS = [("vllm-plain", "plain", []), ("vllm-ngram", "ngram", []), ("vllm-suffix", "suffix", []),
+           ("vllm-specfree-prompt_lookup", "specfree", ["strategy=prompt_lookup"]),
+           ("vllm-specfree-suffix", "specfree", ["strategy=suffix"]),
+           ("vllm-specfree-hybrid", "specfree", ["strategy=hybrid"]),
+           ("vllm-specfree-hybrid+suffix", "specfree",
+            ["strategy=hybrid", "strategy.drafters=[prompt_lookup,trie,suffix]"])]
 
 
 def smollm2_folder(folder: Path):
@@ -48,10 +55,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-python", default=str(ROOT / ".vllm-venv" / "bin" / "python"))
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--k", type=int, nargs="+", default=[4], help="num_speculative_tokens (several: a row each)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--methods", nargs="+", help="only these systems (vllm-plain, vllm-ngram, ...)")
     parser.add_argument("--out", default="bench_results/vllm")
     parser.add_argument("--eager", action="store_true", help="vLLM without torch.compile (starts faster)")
     parser.add_argument("--no-engine", action="store_true", help="skip specfree's own engine rows")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the rows of OUT/rows.json that this run does not measure again (one report)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,25 +71,39 @@ def main() -> None:
                                              tokenize=True, return_dict=False) for p in PROMPTS]
     (out / "prompts.json").write_text(json.dumps(prompts))
 
+    env = dict(os.environ)
+    iomp = Path(args.vllm_python).parents[1] / "lib" / "libiomp5.so"
+    if iomp.exists():  # vLLM warns that speculative decoding on CPU is much slower without it
+        env["LD_PRELOAD"] = ":".join(filter(None, [str(iomp), env.get("LD_PRELOAD")]))
     rows = []
-    for method, overrides in METHODS:
-        name = "vllm-" + method + "".join("-" + o.split("=")[-1] for o in overrides)
-        cmd = [args.vllm_python, str(ROOT / "scripts" / "vllm_compare.py"), str(out / "smollm2-fp32"),
-               str(out / "prompts.json"), str(out / f"{name}.json"), "--method", method, "--k", str(args.k),
-               "--max-tokens", str(args.max_tokens), "--batch", "1", "4"]
-        if args.eager:
-            cmd.append("--eager")
-        if overrides:
-            cmd += ["--specfree", *overrides]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        (out / f"{name}.log").write_text(done.stderr)
-        if done.returncode:
-            print(f"{name}: failed (see {out / name}.log): {done.stderr.strip().splitlines()[-1:]}")
+    for system, method, overrides in METHODS:
+        if args.methods and system not in args.methods:
             continue
-        for row in json.loads((out / f"{name}.json").read_text()):
-            rows.append({"system": name, **row})
+        for k in [0] if method == "plain" else args.k:
+            for batch in args.batch:
+                name = f"{system}-k{k}-b{batch}"
+                cmd = [args.vllm_python, str(ROOT / "scripts" / "vllm_compare.py"), str(out / "smollm2-fp32"),
+                       str(out / "prompts.json"), str(out / f"{name}.json"), "--method", method, "--k", str(k or 1),
+                       "--max-tokens", str(args.max_tokens), "--batch", str(batch)]
+                if args.eager:
+                    cmd.append("--eager")
+                if overrides:
+                    cmd += ["--specfree", *overrides]
+                done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+                (out / f"{name}.log").write_text(done.stderr)
+                if done.returncode:
+                    print(f"{name}: failed (see {out / name}.log): {done.stderr.strip().splitlines()[-1:]}")
+                    continue
+                row = json.loads((out / f"{name}.json").read_text())
+                rows.append({"system": system, **row, "k": k or "-"})
+                print(f"{name}: {row['tokens_per_s']:.1f} tok/s, drafted {row['drafted']}, accepted {row['accepted']}",
+                      flush=True)
     if not args.no_engine:
         rows += engine_rows(model, tokenizer, prompts, args.max_tokens)
+    if args.keep and (out / "rows.json").exists():
+        measured = {(r["system"], r["k"], r["batch"]) for r in rows}
+        rows = [r for r in json.loads((out / "rows.json").read_text())
+                if (r["system"], r["k"], r["batch"]) not in measured] + rows
     report(rows, out)
 
 
@@ -94,21 +119,21 @@ def engine_rows(model, tokenizer, prompts, max_tokens) -> list[dict]:
         outputs = [engine.generate(ids, max_new_tokens=max_tokens, ignore_eos=True).tokens for ids in prompts]
         wall = time.perf_counter() - start
         tokens = sum(map(len, outputs))
-        rows.append({"system": f"specfree-engine-{strategy}", "batch": 1, "outputs": outputs, "tokens": tokens,
-                     "wall_s": wall, "tokens_per_s": tokens / wall, "drafted": None, "accepted": None})
+        rows.append({"system": f"specfree-engine-{strategy}", "k": "-", "batch": 1, "outputs": outputs,
+                     "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "drafted": None, "accepted": None})
     return rows
 
 
 def report(rows: list[dict], out: Path) -> None:
     plain = {r["batch"]: r for r in rows if r["system"] == "vllm-plain"}
-    lines = ["| system | batch | tok/s | vs vLLM plain | drafted | accepted | output = vLLM plain |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| system | k | batch | tok/s | vs vLLM plain | drafted | accepted | output = vLLM plain |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         base = plain.get(r["batch"])
         speed = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
         same = "yes" if base and r["outputs"] == base["outputs"] else "no" if base else "-"
-        lines.append(f"| {r['system']} | {r['batch']} | {r['tokens_per_s']:.1f} | {speed} | {r['drafted']} | "
-                     f"{r['accepted']} | {same} |")
+        lines.append(f"| {r['system']} | {r['k']} | {r['batch']} | {r['tokens_per_s']:.1f} | {speed} | "
+                     f"{r['drafted']} | {r['accepted']} | {same} |")
     text = "\n".join(lines)
     print(text)
     (out / "report.md").write_text(text + "\n")
