@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -198,3 +199,15 @@ def test_children_never_beat_parents(rates):
     for parent in {path[:-1] for path in reach}:
         siblings = [p for path, p in reach.items() if path[:-1] == parent]
         assert sum(siblings) <= reach.get(parent, 1.0) + 1e-9
+
+
+def test_a_rarely_seen_label_is_smoothed_toward_its_source_not_toward_one_half():
+    acceptance = AcceptanceModel()
+    for hit in [True] * 50 + [False] * 5:  # this drafter's first tokens: right 9 times in 10
+        acceptance.record("suffix", "r4+", 1, hit)
+    acceptance.record("suffix", "r16+", 1, True)
+    acceptance.record("suffix", "r16+", 1, True)
+    assert acceptance.rate("suffix", "r16+", 1) > 0.9  # two hits of a new class: not (2 + 1) / (2 + 2)
+    assert acceptance.rate("suffix", "r1", 1) == pytest.approx(53 / 59)  # never seen: the source's rate
+    assert acceptance.rate("prompt_lookup", "3", 1) == 0.5  # another source, never seen: one half
+    assert acceptance.rate("suffix", "r4+", 2) == 0.5  # another depth is another question

@@ -151,3 +151,17 @@ def test_a_decode_sweep_shares_the_store_through_the_state_file(tiny_llama_dir, 
     # Both runs' outputs, in run order: the second run loaded the first one's.
     requests = read_state(state, 128, tokenizer_fingerprint(tiny_tokenizer()))
     assert sorted(len(r) for r in requests) == [6, 8]
+
+
+def test_the_likeliest_chain_is_the_first_candidate_and_branches_are_labelled_apart():
+    from specfree.pools.suffix_tree import Draft
+    from specfree.strategies.suffix import likeliest_first, make_suffix
+
+    # 5 -> 6 (0.9) -> 7 (0.8) -> 8 (0.7) -> 9 (0.05); 5 -> 6 -> 3 (0.1): best-first order puts the
+    # branch's leaf (0.1) before the main chain's (0.05), yet the chain follows 7 at depth 3.
+    draft = Draft([5, 6, 7, 8, 3, 9], [-1, 0, 1, 2, 1, 3], [0.95, 0.9, 0.8, 0.7, 0.1, 0.05], match_len=4)
+    assert draft.candidates()[0] == [5, 6, 3]
+    assert likeliest_first(draft) == [[5, 6, 7, 8, 9], [5, 6, 3]]
+    strategy = make_suffix()
+    proposal = strategy._proposal(draft, "r")
+    assert proposal.candidates[0] == [5, 6, 7, 8, 9] and proposal.labels == ["r4+", "r4+~"]

@@ -34,6 +34,18 @@ def match_bucket(match_len: int) -> str:
     return str(match_len)
 
 
+def likeliest_first(draft: Draft) -> list[list[int]]:
+    """The draft's root-to-leaf paths, the one that follows the likeliest child at every node first
+    (what a model verifying one chain should get), then the others by the same order."""
+    prob: dict[tuple[int, ...], float] = {}
+    paths: list[tuple[int, ...]] = []
+    for token, parent, p in zip(draft.tokens, draft.parents, draft.probs):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+        prob[paths[-1]] = p
+    # At the first depth two paths part, the likelier node wins (no leaf path is another's prefix).
+    return sorted(draft.candidates(), key=lambda path: [-prob[tuple(path[: d + 1])] for d in range(len(path))])
+
+
 class SuffixDecoding(Strategy):
     name = "suffix"
 
@@ -93,10 +105,12 @@ class SuffixDecoding(Strategy):
         return self._proposal(best, where)
 
     def _proposal(self, draft: Draft, where: str) -> Proposal:
-        candidates = draft.candidates()
-        # The tree (request or global) and the match length are the draft's confidence class.
+        candidates = likeliest_first(draft)
+        # The tree (request or global) and the match length are the draft's confidence class; the
+        # likeliest path and the branches off it are classes of their own, or a branch's misses
+        # would teach pricing that the likeliest continuation is as unsure as the branches.
         label = f"{where}{match_bucket(draft.match_len)}"
-        return Proposal(candidates, source=self.name, labels=[label] * len(candidates))
+        return Proposal(candidates, source=self.name, labels=[label] + [f"{label}~"] * (len(candidates) - 1))
 
     def observe(self, outcome: Outcome) -> None:
         new = outcome.context[self._seen :]
