@@ -90,3 +90,9 @@ def test_load_model_asked_for_flash_attention_loads_sdpa(tiny_llama_dir):
                                          "loading with 'sdpa'"):
         model, _ = load_model(str(tiny_llama_dir), attn_implementation="flash_attention_2")
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_mpt_decodes_up_to_its_own_max_seq_len():
+    # MPT's ALiBi bias is built max_seq_len long: a longer context failed inside its attention.
+    model = tiny_model("mpt")
+    assert HFAdapter(model, check_tree_mask=False).max_length == model.config.max_seq_len == 512

@@ -116,7 +116,8 @@ class Capabilities:
 
 
 def context_limit(config) -> int:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+    # MPT names it max_seq_len (its ALiBi bias is built that long: a longer context fails inside it).
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
             return value
