@@ -205,7 +205,9 @@ def test_step_time_is_learned_from_clean_decode_steps_only():
 def test_chains_are_priced_on_the_measured_step_time(per_token, longest):
     proposer = SpecfreeProposer(vllm_config(["strategy=prompt_lookup"]))
     for tokens in (1, 5):  # vLLM's step: 20 ms, then per_token for each token it verifies
-        proposer.steps.samples[tokens].extend([0.020 + per_token * (tokens - 1)] * 3)
+        for _ in range(3):
+            proposer.steps.started(tokens, 0.0)
+            proposer.steps.finished(0.020 + per_token * (tokens - 1), timed=True)
     batch = Batch()
     batch.put(0, REPEAT + [5])
     (draft,) = propose(proposer, batch, [[5]])

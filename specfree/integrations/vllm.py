@@ -234,6 +234,8 @@ class StepClock:
     def __init__(self, window: int = 16, min_samples: int = 3, min_sizes: int = 2):
         self.window, self.min_samples, self.min_sizes = window, min_samples, min_sizes
         self.samples: defaultdict[int, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        self.medians: dict[int, float] = {}  # token counts with min_samples times: their median
+        self._curve: CostModel | None = None  # built from the medians when one of them changes
         self.tokens: int | None = None  # what the step now running verifies
         self.since = 0.0
 
@@ -244,14 +246,18 @@ class StepClock:
     def finished(self, now: float, timed: bool) -> None:
         """That step is over (``propose`` is called again); ``timed``: it was a clean decode step."""
         if self.tokens is not None and timed:
-            self.samples[self.tokens].append(now - self.since)
+            times = self.samples[self.tokens]
+            times.append(now - self.since)
+            if len(times) >= self.min_samples:  # one median changes a step, not every one of them
+                self.medians[self.tokens] = float(np.median(times))
+                self._curve = None
         self.tokens = None
 
     def curve(self) -> CostModel | None:
-        sizes = sorted(n for n, times in self.samples.items() if len(times) >= self.min_samples)
-        if len(sizes) < self.min_sizes:
-            return None
-        return CostModel(sizes, [float(np.median(self.samples[n])) for n in sizes])
+        if self._curve is None and len(self.medians) >= self.min_sizes:
+            sizes = sorted(self.medians)
+            self._curve = CostModel(sizes, [self.medians[n] for n in sizes])
+        return self._curve
 
 
 @dataclass
