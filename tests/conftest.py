@@ -9,6 +9,18 @@ import pytest
 from tests.helpers import EXAMPLE_PLUGIN, write_dist_info
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="device of the tiny models (tests/tiny_models.py), e.g. cuda: the lossless tests on a GPU")
+
+
+def pytest_configure(config):
+    if config.getoption("device") != "cpu":
+        from tests import tiny_models
+
+        tiny_models.DEVICE = config.getoption("device")
+
+
 # ---- tiny-model property tests (test_fuzz.py, test_lookahead.py, test_lossless.py, ...) --------------------------
 @pytest.fixture(scope="module")
 def one_thread():

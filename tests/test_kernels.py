@@ -193,3 +193,18 @@ def test_without_a_compiler_one_warning_and_the_library_path(tmp_path):
                          env={**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(root)})
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
+
+
+def test_a_model_with_no_cpu_linear_never_asks_for_the_kernel():
+    """A GPU model (here a float16 one, which the kernel does not take either) keeps nn.Linear, in a
+    fresh process where the kernel was never loaded (the GPU path once failed there on best_isa)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, transformers; from specfree.kernels import use_few_row_linears; "
+            "from tests.tiny_models import CONFIGS; "
+            "m = transformers.AutoModelForCausalLM.from_config(CONFIGS['llama']()).to(torch.float16); "
+            "print(use_few_row_linears(m))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "0"

@@ -201,6 +201,10 @@ CHAIN_CONFIGS = {
 CHAIN_FAMILIES = sorted(CHAIN_CONFIGS)
 
 
+# Where tiny models live: ``pytest --device cuda`` (tests/conftest.py) runs the property tests on a GPU.
+DEVICE = "cpu"
+
+
 @functools.cache
 def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     config = (CONFIGS.get(family) or RECURRENT_CONFIGS.get(family) or CHAIN_CONFIGS[family])()
@@ -210,7 +214,7 @@ def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     except ValueError:  # no SDPA path in this family (e.g. Gemma2's soft-capping): eager attention
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    model.eval()
+    model.to(DEVICE).eval()  # weights drawn on the CPU first: the same model on every device
     model.generation_config.pad_token_id = PAD
     return model
 
@@ -218,7 +222,7 @@ def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
 def reference_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
     """transformers' own greedy decoding: the ground truth every strategy must reproduce
     (``ignore_eos``: running on through EOS, as ``generate(..., ignore_eos=True)`` does)."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     with torch.no_grad(), as_shipped(model):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=None if ignore_eos else EOS, pad_token_id=PAD)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The checks to run first on a machine with an NVIDIA GPU (specfree and its test extras installed):
+#   bash scripts/gpu_check.sh tests OUT [DEVICE]                  lossless property tests on the GPU
+#   bash scripts/gpu_check.sh bench OUT [MODEL_PATH] [PROMPTS] [COMPILE]   bench (compile=true: eager and compiled)
+# tests: tiny random models of every family, every strategy, greedy and seeded sampling, against
+# transformers' generate() on the same device. bench: SmolLM2 (or MODEL_PATH), the baseline loop and
+# `generate()` in the same run; its report's `identical` column checks every output against the eager loop.
+set -uo pipefail
+what=${1:?tests or bench}
+out=${2:?an output folder}
+mkdir -p "$out"
+python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
+case $what in
+tests)
+    python3 -m pytest tests/test_lossless.py tests/test_families.py tests/test_chain_families.py tests/test_suffix.py \
+        tests/test_sam_logit_spec.py tests/test_hybrid.py \
+        "tests/test_compiled.py::test_padding_rows_change_no_real_row" \
+        "tests/test_compiled.py::test_slots_grow_in_tiers_and_output_stays_plain" \
+        --device "${3:-cuda}" -q -p no:cacheprovider -rf --maxfail=25 -W ignore 2>&1 | tee "$out/tests.log"
+    ;;
+bench)
+    model=(model=smollm2)
+    [ -n "${3:-}" ] && model+=("model.path=$3")
+    prompts=${4:-../shared/bench/spec_bench_questions.jsonl}
+    PYTHONUNBUFFERED=1 python3 -m specfree bench "${model[@]}" device=cuda "compile=${5:-true}" "bench.prompts=$prompts" \
+        bench.per_category=1 strategy=hybrid 'bench.strategies=[prompt_lookup, suffix]' 'bench.baselines=[hf_generate]' \
+        "bench.out=$out/bench" 2>&1 | tee "$out/bench.log"
+    ;;
+*) echo "usage: $0 tests|bench OUT ..." >&2; exit 2 ;;
+esac
