@@ -121,7 +121,8 @@ def logit_spec_knobs(draw) -> dict:
 def suffix_knobs(draw) -> dict:
     return {"max_tree_depth": draw(st.integers(1, 24)), "max_cached_requests": draw(st.integers(0, 4)),
             "max_spec_factor": draw(st.floats(0.0, 4.0)), "max_spec_offset": draw(st.floats(-2.0, 4.0)),
-            "min_token_prob": draw(st.floats(0.0, 1.0)), "max_nodes": draw(st.integers(1, 400))}
+            "min_token_prob": draw(st.floats(0.0, 1.0)), "max_nodes": draw(st.integers(1, 400)),
+            "live_outputs": draw(st.booleans())}
 
 
 @st.composite

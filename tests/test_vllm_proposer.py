@@ -231,3 +231,24 @@ def test_the_global_suffix_tree_is_shared_by_every_request():
     b, c = (proposer.drafters.rows[row].strategy for row in (0, 1))
     assert len({id(first), id(b), id(c)}) == 3 and b.pool is c.pool is first.pool
     assert b.local is not c.local
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_running_requests_draft_from_each_others_output_as_it_is_written(live):
+    """vLLM's batch rows run side by side: with live_outputs (the default, as vLLM's suffix does) a
+    request's output reaches the shared tree while it runs, so another row drafts from it; without,
+    only once it ends."""
+    knobs = ["strategy=suffix", "strategy.priced=false"] + ([] if live else ["strategy.live_outputs=false"])
+    proposer = SpecfreeProposer(vllm_config(knobs))
+    batch = Batch()
+    batch.put(0, [20, 3, 4])
+    batch.put(1, [30, 31, 32])
+    propose(proposer, batch, [[4], [32]])
+    for token in (7, 8, 9, 10, 11, 12):  # row 0 writes its output; row 1 waits on an unrelated token
+        batch.grow(0, [token])
+        batch.grow(1, [33])
+        propose(proposer, batch, [[token], [33]])
+    batch.grow(0, [13])
+    batch.grow(1, [7, 8])  # row 1 has just emitted what row 0 wrote after 7, while row 0 still runs
+    drafts = propose(proposer, batch, [[13], [7, 8]])
+    assert drafts[1] == ([9, 10] if live else [])

@@ -125,22 +125,26 @@ class SuffixTrie:
             self._size -= 1
 
     def append(self, tokens: Sequence[int]) -> None:
-        """Extend the one sequence this trie grows token by token (a request's prompt and output).
+        """Extend the one sequence this trie grows token by token (a request's prompt and output)."""
+        self._open = self.grow(self._open, tokens)
 
-        Each new token extends every suffix that is still shorter than the depth, and starts one:
-        O(depth) per token, the same counts as ``insert`` of the whole sequence.
-        """
+    def grow(self, open_: list[tuple[int, int]], tokens: Sequence[int]) -> list[tuple[int, int]]:
+        """Extend a sequence whose still-growing suffixes are ``open_`` (``[]`` for a new one); returns
+        them after ``tokens``. Each new token extends every suffix still shorter than the depth and
+        starts one: O(depth) per token, the same counts as ``insert`` of the whole sequence, so
+        several sequences can grow in one trie side by side, each with its own list."""
         kids_of, count, depth = self._kids, self._count, self.max_tree_depth
         for t in as_tokens(tokens):
             grown = []
-            for node, d in [*self._open, (0, 0)]:
+            for node, d in [*open_, (0, 0)]:
                 child = kids_of[node].get(t)
                 if child is None:
                     child = self._child(node, t)
                 count[child] += 1
                 if d + 1 < depth:
                     grown.append((child, d + 1))
-            self._open = grown
+            open_ = grown
+        return open_
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -239,8 +243,10 @@ class SuffixTreePool:
     request's output), ``lookup`` drafts the speculation tree of ``SuffixTrie.speculate`` with
     ``max_spec_factor`` unbounded (``max_nodes`` decides) and ``min_token_prob`` 0.1.
 
-    Requests only read it while they run and add their output when they end, so concurrent
-    requests (vLLM's batch rows) can share one store.
+    A request either adds its output when it ends (``add_request``) or streams it in while it runs
+    (``open_response``, ``extend_response``, ``close_response``), as vLLM's ``suffix`` does: then
+    concurrent requests (vLLM's batch rows) draft from each other's text as it is written. A
+    response still open is never evicted; once closed it counts as a cached request.
     """
 
     shared_across_requests = True
@@ -250,6 +256,8 @@ class SuffixTreePool:
         self.max_cached_requests = check_int(f"{_NAME}.max_cached_requests", max_cached_requests, low=0)
         self.max_nodes = check_int(f"{_NAME}.max_nodes", max_nodes, low=1)
         self.requests: deque[list[int]] = deque()
+        self.live: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}  # handle -> (tokens, open suffixes)
+        self._handles = 0
 
     @property
     def max_tree_depth(self) -> int:
@@ -265,12 +273,37 @@ class SuffixTreePool:
             return
         self.requests.append(toks)
         self.trie.insert(toks)
+        self._evict()
+
+    def open_response(self) -> int:
+        """Start streaming a request's output into the store; returns its handle."""
+        self._handles += 1
+        self.live[self._handles] = ([], [])
+        return self._handles
+
+    def extend_response(self, handle: int, tokens: Sequence[int]) -> None:
+        """Add the next output tokens of an open response (a handle ``clear`` dropped is ignored)."""
+        if handle in self.live and self.max_cached_requests:
+            toks, open_ = self.live[handle]
+            toks += as_tokens(tokens)
+            self.live[handle] = (toks, self.trie.grow(open_, tokens))
+
+    def close_response(self, handle: int) -> None:
+        """The response is complete: it becomes a cached request (and may evict older ones)."""
+        toks, _ = self.live.pop(handle, ([], []))
+        if toks:
+            self.requests.append(toks)
+            self._evict()
+
+    def _evict(self) -> None:
         while self.requests and (len(self.requests) > self.max_cached_requests or len(self.trie) > self.max_nodes):
             self.trie.remove(self.requests.popleft())
 
     def clear(self) -> None:
+        """Forget every cached request and every open response."""
         self.trie = SuffixTrie(self.max_tree_depth)
         self.requests.clear()
+        self.live.clear()
 
     # --- the Pool contract ------------------------------------------------------------------
 

@@ -51,8 +51,10 @@ class SuffixDecoding(Strategy):
 
     def __init__(self, pool: SuffixTreePool, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, num_speculative_tokens: int | None = None,
-                 state_file: str | None = None, reset: bool = False):
+                 state_file: str | None = None, reset: bool = False, live_outputs: bool = True):
         self.pool = pool
+        self.live_outputs = bool(live_outputs)
+        self._response: int | None = None  # this request's output, streaming into the global tree
         self.max_spec_factor = check_float("suffix.max_spec_factor", max_spec_factor, low=0.0)
         self.max_spec_offset = check_float("suffix.max_spec_offset", max_spec_offset)
         self.min_token_prob = check_float("suffix.min_token_prob", min_token_prob, low=0.0, high=1.0)
@@ -91,6 +93,7 @@ class SuffixDecoding(Strategy):
         self.local.append(prompt)
         self._seen = len(prompt)
         self._output = []
+        self._response = self.pool.open_response() if self.live_outputs else None
 
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
         if max_depth <= 0:
@@ -117,10 +120,16 @@ class SuffixDecoding(Strategy):
         self.local.append(new)
         self._output += new.tolist()
         self._seen = len(outcome.context)
+        if self._response is not None:
+            self.pool.extend_response(self._response, new)
 
     def end(self) -> None:
         # The bonus token of the last step is the request's last output token: add it too.
-        self.pool.add_request(self._output)
+        if self._response is not None:
+            self.pool.close_response(self._response)
+            self._response = None
+        else:
+            self.pool.add_request(self._output)
         self._output = []
         if self.state_file is not None and self._vocab_size is not None:
             self.pool.save(self.state_file, self._vocab_size, self._fingerprint)
@@ -133,11 +142,12 @@ class SuffixDecoding(Strategy):
 def make_suffix(max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
                 max_spec_offset: float = 0.0, min_token_prob: float = 0.1, num_speculative_tokens: int | None = None,
                 max_nodes: int = 400_000, state_file: str | None = None, reset: bool = False,
-                pool: Any = None) -> SuffixDecoding:
+                live_outputs: bool = True, pool: Any = None) -> SuffixDecoding:
     """Build the strategy and its global store from plain knobs (vLLM's names and defaults).
 
     ``max_nodes`` caps the global store's trie beside vLLM's request count (oldest requests go
-    first). ``pool`` (``pool=suffix_tree``) is a global store to use instead (its own
+    first). ``live_outputs``: each request's output enters the global tree as it is written (as in
+    vLLM's ``suffix``), so concurrent requests draft from each other; false: only when it ends. ``pool`` (``pool=suffix_tree``) is a global store to use instead (its own
     ``max_tree_depth``, ``max_cached_requests`` and ``max_nodes`` apply).
     """
     if pool is not None:
@@ -150,4 +160,4 @@ def make_suffix(max_tree_depth: int = 24, max_cached_requests: int = 10000, max_
         check_int("suffix.max_nodes", max_nodes, low=1)
         pool = SuffixTreePool(max_tree_depth, max_cached_requests, max_nodes)
     return SuffixDecoding(pool, max_spec_factor, max_spec_offset, min_token_prob, num_speculative_tokens,
-                          state_file, reset)
+                          state_file, reset, live_outputs)

@@ -121,6 +121,41 @@ def test_the_global_store_keeps_the_newest_requests_within_its_bounds(requests, 
         assert all(pool.trie.count(p) == fresh.count(p) for p in substrings(added, 5))
 
 
+@settings(max_examples=40, deadline=None)
+@given(responses=st.lists(st.lists(st.lists(st.integers(0, 5), max_size=6), max_size=5), min_size=1, max_size=4),
+       order=st.randoms(use_true_random=False), cached=st.integers(0, 3), max_nodes=st.integers(1, 200))
+def test_responses_streamed_side_by_side_count_what_whole_requests_count(responses, order, cached, max_nodes):
+    """Concurrent requests streaming their outputs in pieces, interleaved, and closing in any order:
+    at every moment the store counts exactly the open responses so far plus the cached requests
+    (the newest within the bounds; open ones are never evicted)."""
+    pool = SuffixTreePool(max_tree_depth=4, max_cached_requests=cached, max_nodes=max_nodes)
+    handles = [pool.open_response() for _ in responses]
+    written = [[] for _ in responses]
+    # Every piece in a random interleaving; each request closes at a random later point.
+    events = [(i, piece) for i, pieces in enumerate(responses) for piece in pieces]
+    order.shuffle(events)
+    for i in range(len(responses)):
+        last = max([n for n, (j, _) in enumerate(events) if j == i], default=-1)
+        events.insert(order.randint(last + 1, len(events)), (i, None))
+    closed = []
+    for i, piece in events:
+        if piece is None:
+            pool.close_response(handles[i])
+            closed += [written[i]] if written[i] and cached else []
+        else:
+            pool.extend_response(handles[i], piece)
+            written[i] += piece if cached else []
+        still_open = [written[j] for j in range(len(responses)) if handles[j] in pool.live]
+        kept = list(pool.requests)
+        assert kept == closed[len(closed) - len(kept):] and len(kept) <= cached
+        fresh = SuffixTrie(4)
+        for seq in kept + still_open:
+            fresh.insert(seq)
+        assert len(pool.trie) == len(fresh)
+        assert all(pool.trie.count(q) == fresh.count(q) for q in substrings(kept + still_open, 4))
+    assert not pool.live
+
+
 def test_memory_stays_bounded_over_many_requests():
     pool = SuffixTreePool(max_tree_depth=8, max_cached_requests=1000, max_nodes=2000)
     for i in range(300):
