@@ -202,9 +202,14 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
     the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
     the kernel. ``pack``: each weight repacked in place into panels (``PanelLinear``, the fastest
     layout, still one copy); else ``FewRowLinear`` over the model's own tensors."""
-    # A model with no CPU fp32/bf16 linear (one on a GPU, say) neither builds nor asks for the kernel.
-    if (check_backend(backend) == "library" or not any(_fits(m) for m in model.modules())
-            or load_kernels(cache_dir) is None):
+    if check_backend(backend) == "library":
+        library_linears(model)
+        return 0
+    if not any(_fits(m) for m in model.modules()):
+        # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
+        # neither built nor asked for its ISA.
+        return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())
+    if load_kernels(cache_dir) is None:
         library_linears(model)
         return 0
     isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
