@@ -208,3 +208,20 @@ def test_a_model_with_no_cpu_linear_never_asks_for_the_kernel():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "0"
+
+
+def test_swapping_a_model_again_keeps_the_kernel_layers():
+    """A second adapter over the same model (``generate()`` builds one per call) finds nothing left
+    to swap and must leave the first one's kernel layers in place, not turn them back."""
+    import transformers
+
+    from specfree.kernels import PanelLinear, use_few_row_linears
+    from tests.tiny_models import CONFIGS
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]())
+    if load_kernels(progress=False) is None:
+        pytest.skip("the kernel cannot be built here")
+    first = use_few_row_linears(model)
+    assert first > 0 and use_few_row_linears(model) == first
+    assert sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules()) == first
