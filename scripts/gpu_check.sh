@@ -5,6 +5,7 @@
 # tests: tiny random models of every family, every strategy, greedy and seeded sampling, against
 # transformers' generate() on the same device. bench: SmolLM2 (or MODEL_PATH), the baseline loop and
 # `generate()` in the same run; its report's `identical` column checks every output against the eager loop.
+# On an H200 (2026-11-26) the tests' first 123 took 150 s (tiny models are launch-bound on a GPU): allow ~4 min.
 set -uo pipefail
 what=${1:?tests or bench}
 out=${2:?an output folder}
