@@ -285,8 +285,9 @@ class SuffixTreePool:
         """Add the next output tokens of an open response (a handle ``clear`` dropped is ignored)."""
         if handle in self.live and self.max_cached_requests:
             toks, open_ = self.live[handle]
-            toks += as_tokens(tokens)
-            self.live[handle] = (toks, self.trie.grow(open_, tokens))
+            new = as_tokens(tokens)
+            toks += new
+            self.live[handle] = (toks, self.trie.grow(open_, new))
 
     def close_response(self, handle: int) -> None:
         """The response is complete: it becomes a cached request (and may evict older ones)."""

@@ -118,10 +118,11 @@ class SuffixDecoding(Strategy):
     def observe(self, outcome: Outcome) -> None:
         new = outcome.context[self._seen :]
         self.local.append(new)
-        self._output += new.tolist()
         self._seen = len(outcome.context)
-        if self._response is not None:
+        if self._response is not None:  # the output is held by the pool's open response
             self.pool.extend_response(self._response, new)
+        else:
+            self._output += new.tolist()
 
     def end(self) -> None:
         # The bonus token of the last step is the request's last output token: add it too.
@@ -147,8 +148,9 @@ def make_suffix(max_tree_depth: int = 24, max_cached_requests: int = 10000, max_
 
     ``max_nodes`` caps the global store's trie beside vLLM's request count (oldest requests go
     first). ``live_outputs``: each request's output enters the global tree as it is written (as in
-    vLLM's ``suffix``), so concurrent requests draft from each other; false: only when it ends. ``pool`` (``pool=suffix_tree``) is a global store to use instead (its own
-    ``max_tree_depth``, ``max_cached_requests`` and ``max_nodes`` apply).
+    vLLM's ``suffix``), so concurrent requests draft from each other; false: only when it ends.
+    ``pool`` (``pool=suffix_tree``) is a global store to use instead (its own ``max_tree_depth``,
+    ``max_cached_requests`` and ``max_nodes`` apply).
     """
     if pool is not None:
         if not isinstance(pool, SuffixTreePool):

@@ -27,7 +27,8 @@ def position_uniform(seed: int, position: int) -> float:
 def sample_with_uniform(probs: torch.Tensor, u: float) -> int:
     """Inverse-CDF draw; float64 so rounding cannot move a draw across many tokens."""
     cdf = probs.double().cumsum(-1)
-    index = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64, device=cdf.device), right=True))
+    target = torch.tensor([u * float(cdf[-1])], dtype=torch.float64, device=cdf.device)
+    index = int(torch.searchsorted(cdf, target, right=True))
     index = min(index, probs.shape[-1] - 1)
     while probs[index] <= 0:  # u*total landed on a zero-mass tail (rounding); step back onto mass
         index -= 1
