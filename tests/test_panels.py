@@ -70,10 +70,13 @@ def test_pack_and_unpack_round_trip_and_the_op_refuses_what_it_cannot_run():
         torch.ops.specfree.panel_linear(torch.randn(2, 7), pack(weight, 16), None, 13, "avx2")
 
 
-def test_the_read_pass_reads_every_value():
-    tensors = [torch.randn(1000), torch.randn(37, 5), torch.randn(64, 64)]
-    total = torch.ops.specfree.read_pass(tensors).item()
+@pytest.mark.parametrize("streams", [1, 2, 3, 4, 8])
+def test_the_read_pass_reads_every_value_as_any_number_of_streams(streams):
+    tensors = [torch.randn(1000), torch.randn(37, 5), torch.randn(64, 64), torch.randn(3, 4096 + 13)]
+    total = torch.ops.specfree.read_pass(tensors, streams).item()
     assert total == pytest.approx(sum(t.double().sum().item() for t in tensors), abs=1e-2)
+    with pytest.raises(RuntimeError, match="streams must be 1 to 8"):
+        torch.ops.specfree.read_pass(tensors, 9)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -12,7 +12,8 @@ its products. Variants:
 - ``few_row-panels-avx2`` / ``-avx512``: the same on weights packed into panels (``panels.py``),
   what an engine's model runs;
 - ``read_pass``: the floor, one read of every weight (as panels) with the kernel's split among
-  threads and no arithmetic to speak of; no product over these weights can take less;
+  threads and no arithmetic to speak of, each thread's share read as 1, 2, 4 or 8 streams side
+  by side (the fastest of these in each round: one stream a thread is not the fastest read);
 - ``inductor_cpp``: Inductor's C++ GEMM template with frozen weights (optional: it compiles a
   graph per row count, minutes for a real model).
 
@@ -21,6 +22,7 @@ Rows take turns within each round, rounds repeat, and the best pass per (variant
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 
@@ -32,6 +34,7 @@ from specfree.kernels import FewRowLinear, load_kernels
 from specfree.kernels.panels import LANES, PanelLinear, pack
 
 ROWS = (1, 2, 4, 8, 16)
+STREAMS = (1, 2, 4, 8)  # how many side-by-side streams a thread reads in the floor's pass
 
 
 def model_linears(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -110,8 +113,9 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
     for path in paths:
         packed = [(pack(w, LANES[path]), b, w.shape[0]) for w, b in layers]
         if path == paths[-1]:  # the floor: the bytes the engine's kernel reads, read once
-            passes["read_pass"] = {m: (lambda p=[p for p, _, _ in packed]: torch.ops.specfree.read_pass(p))
-                                   for m in rows}
+            streams = itertools.cycle(STREAMS)  # each call the next count: every row count meets each
+            weights = [p for p, _, _ in packed]
+            passes["read_pass"] = {m: (lambda: torch.ops.specfree.read_pass(weights, next(streams))) for m in rows}
         passes[f"few_row-panels-{path}"] = {
             m: (lambda xs=activations[m], packed=packed, path=path:
                 [torch.ops.specfree.panel_linear(xs[p.shape[1]], p, b, n, path) for p, b, n in packed])
