@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from specfree.adapters import as_shipped
 from specfree.adapters.hf import HFAdapter
@@ -79,7 +80,7 @@ def test_the_read_pass_reads_every_value_as_any_number_of_streams(streams):
         torch.ops.specfree.read_pass(tensors, 9)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])  # gpt2: Conv1D layers, weights stored [K, N]
 def test_a_packed_model_computes_what_the_stock_one_does_and_saves_the_stock_state(family):
     model = fresh_model(family, seed=5)
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
@@ -88,7 +89,7 @@ def test_a_packed_model_computes_what_the_stock_one_does_and_saves_the_stock_sta
         stock = model(ids).logits
     HFAdapter(model, check_tree_mask=False)
     assert linear_path(model) == f"few_row-panels-{ISA}"
-    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert not any(type(m) in (nn.Linear, Conv1D) for m in model.modules())
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, stock, rtol=1e-4, atol=1e-4)
     packed_state = model.state_dict()
@@ -101,6 +102,9 @@ def test_a_packed_model_computes_what_the_stock_one_does_and_saves_the_stock_sta
             torch.testing.assert_close(model(ids).logits, stock, rtol=1e-5, atol=1e-5)
     library_linears(model)
     assert linear_path(model) == "library" and all(torch.equal(model.state_dict()[k], state[k]) for k in state)
+    assert {type(m) for m in model.modules()} >= ({Conv1D} if family == "gpt2" else {nn.Linear})
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, stock, rtol=1e-5, atol=1e-5)
 
 
 TIED_IDS = torch.tensor([[7, 0, 2, 95, 4]])

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.files import atomic_path, fingerprint
-from specfree.kernels.panels import LANES, PanelLinear, pack_linears, release_checkpoint_mapping, unpacked
+from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
+                                     unpacked)
 from specfree.kernels.swap import swap_modules, swapped_modules
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
@@ -141,7 +142,7 @@ def _register_fake() -> None:
         return torch.empty((), dtype=torch.float64)
 
     @torch.library.register_fake("specfree::tree_attention")
-    def _(query, key, value, mask, scale, isa="auto"):  # [B, H, Q, D] in, [B, Q, H, D] out
+    def _(query, key, value, mask, scale, isa="auto", softcap=0.0):  # [B, H, Q, D] in, [B, Q, H, D] out
         return query.new_empty((query.shape[0], query.shape[2], query.shape[1], query.shape[3]))
 
 
@@ -183,9 +184,17 @@ class FewRowLinear(nn.Module):
 def _fits(module: nn.Module) -> bool:
     # Exactly nn.Linear (subclasses may compute something else), fp32/bf16 on the CPU, no hooks
     # (accelerate's offloading works through hooks).
-    return (type(module) is nn.Linear and module.weight.device.type == "cpu"
-            and module.weight.dtype in (torch.float32, torch.bfloat16) and not module._forward_hooks
-            and not module._forward_pre_hooks)
+    return type(module) is nn.Linear and _plain_cpu_weight(module)
+
+
+def _packs(module: nn.Module) -> bool:
+    """What packing takes: ``_fits``, and GPT-2's ``Conv1D`` (the same product, its weight transposed)."""
+    return (type(module) is nn.Linear or is_conv1d(module)) and _plain_cpu_weight(module)
+
+
+def _plain_cpu_weight(module: nn.Module) -> bool:
+    return (module.weight.device.type == "cpu" and module.weight.dtype in (torch.float32, torch.bfloat16)
+            and not module._forward_hooks and not module._forward_pre_hooks)
 
 
 def check_backend(backend: str) -> str:
@@ -201,11 +210,12 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
     """Swap the model's CPU ``nn.Linear`` layers for specfree's kernel (``backend="few_row"``, where
     the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
     the kernel. ``pack``: each weight repacked in place into panels (``PanelLinear``, the fastest
-    layout, still one copy); else ``FewRowLinear`` over the model's own tensors."""
+    layout, still one copy; GPT-2's ``Conv1D`` layers too); else ``FewRowLinear`` over the model's
+    own tensors (``nn.Linear`` only)."""
     if check_backend(backend) == "library":
         library_linears(model)
         return 0
-    if not any(_fits(m) for m in model.modules()):
+    if not any(_fits(m) or (pack and _packs(m)) for m in model.modules()):
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.
         return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())
@@ -213,7 +223,7 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
         library_linears(model)
         return 0
     isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
-    if pack and isa in LANES and pack_linears(model, _fits, LANES[isa]):
+    if pack and isa in LANES and pack_linears(model, _packs, LANES[isa]):
         release_checkpoint_mapping(model)
     swap_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None)
     return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.kernels import FewRowLinear, load_kernels
-from specfree.kernels.panels import LANES, PanelLinear, pack
+from specfree.kernels.panels import LANES, PanelLinear, pack, unpack
 
 ROWS = (1, 2, 4, 8, 16)
 STREAMS = (1, 2, 4, 8)  # how many side-by-side streams a thread reads in the floor's pass
@@ -43,8 +43,9 @@ def model_linears(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | N
     for module in model.modules():
         key = id(module.panels) if isinstance(module, PanelLinear) else id(getattr(module, "weight", None))
         if isinstance(module, (nn.Linear, FewRowLinear, PanelLinear)) and key not in seen:
-            seen.add(key)  # a packed layer's weight is unpacked into a copy for the measurement
-            out.append((module.weight.detach(), None if module.bias is None else module.bias.detach()))
+            seen.add(key)  # a packed layer's weight is unpacked into a copy for the measurement, [N, K]
+            weight = unpack(module.panels, module.out_features) if isinstance(module, PanelLinear) else module.weight
+            out.append((weight.detach(), None if module.bias is None else module.bias.detach()))
     return out
 
 

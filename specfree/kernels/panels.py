@@ -7,7 +7,8 @@ it read several short rows side by side (25-50% slower on Zen 3).
 
 The panels replace the model's storage rather than adding to it: ``PanelLinear`` holds only the
 panels, and a tied input embedding (SmolLM2's, most small models') becomes a ``PanelEmbedding``
-that looks its rows up in the head's panels, so every weight exists once. Where a weight in
+that looks its rows up in the head's panels, so every weight exists once. GPT-2's ``Conv1D``
+(the same product with the weight stored ``[K, N]``) becomes a ``PanelConv1D``. Where a weight in
 ``[N, K]`` is still wanted it is made on demand, as a copy: ``.weight``, ``state_dict()`` (the
 original keys and layout, so a saved checkpoint loads into the stock model), ``to_linear()`` for
 the stock baselines.
@@ -45,9 +46,17 @@ class PanelLinear(nn.Module):
         self.register_parameter("bias", linear.bias)
 
     @property
+    def stock_shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    @property
     def weight(self) -> torch.Tensor:
         """The weight as ``nn.Linear`` holds it: a new tensor each call (the panels are the storage)."""
         return unpack(self.panels, self.out_features)
+
+    def _rows_of(self, weight: torch.Tensor) -> torch.Tensor:
+        """A weight in the stock layout as [N, K] (what ``pack`` takes)."""
+        return weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = self._parameters  # 211 calls a SmolLM2 forward: skip nn.Module.__getattr__
@@ -70,7 +79,8 @@ class PanelLinear(nn.Module):
                               error_msgs):
         if prefix + "weight" in state_dict:
             with torch.no_grad():
-                self.panels.copy_(pack(state_dict[prefix + "weight"].to(self.panels.dtype), self.panels.shape[2]))
+                weight = self._rows_of(state_dict[prefix + "weight"].to(self.panels.dtype))
+                self.panels.copy_(pack(weight, self.panels.shape[2]))
         elif strict:
             missing_keys.append(prefix + "weight")
         if self.bias is not None and prefix + "bias" in state_dict:
@@ -80,6 +90,45 @@ class PanelLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"panels={tuple(self.panels.shape)}")
+
+
+class PanelConv1D(PanelLinear):
+    """transformers' ``Conv1D`` (GPT-2's linear layers, the weight stored ``[K, N]``) packed the same
+    way; ``.weight``, the state dict and ``to_linear`` keep its own layout and class."""
+
+    def __init__(self, conv: nn.Module, lanes: int):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = conv.nx, conv.nf
+        self.panels = nn.Parameter(pack(conv.weight.t(), lanes), requires_grad=False)
+        self.register_parameter("bias", conv.bias)
+
+    @property
+    def stock_shape(self) -> tuple[int, int]:
+        return self.in_features, self.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return unpack(self.panels, self.out_features).t().contiguous()
+
+    def _rows_of(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.t()
+
+    def to_linear(self, weight: nn.Parameter | None = None) -> nn.Module:
+        """A plain ``Conv1D`` over an unpacked copy (or ``weight``, [K, N]) and the same bias."""
+        from transformers.pytorch_utils import Conv1D
+
+        with torch.device("meta"):  # no weight allocated (or initialised) only to be replaced
+            conv = Conv1D(self.out_features, self.in_features)
+        conv.weight = weight if weight is not None else nn.Parameter(self.weight, requires_grad=False)
+        conv.bias = self.bias
+        return conv
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """Exactly transformers' ``Conv1D`` (a linear layer with its weight transposed)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return type(module) is Conv1D
 
 
 class PanelEmbedding(nn.Module):
@@ -122,7 +171,7 @@ def stock_tensor_specs(model: nn.Module) -> dict[str, tuple[tuple[int, ...], tor
     for name, module in model.named_modules(remove_duplicate=False):
         prefix = f"{name}." if name else ""
         if isinstance(module, PanelLinear):
-            specs[prefix + "weight"] = ((module.out_features, module.in_features), module.panels.dtype)
+            specs[prefix + "weight"] = (module.stock_shape, module.panels.dtype)
         elif isinstance(module, PanelEmbedding):
             specs[prefix + "weight"] = ((module.num_embeddings, module.embedding_dim), module.panels.dtype)
         for key, tensor in module._parameters.items():
@@ -158,7 +207,7 @@ def pack_linears(model: nn.Module, fits, lanes: int) -> int:
         weight = module.weight
         holders = shared[id(weight)]
         if holders == 1 or (tied and holders == 2):
-            packed = PanelLinear(module, lanes)
+            packed = PanelConv1D(module, lanes) if is_conv1d(module) else PanelLinear(module, lanes)
             # The source is read once, here: its checkpoint pages need not stay resident until the
             # mapping goes (they would add the model's size again to the peak).
             file_pages.drop(weight)
