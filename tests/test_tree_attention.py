@@ -5,6 +5,8 @@ tree bit-equal to the one-row forward (eager here; compiled in test_compiled.py)
 
 from __future__ import annotations
 
+import functools
+
 import warnings
 
 import pytest
@@ -26,18 +28,23 @@ ISAS = ["avx2", "avx512"] if ISA == "avx512" else ["avx2"]
 LOWEST = torch.finfo(torch.float32).min
 
 # Families whose every verify row equals the one-row forward bit for bit with the operator (their
-# other layers are row-wise or run the batch-invariant linear kernel). Not here, though they run the
-# operator: gpt2 (Conv1D layers, not nn.Linear), mixtral (expert routing), gemma4_text, dory.
-BIT_IDENTICAL = ("cohere_compass_text", "gemma", "gemma3_text", "gemma3n_text", "gpt_neox", "llama", "mistral",
-                 "olmo2", "opt", "phi", "phi3", "qwen2", "qwen3", "smollm3", "stablelm", "starcoder2", "xmod")
+# other layers are row-wise or run the batch-invariant linear kernel; gpt2's Conv1D layers are
+# packed like nn.Linear). Not here, though they run the operator: mixtral (expert routing),
+# gemma4_text, dory.
+BIT_IDENTICAL = ("cohere_compass_text", "gemma", "gemma2", "gemma3_text", "gemma3n_text", "gpt2", "gpt_neox", "llama",
+                 "mistral", "olmo2", "opt", "phi", "phi3", "qwen2", "qwen3", "smollm3", "stablelm", "starcoder2",
+                 "xmod")
 
 
-def reference(query, key, value, mask, scale):
+def reference(query, key, value, mask, scale, softcap=0.0):
     """Softmax attention in float64 from the same inputs, hidden keys dropped."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.double().repeat_interleave(groups, 1), value.double().repeat_interleave(groups, 1)
     seen = visible(mask, query.shape[2], key.shape[2])
-    scores = ((query.double() @ key.transpose(-1, -2)) * scale).masked_fill(~seen, float("-inf"))
+    scores = (query.double() @ key.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~seen, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     return (weights.nan_to_num(0.0) @ value.nan_to_num(0.0)).transpose(1, 2)
 
@@ -72,6 +79,7 @@ def steps(draw):
                 depth=torch.tensor(depth), past=past, empty=draw(st.integers(0, 40)),
                 window=draw(st.none() | st.integers(1, 60)), head_dim=draw(st.sampled_from([64, 128, 40])),
                 kv_heads=draw(st.integers(1, 3)), groups=draw(st.integers(1, 8)), as_bool=draw(st.booleans()),
+                softcap=draw(st.sampled_from([0.0, 0.0, 0.5, 1.0, 50.0])),  # Gemma 2 caps at 50
                 seed=draw(st.integers(0, 99)))
 
 
@@ -90,19 +98,21 @@ def test_the_op_equals_attention_in_float64(step, backend):
     positions = past + step["depth"]
     mask = step_mask(past, step["allowed"], slots, step["window"], positions, step["as_bool"])
     scale = d ** -0.5
+    cap = step["softcap"]
     if backend == "library":
-        out = tree_attention(query, key.nan_to_num(0.0), value.nan_to_num(0.0), mask, scale, backend="library")
+        out = tree_attention(query, key.nan_to_num(0.0), value.nan_to_num(0.0), mask, scale, backend="library",
+                             softcap=cap)
     else:
-        out = tree_attention(query, key, value, mask, scale, isa=backend)
+        out = tree_attention(query, key, value, mask, scale, isa=backend, softcap=cap)
     assert out.shape == (1, rows, heads, d) and out.is_contiguous()  # as the fake (compiled code) promises
-    expected = reference(query, key, value, mask, scale)
+    expected = reference(query, key, value, mask, scale, cap)
     assert (out.double() - expected).abs().max().item() <= 2e-6
 
 
 @settings(max_examples=30, deadline=None)
 @given(rows=st.integers(2, 32), past=st.integers(0, 100), groups=st.integers(1, 8), isa=st.sampled_from(ISAS),
-       seed=st.integers(0, 99))
-def test_a_row_has_the_same_bits_alone_in_a_tree_and_wherever_its_keys_sit(rows, past, groups, isa, seed):
+       softcap=st.sampled_from([0.0, 1.0, 50.0]), seed=st.integers(0, 99))
+def test_a_row_has_the_same_bits_alone_in_a_tree_and_wherever_its_keys_sit(rows, past, groups, isa, softcap, seed):
     """A chain of ``rows`` rows in one call, the same chain with a sibling after every node (its keys
     at every other slot), and each row alone over a cache that holds exactly the keys it sees."""
     g = torch.Generator().manual_seed(seed)
@@ -111,7 +121,8 @@ def test_a_row_has_the_same_bits_alone_in_a_tree_and_wherever_its_keys_sit(rows,
     key, value = torch.randn(2, 1, kv_heads, past + rows, d, generator=g)
     chain_mask = step_mask(past, torch.ones(rows, rows, dtype=torch.bool).tril(), past + rows, None,
                            torch.arange(past, past + rows), False)
-    chain = tree_attention(query, key, value, chain_mask, 0.125, isa=isa)
+    attend = functools.partial(tree_attention, isa=isa, softcap=softcap)
+    chain = attend(query, key, value, chain_mask, 0.125)
     # the tree: chain node i at slot past + 2i, a sibling (other query, other key) at past + 2i + 1
     spread = lambda x, other: torch.stack([x[:, :, past:], other], dim=3).flatten(2, 3)  # noqa: E731
     tree_key = torch.cat([key[:, :, :past], spread(key, torch.randn(1, kv_heads, rows, d, generator=g))], 2)
@@ -123,18 +134,17 @@ def test_a_row_has_the_same_bits_alone_in_a_tree_and_wherever_its_keys_sit(rows,
         allowed[2 * i + 1, 0:2 * i:2] = True
         allowed[2 * i + 1, 2 * i + 1] = True
     tree_mask = step_mask(past, allowed, past + 2 * rows, None, torch.arange(2 * rows), True)
-    tree = tree_attention(tree_query, tree_key, tree_value, tree_mask, 0.125, isa=isa)
+    tree = attend(tree_query, tree_key, tree_value, tree_mask, 0.125)
     assert torch.equal(tree[:, 0::2], chain)
     # the chain's keys at every other slot, the slots between seen by no row (blocks of keys that
     # are not runs of slots take the op's per-key path; runs, above, its vector path)
     gappy = lambda x: torch.stack([x, torch.full_like(x, float("nan"))], dim=3).flatten(2, 3)  # noqa: E731
     gappy_mask = torch.zeros(1, 1, rows, 2 * (past + rows), dtype=torch.bool)
     gappy_mask[..., 0::2] = chain_mask.bool() if chain_mask.dtype == torch.bool else chain_mask == 0
-    gappy_out = tree_attention(query, gappy(key), gappy(value), gappy_mask, 0.125, isa=isa)
+    gappy_out = attend(query, gappy(key), gappy(value), gappy_mask, 0.125)
     assert torch.equal(gappy_out, chain)
     for i in range(rows):  # one row, no mask: every key of its cache
-        alone = tree_attention(query[:, :, i:i + 1], key[:, :, :past + i + 1], value[:, :, :past + i + 1], None,
-                               0.125, isa=isa)
+        alone = attend(query[:, :, i:i + 1], key[:, :, :past + i + 1], value[:, :, :past + i + 1], None, 0.125)
         assert torch.equal(alone[:, 0], chain[:, i]), i
 
 
@@ -146,6 +156,8 @@ def test_bad_inputs_are_refused_by_the_op_with_a_message():
         tree_attention(torch.randn(1, 2, 2, 8), kv, kv, torch.ones(1, 1, 2, 4, dtype=torch.bool), 1.0)
     with pytest.raises(RuntimeError, match="isa must be auto, avx2 or avx512"):
         tree_attention(torch.randn(1, 2, 2, 8), kv, kv, None, 1.0, isa="sse")
+    with pytest.raises(RuntimeError, match="softcap must be 0 .none. or positive"):
+        tree_attention(torch.randn(1, 2, 2, 8), kv, kv, None, 1.0, softcap=-1.0)
 
 
 def chain_and_tree_against_one_row(adapter, context: torch.Tensor, continuation: torch.Tensor):
@@ -212,6 +224,31 @@ def test_a_long_prefill_runs_sdpa_and_a_step_the_operator():
     assert torch.equal(step, op) and not torch.equal(op, sdpa)  # the two differ in bits
     prefill, op, sdpa = outputs[LONG_ROWS + 1]
     assert torch.equal(prefill, sdpa) and not torch.equal(prefill, op)
+
+
+def test_a_soft_capped_family_leaves_eager_for_the_operator_and_keeps_its_cap_on_every_call():
+    """Gemma 2 caps its attention logits, which SDPA cannot: the model runs the operator (eager
+    inside ``stock_attention``), and a long prefill, which the operator leaves, keeps the cap."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tiny_model("gemma2", seed=33)
+    assert model.config.attn_logit_softcapping and model.config._attn_implementation == "eager"
+    ids = torch.randint(0, model.config.vocab_size, (1, LONG_ROWS + 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        eager = model(ids).logits
+    HFAdapter(model, check_tree_mask=False)
+    assert attention_path(model) == "tree_attention"
+    with stock_attention(model):
+        assert model.config._attn_implementation == "eager"
+    with torch.no_grad():
+        ours = model(ids).logits  # more than LONG_ROWS rows: torch ops, capped
+        short = model(ids[:, :20]).logits  # the operator, capped
+    torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(short, eager[:, :20], rtol=1e-4, atol=1e-4)
+    for layer in model.model.layers:  # the same model without its cap gives other logits
+        layer.self_attn.attn_logit_softcapping = None
+    with torch.no_grad():
+        assert not torch.allclose(model(ids[:, :20]).logits, short, rtol=1e-4, atol=1e-4)
 
 
 def test_a_bf16_model_keeps_sdpa():

@@ -12,8 +12,9 @@ The function is registered under ``GROUPED_SDPA`` through transformers' own exte
 ``TREE_ATTENTION`` goes further for fp32 models on the CPU: specfree's own operator
 (``specfree.kernels.attention``), which reads only the keys some row sees and gives each row the
 same bits whatever else is in the step, so a verify row equals the one-row forward bit for bit.
-Calls it does not cover (soft-capping, attention sinks, position biases, dropout, other dtypes)
-run the grouped SDPA above.
+It also computes Gemma 2's logit soft-capping, which SDPA cannot (those families run transformers'
+eager attention otherwise). Calls it does not cover (attention sinks, position biases, dropout,
+other dtypes) run the grouped SDPA above.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ from specfree.loading import ignores_custom_masks
 GROUPED_SDPA = "specfree_grouped_sdpa"
 TREE_ATTENTION = "specfree_tree_attention"
 # Attention features the operator does not compute: a call that carries one runs SDPA instead.
-UNCOVERED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "cache", "head_mask")
+UNCOVERED_KWARGS = ("s_aux", "sinks", "position_bias", "cache", "head_mask")
 # Config fields of families whose attention the operator does not compute.
-UNCOVERED_CONFIG = ("attn_logit_softcapping", "alibi", "use_alibi", "attention_sink_size")
+UNCOVERED_CONFIG = ("alibi", "use_alibi", "attention_sink_size")
+# A family that soft-caps its attention logits runs eager attention (SDPA cannot cap); the operator
+# computes the same softmax(cap * tanh(scores / cap) + mask) V, so such a family may switch from eager.
+SOFTCAP_CONFIG = "attn_logit_softcapping"
 
 
 def grouped_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -58,13 +62,14 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                            **kwargs) -> tuple[torch.Tensor, None]:
     """specfree's tree-attention operator where it computes what the model asks, else
     ``grouped_sdpa_attention``. query [B, H, Q, D]; key, value [B, Hkv, S, D]; mask [B or 1, 1, Q, S]."""
-    from specfree.kernels.attention import LONG_ROWS, tree_attention
+    from specfree.kernels.attention import LONG_ROWS, library_tree_attention, tree_attention
 
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]  # as transformers' SDPA does
     covered = (query.shape[-2] <= LONG_ROWS  # a long prefill: SDPA is faster there
                and query.device.type == "cpu" and query.dtype == key.dtype == value.dtype == torch.float32
                and not dropout and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)
+               and (kwargs.get("softcap") or 0) >= 0
                and getattr(module, "sinks", None) is None
                # one head dim for query, key and value (MLA's values are narrower), whole query groups
                and query.shape[-1] == key.shape[-1] == value.shape[-1] and key.shape[:3] == value.shape[:3]
@@ -72,11 +77,16 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                and (attention_mask is not None or getattr(module, "is_causal", True))
                and (attention_mask is None or (attention_mask.shape[1] == 1 and attention_mask.dim() == 4
                                                 and attention_mask.shape[-1] == key.shape[-2])))
+    softcap = kwargs.pop("softcap", None) or 0.0
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if softcap and not covered:
+        # SDPA cannot cap: a soft-capped call the operator leaves (a long prefill, another dtype)
+        # runs the same math in torch ops, so no call ever loses its cap.
+        return library_tree_attention(query, key, value, attention_mask, scale, softcap), None
     if not covered:
         return grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return tree_attention(query, key, value, attention_mask, scale), None
+    return tree_attention(query, key, value, attention_mask, scale, softcap=softcap), None
 
 
 def tree_attention_covers(model, cache_dir=None) -> bool:
@@ -88,7 +98,9 @@ def tree_attention_covers(model, cache_dir=None) -> bool:
     from specfree.kernels import load_kernels
 
     config = model.config
-    if (config._attn_implementation not in ("sdpa", GROUPED_SDPA) or model.device.type != "cpu"
+    softcapped_eager = config._attn_implementation == "eager" and getattr(config, SOFTCAP_CONFIG, None)
+    if ((config._attn_implementation not in ("sdpa", GROUPED_SDPA) and not softcapped_eager)
+            or model.device.type != "cpu"
             or model.dtype != torch.float32
             or any(getattr(config, name, None) not in (None, False) for name in UNCOVERED_CONFIG)):
         return False
@@ -136,12 +148,12 @@ def _switch(model, name: str, function) -> bool:
 
 @contextlib.contextmanager
 def stock_attention(model):
-    """Run transformers' own SDPA inside the block (for baselines that must be stock), then
-    switch back to what the model ran before."""
+    """Run transformers' own SDPA (eager for a family that soft-caps its logits, which SDPA cannot)
+    inside the block, for baselines that must be stock, then switch back to what the model ran before."""
     current = model.config._attn_implementation
     ours = current in (GROUPED_SDPA, TREE_ATTENTION)
     if ours:
-        model.set_attn_implementation("sdpa")
+        model.set_attn_implementation("eager" if getattr(model.config, SOFTCAP_CONFIG, None) else "sdpa")
     try:
         yield model
     finally:

@@ -134,8 +134,13 @@ class StepPackage:
 
             self._temporary = tempfile.TemporaryDirectory(prefix="specfree-packages-")
             package_dir = self._temporary.name
-        # Packages hold kernels built for one thread count, torch build and set of Inductor options.
-        setup = f"{architecture_fingerprint(model)}-{linears}-{torch.get_num_threads()}t-torch{torch.__version__}"
+        # Packages hold kernels built for one thread count, torch build and set of Inductor options,
+        # and calls to specfree's ops as their schemas stood (the ops' build names those).
+        from specfree.kernels import kernel_dir
+
+        ops = kernel_dir().name
+        setup = (f"{architecture_fingerprint(model)}-{linears}-{torch.get_num_threads()}t-torch{torch.__version__}"
+                 f"-ops{ops}")
         self.folder = Path(package_dir) / fingerprint(setup, sorted(options.items()))
         self.path = self.folder / "step.pt2"
         self.built = self.loaded = 0

@@ -28,12 +28,14 @@ def visible(mask: torch.Tensor | None, rows: int, keys: int) -> torch.Tensor:
 
 
 def library_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                           mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+                           mask: torch.Tensor | None, scale: float, softcap: float = 0.0) -> torch.Tensor:
     """The op's result in torch ops (same masking, library rounding): [B, H, Q, D] -> [B, Q, H, D]."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     seen = visible(mask, query.shape[2], key.shape[2]).to(query.device)
     scores = (query @ key.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     if mask is not None and mask.dtype != torch.bool:
         scores = scores + mask.float().masked_fill(~seen, 0)
     scores = scores.masked_fill(~seen, float("-inf"))
@@ -42,10 +44,12 @@ def library_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
 
 
 def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                   scale: float, backend: str = "kernel", isa: str = "auto") -> torch.Tensor:
+                   scale: float, backend: str = "kernel", isa: str = "auto", softcap: float = 0.0) -> torch.Tensor:
     """Attention of ``query`` [B, H, Q, D] over ``key``/``value`` [B, Hkv, S, D] (H a multiple of
     Hkv) under ``mask`` [B or 1, 1, Q, S]; returns [B, Q, H, D]. ``backend``: ``"kernel"`` (the C++
-    op; ``isa`` ``"auto"``, ``"avx2"`` or ``"avx512"``) or ``"library"`` (torch ops)."""
+    op; ``isa`` ``"auto"``, ``"avx2"`` or ``"avx512"``) or ``"library"`` (torch ops). ``softcap``
+    > 0: each score becomes ``softcap * tanh(score / softcap)`` before the mask's values are added
+    (Gemma 2's logit soft-capping); 0: none."""
     if backend == "library":
-        return library_tree_attention(query, key, value, mask, scale)
-    return torch.ops.specfree.tree_attention(query, key, value, mask, scale, isa)
+        return library_tree_attention(query, key, value, mask, scale, softcap)
+    return torch.ops.specfree.tree_attention(query, key, value, mask, scale, isa, softcap)

@@ -9,6 +9,7 @@
 // Why every row gets the same bits whatever else is in the call: a row's result is a fixed
 // sequence of float operations over the keys it sees, in position order, and nothing else:
 //   score_j = dot(q, k_j) * scale (+ mask)    one vector accumulator over D, then a fixed reduction
+//                                             (soft-capped first where asked: Gemma 2)
 //   m       = max_j score_j                   exact: the order of a max does not matter
 //   p_j     = exp(score_j - m)                elementwise, the same polynomial in every lane
 //   l       = sum_j p_j,  o = sum_j p_j v_j   added in key order, one key at a time
@@ -93,6 +94,30 @@ SPECFREE_EXP(SPECFREE_AVX512, exp16, __m512, _mm512_set1_ps, _mm512_add_ps, _mm5
              zero_below16)
 
 
+// Logit soft-capping (Gemma 2): cap * tanh(x / cap), lane by lane. tanh(y) = sign(y) (1 - e) / (1 + e)
+// with e = exp(-2|y|); below |y| = 0.3125 that quotient loses digits to cancellation, so an odd
+// Taylor polynomial to y^13 (error under 1e-9 relative there) takes its place. Every score of
+// every path goes through this one function (softcap1 is its lane 0), so a score's bits do not
+// depend on the path, the block or the other rows.
+SPECFREE_AVX2 inline __m256 softcap8(__m256 x, float cap) {
+  const __m256 capv = _mm256_set1_ps(cap), sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+  const __m256 y = _mm256_div_ps(x, capv);
+  const __m256 a = _mm256_andnot_ps(sign, y);
+  const __m256 e = exp8(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+  const __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+  const __m256 a2 = _mm256_mul_ps(a, a);
+  __m256 p = _mm256_set1_ps(21844.0f / 6081075.0f);
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1382.0f / 155925.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(62.0f / 2835.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-17.0f / 315.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(2.0f / 15.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1.0f / 3.0f));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, a2), a, a);
+  const __m256 t = _mm256_blendv_ps(small, big, _mm256_cmp_ps(a, _mm256_set1_ps(0.3125f), _CMP_GE_OQ));
+  return _mm256_mul_ps(_mm256_or_ps(t, _mm256_and_ps(sign, y)), capv);
+}
+SPECFREE_AVX2 inline float softcap1(float x, float cap) { return _mm256_cvtss_f32(softcap8(_mm256_set1_ps(x), cap)); }
+
 #define SPECFREE_PIECES(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, STORE, SET1, FMA, MAX, SUM, EXP)          \
   ATTR void scores_##SUFFIX(const float* q, int64_t rows, int64_t d, const float* k, float* out,           \
                             int64_t stride, float scale) {                                                \
@@ -155,6 +180,7 @@ struct Block {
   const float* bias;      // [Q, S] or null
   int64_t q_len, s_len;
   const int64_t* qrow;  // per row of the chunk, its query position (a table: no division per block)
+  float softcap;        // > 0: scores soft-capped (softcap8) before the mask's values are added
 };
 
 // AVX-512 only: AVX2 scores a block with scores_block8_avx2 below.
@@ -171,7 +197,8 @@ struct Block {
         const float* kj = k + s * ks;                                                                 \
         VEC acc = ZERO();                                                                             \
         for (int i = 0; i < ND; ++i) acc = FMA(qv[i], LOAD(kj + i * LANES), acc);                     \
-        const float x = SUM(acc) * scale;                                                             \
+        const float raw = SUM(acc) * scale;                                                           \
+        const float x = b.softcap > 0 ? softcap1(raw, b.softcap) : raw;                               \
         out[r * stride + s] = !b.seen_t[s * b.q_len + qi] ? -std::numeric_limits<float>::infinity()  \
                               : b.bias ? x + b.bias[qi * b.s_len + s] : x;                            \
       }                                                                                               \
@@ -263,7 +290,8 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
 #pragma GCC unroll 8
       for (int j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kj[j] + i * 8), acc[j]);
     }
-    const __m256 scores = _mm256_mul_ps(sum8x8(acc), scale8);
+    const __m256 scaled = _mm256_mul_ps(sum8x8(acc), scale8);
+    const __m256 scores = b.softcap > 0 ? softcap8(scaled, b.softcap) : scaled;
     const int64_t qrow = b.qrow[r];
     if (b.run) {  // the eight scores (+ mask values) stored at once, hidden keys -inf as below
       const int64_t s0 = b.keys[0];
@@ -376,7 +404,7 @@ struct HeadRows {
 // parallel (SmolLM2 has 3 key/value heads: 3 tasks would keep one of 2 threads idle half the time).
 void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, const float* k, const float* v,
                 int64_t ks, int64_t vs, int64_t q_len, int64_t row0, int64_t rows, int64_t s_len, int64_t d,
-                float scale) {
+                float scale, float softcap) {
   std::vector<int64_t> qrow(rows);
   std::vector<float> q(rows * d);  // the chunk's query rows side by side, [rows, D]
   for (int64_t r = 0; r < rows; ++r) {
@@ -396,7 +424,7 @@ void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, c
     const int count = static_cast<int>(std::min<int64_t>(kBlock, n_keys - j));
     const bool run = count == kBlock && vis.keys[j + kBlock - 1] - vis.keys[j] == kBlock - 1;
     return Block{vis.keys.data() + j, count, run, vis.seen.data(), vis.seen_t.data(),
-                 vis.bias.empty() ? nullptr : vis.bias.data(), q_len, s_len, qrow.data()};
+                 vis.bias.empty() ? nullptr : vis.bias.data(), q_len, s_len, qrow.data(), softcap};
   };
   if (f.scores_block) {  // pass 1: every row's score on each key some row sees
     for (int64_t j = 0; j < n_keys; j += kBlock)
@@ -407,6 +435,7 @@ void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, c
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t qi = qrow[r];
         float& x = score[r * width + s];
+        if (softcap > 0) x = softcap1(x, softcap);
         x = vis.seen_t[s * q_len + qi] ? (vis.bias.empty() ? x : x + vis.bias[qi * s_len + s])
                                        : -std::numeric_limits<float>::infinity();
       }
@@ -437,7 +466,8 @@ void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, c
 Isa parse_isa(const std::string& name) { return specfree::parse_isa(name, "specfree::tree_attention"); }
 
 at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                          const std::optional<at::Tensor>& mask, double scale, c10::string_view isa_name) {
+                          const std::optional<at::Tensor>& mask, double scale, c10::string_view isa_name,
+                          double softcap) {
   TORCH_CHECK(query.device().is_cpu() && key.device().is_cpu() && value.device().is_cpu(),
               "specfree::tree_attention runs on the CPU");
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
@@ -454,6 +484,7 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
     TORCH_CHECK(mask->dim() == 4 && (mask->size(0) == 1 || mask->size(0) == batch) && mask->size(1) == 1 &&
                     mask->size(2) == q_len && mask->size(3) == s_len,
                 "specfree::tree_attention: the mask must be [B or 1, 1, rows, keys], not ", mask->sizes());
+  TORCH_CHECK(softcap >= 0, "specfree::tree_attention: softcap must be 0 (none) or positive, not ", softcap);
   const Pieces f = pieces(parse_isa(std::string(isa_name)), d);
   const int64_t groups = heads / kv_heads;
   const at::Tensor q = query.stride(3) == 1 ? query : query.contiguous();
@@ -483,7 +514,7 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
                         out.data_ptr<float>() + b * out.stride(0) + h * groups * d, d, heads * d, groups};
       head_group(f, vis[b], place, k.data_ptr<float>() + b * k.stride(0) + h * k.stride(1),
                  v.data_ptr<float>() + b * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2), q_len, row0, n,
-                 s_len, d, static_cast<float>(scale));
+                 s_len, d, static_cast<float>(scale), static_cast<float>(softcap));
     }
   });
   return out;
@@ -492,7 +523,8 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specfree, m) {
-  m.def("tree_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, str isa='auto') -> Tensor");
+  m.def("tree_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, str isa='auto', "
+        "float softcap=0.0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specfree, CPU, m) { m.impl("tree_attention", &tree_attention); }
