@@ -58,8 +58,9 @@ def _claims_flash(family: str) -> transformers.PreTrainedModel:
     return model
 
 
-# The llama then runs specfree's tree attention (from SDPA); gemma2's soft-capping keeps eager.
-@pytest.mark.parametrize("family, fallback, final", [("llama", "sdpa", TREE_ATTENTION), ("gemma2", "eager", "eager")])
+# Both then run specfree's tree attention: the llama from SDPA, gemma2 (soft-capped, no SDPA) from eager.
+@pytest.mark.parametrize("family, fallback, final", [("llama", "sdpa", TREE_ATTENTION),
+                                                    ("gemma2", "eager", TREE_ATTENTION)])
 def test_flash_attention_model_switches_to_a_masked_implementation(family, fallback, final):
     model = _claims_flash(family)
     with pytest.warns(UserWarning, match=f"'flash_attention_2' cannot take specfree's tree attention mask; "
