@@ -215,7 +215,7 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
     if check_backend(backend) == "library":
         library_linears(model)
         return 0
-    if not any(_fits(m) or (pack and _packs(m)) for m in model.modules()):
+    if not any((_packs if pack else _fits)(m) for m in model.modules()):
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.
         return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())

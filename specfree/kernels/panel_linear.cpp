@@ -49,11 +49,11 @@ SPECFREE_AVX512 inline __m512 bcast16(const float* p) { return _mm512_set1_ps(*p
 #define UNROLL _Pragma("GCC unroll 16")
 
 // One k of SPECFREE_PANELS: NB weight vectors meet MB broadcast activations.
-#define SPECFREE_PANEL_K(I, VEC, LOAD, FMA, BCAST)                                                 \
+#define SPECFREE_PANEL_K(I, VEC, LANES, LOAD, FMA, BCAST)                                          \
   {                                                                                                \
     const int64_t ik = (I);                                                                        \
     VEC ws[NB];                                                                                    \
-    UNROLL for (int j = 0; j < NB; ++j) ws[j] = LOAD(panels + ik * LANES_OF_W + j * stride);       \
+    UNROLL for (int j = 0; j < NB; ++j) ws[j] = LOAD(panels + ik * LANES + j * stride);            \
     UNROLL for (int m = 0; m < MB; ++m) {                                                          \
       VEC xv = BCAST(x + m * ldx + ik);                                                            \
       UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = FMA(xv, ws[j], acc[m][j]);                   \
@@ -74,15 +74,14 @@ SPECFREE_AVX512 inline __m512 bcast16(const float* p) { return _mm512_set1_ps(*p
     const int64_t stride = k * LANES; /* one panel */                                              \
     constexpr int64_t ahead = kAhead / sizeof(W);                                                  \
     constexpr int STEP = std::max<int>(1, 64 / sizeof(W) / LANES);                                 \
-    constexpr int64_t LANES_OF_W = LANES;                                                          \
     int64_t i = 0;                                                                                 \
     for (; i + STEP <= k; i += STEP) {                                                             \
       if constexpr (PREFETCH)                                                                      \
         UNROLL for (int j = 0; j < NB; ++j)                                                        \
           _mm_prefetch(reinterpret_cast<const char*>(panels + i * LANES + j * stride + ahead), _MM_HINT_T0); \
-      UNROLL for (int s = 0; s < STEP; ++s) SPECFREE_PANEL_K(i + s, VEC, LOAD, FMA, BCAST);        \
+      UNROLL for (int s = 0; s < STEP; ++s) SPECFREE_PANEL_K(i + s, VEC, LANES, LOAD, FMA, BCAST); \
     }                                                                                              \
-    for (; i < k; ++i) SPECFREE_PANEL_K(i, VEC, LOAD, FMA, BCAST);                                 \
+    for (; i < k; ++i) SPECFREE_PANEL_K(i, VEC, LANES, LOAD, FMA, BCAST);                          \
     UNROLL for (int m = 0; m < MB; ++m)                                                            \
       UNROLL for (int j = 0; j < NB; ++j) STORE(out + m * ldo + j * LANES, acc[m][j]);             \
   }

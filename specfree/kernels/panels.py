@@ -39,10 +39,11 @@ def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
 class PanelLinear(nn.Module):
     """An ``nn.Linear`` whose weight lives only as panels; its product runs ``specfree::panel_linear``."""
 
-    def __init__(self, linear: nn.Linear, lanes: int, panels: nn.Parameter | None = None):
+    def __init__(self, linear: nn.Module, lanes: int):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.panels = panels if panels is not None else nn.Parameter(pack(linear.weight, lanes), requires_grad=False)
+        rows = self._rows_of(linear.weight)  # [N, K]
+        self.out_features, self.in_features = rows.shape
+        self.panels = nn.Parameter(pack(rows, lanes), requires_grad=False)
         self.register_parameter("bias", linear.bias)
 
     @property
@@ -95,12 +96,6 @@ class PanelLinear(nn.Module):
 class PanelConv1D(PanelLinear):
     """transformers' ``Conv1D`` (GPT-2's linear layers, the weight stored ``[K, N]``) packed the same
     way; ``.weight``, the state dict and ``to_linear`` keep its own layout and class."""
-
-    def __init__(self, conv: nn.Module, lanes: int):
-        nn.Module.__init__(self)
-        self.in_features, self.out_features = conv.nx, conv.nf
-        self.panels = nn.Parameter(pack(conv.weight.t(), lanes), requires_grad=False)
-        self.register_parameter("bias", conv.bias)
 
     @property
     def stock_shape(self) -> tuple[int, int]:
