@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 ATTENTION_BACKENDS = ("kernel", "library")
-# A forward of more rows is a long prefill, not a verify step: the linear layers hand it to torch's
-# GEMM (``kLibraryRows`` in panel_linear.cpp) and attention to SDPA (0.43 s against 0.19 s for 512
-# rows of SmolLM2 on a Zen 3); neither keeps rows batch-invariant, which only verify rows need.
+# A forward of more rows is a long prefill, not a verify step: attention goes to SDPA (0.43 s
+# against 0.19 s for 512 rows of SmolLM2 on a Zen 3), which does not keep rows batch-invariant;
+# only verify rows need that.
 LONG_ROWS = 160
 
 

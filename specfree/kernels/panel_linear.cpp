@@ -37,6 +37,12 @@ using specfree::load8;
 // so each broadcast meets two weight vectors, measured no faster on Zen 3: 8 rows 1.82x the read
 // pass against 1.69x in one group of 8.)
 constexpr int kGroupRows = 8;
+// More rows than that go, on AVX2, in groups of 6 against 2 panels: 12 FMAs for 8 loads at each k
+// where 8 rows against 1 panel need 9 loads for 8 FMAs. Zen 3, one core, weights in cache: 16-160
+// rows at 74-96 GFLOPS against 48-60; the model's 211 layers (two threads, streamed) 8-20% faster
+// at 12-32 rows. (Up to 8 rows one group of 8 against 1 panel stays: there the weight stream
+// decides, and groups of 4 or 6 were measured 16-23% slower at 8 rows.)
+constexpr int kManyRowsAvx2 = 6;
 
 // Software prefetch this far ahead in each stream (bytes). Measured on SmolLM2's 211 shapes.
 constexpr int64_t kAhead = 1024;
@@ -109,7 +115,7 @@ PanelFn<W> pick_rows(Isa isa, int nb) {
            : nb == full ? panels_avx512<MB, full, PREFETCH, W>
                         : panels_avx512<MB, 1, PREFETCH, W>;
   }
-  constexpr int own = kBlockAvx2[MB], full = kBlockAvx2[kGroupRows];
+  constexpr int own = kBlockAvx2[MB], full = kBlockAvx2[kManyRowsAvx2];
   return nb == own    ? panels_avx2<MB, own, PREFETCH, W>
          : nb == full ? panels_avx2<MB, full, PREFETCH, W>
                       : panels_avx2<MB, 1, PREFETCH, W>;
@@ -130,7 +136,8 @@ template <typename W>
 void panel_range(Isa isa, int lanes, const float* x, int64_t m, const W* panels, int64_t k, const W* bias,
                  int64_t n, int64_t p_begin, int64_t p_end, float* y) {
   const int* widths = isa == Isa::kAvx512 ? kBlockAvx512 : kBlockAvx2;
-  const int64_t group = kGroupRows, first = std::min(group, m);  // (GCC 12 miscompiles min() inside a[])
+  const int64_t group = isa == Isa::kAvx2 && m > kGroupRows ? kManyRowsAvx2 : kGroupRows;
+  const int64_t first = std::min(group, m);  // (GCC 12 miscompiles min() inside a[])
   const int nb = widths[first];
   const int64_t groups = (m + group - 1) / group;
   float out[kGroupRows * 4 * 16];  // one group's results for one block, [rows, nb * lanes]
@@ -157,12 +164,16 @@ int lanes_of(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }
 // Panels per task: a thread's share is a contiguous run of panels, one stream.
 constexpr int64_t kPanelsPerTask = 4;
 
-// More rows than a step ever has (a long prompt's prefill) are compute bound, and there the
-// library's GEMM runs nearer the peak than broadcasts. Each tile of panels is unpacked (a few MB)
-// and multiplied by it. Measured on Zen 3 over a third of SmolLM2's shapes (ms, library GEMM /
-// broadcasts / tiles): 128 rows 161 / 163 / 236, 256 rows 297 / 406 / 303. Rows of such a call
-// round as the GEMM does, not as the one-row kernel.
-constexpr int64_t kLibraryRows = 160;
+// On AVX-512, more rows than a step ever has (a long prompt's prefill) go to the library's GEMM:
+// each tile of panels is unpacked (a few MB) and multiplied by it, and such rows round as the GEMM
+// does, not as the one-row kernel. (Measured on Zen 3 when AVX2 also took every row in groups of
+// 8 against 1 panel, over a third of SmolLM2's shapes, ms, library GEMM / broadcasts / tiles: 128
+// rows 161 / 163 / 236, 256 rows 297 / 406 / 303.) AVX2's groups of 6 take every row count: on
+// Zen 3 with two threads they run level with MKL's GEMM at 256-4096 rows (121-189 against 131-176
+// GFLOPS) and a 256-token prefill of SmolLM2 took 564 ms against the tiles' 787 (and 637 for the
+// stock model), so a prompt's rows keep the one-row kernel's bits. (The AVX-512 groups were not
+// measured against the GEMM: no AVX-512 machine.)
+constexpr int64_t kLibraryRowsAvx512 = 160;
 constexpr int64_t kPanelsPerTile = 128;
 
 void library_gemm(const at::Tensor& x32, const at::Tensor& panels, const at::Tensor& bias, int64_t n, at::Tensor& y) {
@@ -197,7 +208,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) b = bias->to(panels.scalar_type()).contiguous();
   at::Tensor y = at::empty({m, n}, x32.options());
-  if (m > kLibraryRows) {
+  if (isa == Isa::kAvx512 && m > kLibraryRowsAvx512) {
     library_gemm(x32.view({m, k}), panels, b, n, y);
   } else if (m > 0) {
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
