@@ -178,7 +178,7 @@ struct Block {
   const uint8_t* seen;    // [Q, S]
   const uint8_t* seen_t;  // [S, Q]
   const float* bias;      // [Q, S] or null
-  int64_t q_len, s_len;
+  int64_t q_len, s_len;  // s_len: the row stride of seen and bias (Visibility::width)
   const int64_t* qrow;  // per row of the chunk, its query position (a table: no division per block)
   float softcap;        // > 0: scores soft-capped (softcap8) before the mask's values are added
 };
@@ -336,19 +336,38 @@ Pieces pieces(Isa isa, int64_t d) {
   return f;  // 128 would need 16 accumulators plus the query: more than AVX2's 16 registers
 }
 
-// Which keys each query row sees: seen[q * S + s], and hidden-or-added mask values; plus the keys
-// some row sees (the only ones read).
+// Which keys each query row sees: seen[q * W + s] for the keys up to the last one some row sees
+// (W of them: a static cache's empty slots past it are never scanned again), hidden-or-added
+// mask values; plus the keys some row sees (the only ones read).
 struct Visibility {
-  std::vector<uint8_t> seen;   // [Q, S]
-  std::vector<float> bias;     // [Q, S] additive values (empty: none)
+  int64_t width = 0;           // W: one past the last key some row sees
+  std::vector<uint8_t> seen;   // [Q, W]
+  std::vector<float> bias;     // [Q, W] additive values (empty: none)
   std::vector<int64_t> keys;   // ascending keys some row sees
-  std::vector<uint8_t> seen_t; // [S, Q]: per key, which rows see it
+  std::vector<uint8_t> seen_t; // [W, Q]: per key, which rows see it
 };
+
+// One past the last key row ``q`` of a bool mask sees (0: none), scanning from the end a word at
+// a time where the keys are contiguous: a static cache's mask is mostly empty slots at its end.
+int64_t last_seen(const bool* row, int64_t ss, int64_t s_len) {
+  int64_t s = s_len;
+  if (ss == 1) {
+    for (; s >= 8; s -= 8) {
+      uint64_t word;
+      std::memcpy(&word, row + s - 8, sizeof word);
+      if (word) break;
+    }
+  }
+  for (; s > 0; --s)
+    if (row[(s - 1) * ss]) return s;
+  return 0;
+}
 
 Visibility visibility(const std::optional<at::Tensor>& mask, int64_t b, int64_t q_len, int64_t s_len) {
   Visibility vis;
-  vis.seen.assign(q_len * s_len, 0);
   if (!mask.has_value() || !mask->defined()) {  // causal, the last query row on the last key
+    vis.width = s_len;
+    vis.seen.assign(q_len * s_len, 0);
     for (int64_t q = 0; q < q_len; ++q)
       for (int64_t s = 0; s <= s_len - q_len + q && s < s_len; ++s) vis.seen[q * s_len + s] = 1;
   } else {
@@ -358,30 +377,41 @@ Visibility visibility(const std::optional<at::Tensor>& mask, int64_t b, int64_t 
     const int64_t sq = m.stride(2), ss = m.stride(3), offset = m.size(0) == 1 ? 0 : b * m.stride(0);
     if (m.scalar_type() == at::kBool) {
       const bool* data = m.data_ptr<bool>() + offset;
+      for (int64_t q = 0; q < q_len; ++q) vis.width = std::max(vis.width, last_seen(data + q * sq, ss, s_len));
+      const int64_t w = vis.width;
+      vis.seen.assign(q_len * w, 0);
       for (int64_t q = 0; q < q_len; ++q)
-        for (int64_t s = 0; s < s_len; ++s) vis.seen[q * s_len + s] = data[q * sq + s * ss];
+        for (int64_t s = 0; s < w; ++s) vis.seen[q * w + s] = data[q * sq + s * ss];
     } else {
       const float* data = m.data_ptr<float>() + offset;
+      for (int64_t q = 0; q < q_len; ++q) {
+        int64_t s = s_len;
+        while (s > vis.width && !(data[q * sq + (s - 1) * ss] >= kLowest)) --s;
+        vis.width = std::max(vis.width, s);
+      }
+      const int64_t w = vis.width;
+      vis.seen.assign(q_len * w, 0);
       bool any_bias = false;
       for (int64_t q = 0; q < q_len; ++q)
-        for (int64_t s = 0; s < s_len; ++s) {
+        for (int64_t s = 0; s < w; ++s) {
           const float x = data[q * sq + s * ss];
-          vis.seen[q * s_len + s] = x >= kLowest;
+          vis.seen[q * w + s] = x >= kLowest;
           any_bias |= x >= kLowest && x != 0.0f;
         }
       if (any_bias) {
-        vis.bias.resize(q_len * s_len);
+        vis.bias.resize(q_len * w);
         for (int64_t q = 0; q < q_len; ++q)
-          for (int64_t s = 0; s < s_len; ++s) vis.bias[q * s_len + s] = data[q * sq + s * ss];
+          for (int64_t s = 0; s < w; ++s) vis.bias[q * w + s] = data[q * sq + s * ss];
       }
     }
   }
-  vis.seen_t.assign(s_len * q_len, 0);
-  for (int64_t s = 0; s < s_len; ++s) {
+  const int64_t w = vis.width;
+  vis.seen_t.assign(w * q_len, 0);
+  for (int64_t s = 0; s < w; ++s) {
     bool any = false;
     for (int64_t q = 0; q < q_len; ++q) {
-      vis.seen_t[s * q_len + q] = vis.seen[q * s_len + s];
-      any |= vis.seen[q * s_len + s];
+      vis.seen_t[s * q_len + q] = vis.seen[q * w + s];
+      any |= vis.seen[q * w + s];
     }
     if (any) vis.keys.push_back(s);
   }
@@ -403,7 +433,7 @@ struct HeadRows {
 // which other rows run beside it, so the rows of a group can be split into chunks that run in
 // parallel (SmolLM2 has 3 key/value heads: 3 tasks would keep one of 2 threads idle half the time).
 void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, const float* k, const float* v,
-                int64_t ks, int64_t vs, int64_t q_len, int64_t row0, int64_t rows, int64_t s_len, int64_t d,
+                int64_t ks, int64_t vs, int64_t q_len, int64_t row0, int64_t rows, int64_t d,
                 float scale, float softcap) {
   std::vector<int64_t> qrow(rows);
   std::vector<float> q(rows * d);  // the chunk's query rows side by side, [rows, D]
@@ -424,7 +454,7 @@ void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, c
     const int count = static_cast<int>(std::min<int64_t>(kBlock, n_keys - j));
     const bool run = count == kBlock && vis.keys[j + kBlock - 1] - vis.keys[j] == kBlock - 1;
     return Block{vis.keys.data() + j, count, run, vis.seen.data(), vis.seen_t.data(),
-                 vis.bias.empty() ? nullptr : vis.bias.data(), q_len, s_len, qrow.data(), softcap};
+                 vis.bias.empty() ? nullptr : vis.bias.data(), q_len, vis.width, qrow.data(), softcap};
   };
   if (f.scores_block) {  // pass 1: every row's score on each key some row sees
     for (int64_t j = 0; j < n_keys; j += kBlock)
@@ -436,7 +466,7 @@ void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, c
         const int64_t qi = qrow[r];
         float& x = score[r * width + s];
         if (softcap > 0) x = softcap1(x, softcap);
-        x = vis.seen_t[s * q_len + qi] ? (vis.bias.empty() ? x : x + vis.bias[qi * s_len + s])
+        x = vis.seen_t[s * q_len + qi] ? (vis.bias.empty() ? x : x + vis.bias[qi * vis.width + s])
                                        : -std::numeric_limits<float>::infinity();
       }
     }
@@ -500,6 +530,8 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
   // Tasks: (batch, key/value head, chunk of its rows), up to 4 per thread. A chunk has at least
   // kMinChunkRows rows: each chunk reads its group's keys and values again (a one-row step over
   // 1536 tokens of SmolLM2 was 10-30% slower split into its 3 rows, 4 rows 20-28% faster split).
+  // (A task count the threads share evenly, 12 tasks for SmolLM2's 8 rows instead of 9, measured
+  // level on Zen 3 with 2 threads.)
   const int64_t heads_total = batch * kv_heads;
   const int64_t chunks = std::max<int64_t>(1, std::min(rows / kMinChunkRows,
                                                        (4 * at::get_num_threads() + heads_total - 1) / heads_total));
@@ -514,7 +546,7 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
                         out.data_ptr<float>() + b * out.stride(0) + h * groups * d, d, heads * d, groups};
       head_group(f, vis[b], place, k.data_ptr<float>() + b * k.stride(0) + h * k.stride(1),
                  v.data_ptr<float>() + b * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2), q_len, row0, n,
-                 s_len, d, static_cast<float>(scale), static_cast<float>(softcap));
+                 d, static_cast<float>(scale), static_cast<float>(softcap));
     }
   });
   return out;
