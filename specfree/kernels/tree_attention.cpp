@@ -175,10 +175,10 @@ struct Block {
   const int64_t* keys;  // ascending key indices
   int count;
   bool run;               // kBlock keys in a row (keys[j] = keys[0] + j): most blocks of a step
-  const uint8_t* seen;    // [Q, S]
-  const uint8_t* seen_t;  // [S, Q]
-  const float* bias;      // [Q, S] or null
-  int64_t q_len, s_len;  // s_len: the row stride of seen and bias (Visibility::width)
+  const uint8_t* seen;    // [Q, W]
+  const uint8_t* seen_t;  // [W, Q]
+  const float* bias;      // [Q, W] or null
+  int64_t q_len, width;  // width: the row stride of seen and bias (Visibility::width)
   const int64_t* qrow;  // per row of the chunk, its query position (a table: no division per block)
   float softcap;        // > 0: scores soft-capped (softcap8) before the mask's values are added
 };
@@ -200,7 +200,7 @@ struct Block {
         const float raw = SUM(acc) * scale;                                                           \
         const float x = b.softcap > 0 ? softcap1(raw, b.softcap) : raw;                               \
         out[r * stride + s] = !b.seen_t[s * b.q_len + qi] ? -std::numeric_limits<float>::infinity()  \
-                              : b.bias ? x + b.bias[qi * b.s_len + s] : x;                            \
+                              : b.bias ? x + b.bias[qi * b.width + s] : x;                            \
       }                                                                                               \
     }                                                                                                 \
   }
@@ -223,7 +223,7 @@ static_assert(kBlock == 8, "all_seen reads one byte per key of a block");
       for (int i = 0; i < ND; ++i) a[i] = LOAD(ar + i * LANES);                                       \
       float lr = l[r];                                                                                \
       const int64_t qi = b.qrow[r];                                                                   \
-      if (b.run && all_seen(b.seen + qi * b.s_len + b.keys[0])) { /* the same sums, no test per key */ \
+      if (b.run && all_seen(b.seen + qi * b.width + b.keys[0])) { /* the same sums, no test per key */ \
         const float* pr = p + r * stride + b.keys[0];                                                 \
         const float* vj = v + b.keys[0] * vs;                                                         \
         for (int j = 0; j < kBlock; ++j, vj += vs) {                                                  \
@@ -295,9 +295,9 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
     const int64_t qrow = b.qrow[r];
     if (b.run) {  // the eight scores (+ mask values) stored at once, hidden keys -inf as below
       const int64_t s0 = b.keys[0];
-      const __m128i flags = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.seen + qrow * b.s_len + s0));
+      const __m128i flags = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.seen + qrow * b.width + s0));
       const __m256 shown = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(flags), _mm256_setzero_si256()));
-      const __m256 value = b.bias ? _mm256_add_ps(scores, _mm256_loadu_ps(b.bias + qrow * b.s_len + s0)) : scores;
+      const __m256 value = b.bias ? _mm256_add_ps(scores, _mm256_loadu_ps(b.bias + qrow * b.width + s0)) : scores;
       _mm256_storeu_ps(out + r * stride + s0, _mm256_blendv_ps(hidden, value, shown));
       continue;
     }
@@ -305,7 +305,7 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
     for (int j = 0; j < b.count; ++j) {
       const int64_t s = b.keys[j];
       out[r * stride + s] = !b.seen_t[s * b.q_len + qrow] ? -std::numeric_limits<float>::infinity()
-                            : b.bias ? x[j] + b.bias[qrow * b.s_len + s] : x[j];
+                            : b.bias ? x[j] + b.bias[qrow * b.width + s] : x[j];
     }
   }
 }
@@ -347,7 +347,7 @@ struct Visibility {
   std::vector<uint8_t> seen_t; // [W, Q]: per key, which rows see it
 };
 
-// One past the last key row ``q`` of a bool mask sees (0: none), scanning from the end a word at
+// One past the last key a bool mask's ``row`` sees (0: none), scanning from the end a word at
 // a time where the keys are contiguous: a static cache's mask is mostly empty slots at its end.
 int64_t last_seen(const bool* row, int64_t ss, int64_t s_len) {
   int64_t s = s_len;
