@@ -6,13 +6,21 @@ continuation that appears anywhere in the prompt or the output so far, and never
 row: a step of k rows emits k tokens. Priced with the model's measured forward-cost curve,
 that is a ceiling for copy-based drafting on this machine. Measured speedups sit below it;
 a target above it cannot be reached by better ranking, only by drafts that know more.
+
+The perfect copier knows the next token before it copies. A *matched copier* does not: it copies
+only what followed an earlier occurrence of the last committed token, the least context any
+copying drafter matches (prompt lookup, SuffixDecoding, SAM, the trie), choosing the occurrence
+whose continuation agrees longest with what the model went on to say. With at most k rows every
+step, no drafter copying from the same text (the request's prompt and output) does better, with
+one chain or a tree. Both are also given as wall-time bounds over the same path's autoregressive
+loop: the loop's measured prefill, which no drafter shortens, plus the modelled decode.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,18 +36,22 @@ from specfree.errors import ConfigError
 ROWS = (4, 8, 16)
 
 
-def copyable(context: Sequence[int], output: Sequence[int], limit: int) -> np.ndarray:
+def copyable(context: Sequence[int], output: Sequence[int], limit: int, matched: bool = False) -> np.ndarray:
     """[len(output)]: for each position i, the longest L <= ``limit`` such that output[i:i+L]
-    occurs in context + output[:i] (the text a drafter could copy from at that point)."""
+    occurs in context + output[:i] (the text a drafter could copy from at that point); with
+    ``matched``, such that the last committed token followed by output[i:i+L] occurs there."""
     # Token ids as characters: str.find is a fast, aligned substring search.
     text = "".join(map(chr, [*context, *output]))
     start = len(context)
     lengths = np.zeros(len(output), dtype=np.int64)
     for i in range(len(output)):
         committed = start + i
+        lead = int(matched)  # the pattern starts at the last committed token
+        if committed < lead:
+            continue
         length = 0
         while length < limit and i + length < len(output) \
-                and text.find(text[committed : committed + length + 1], 0, committed) >= 0:
+                and text.find(text[committed - lead : committed + length + 1], 0, committed) >= 0:
             length += 1
         lengths[i] = length
     return lengths
@@ -63,6 +75,12 @@ class CeilingRow:
     tokens_per_step: dict[int, float]  # rows cap -> the perfect copier's tokens per step
     speedup: dict[int, float]  # rows cap -> modeled speedup over one-row steps
     measured: tuple[str, float] | None  # the run's fastest system and its speedup
+    matched_tokens_per_step: dict[int, float] = field(default_factory=dict)  # rows cap -> the matched copier's
+    matched_speedup: dict[int, float] = field(default_factory=dict)
+    # rows cap -> (perfect, matched) copier's wall-time speedup over the same path's autoregressive
+    # loop, its measured prefill included; empty where the run recorded no prefill times
+    wall: dict[int, tuple[float, float]] = field(default_factory=dict)
+    measured_wall: tuple[str, float] | None = None  # the fastest system by tokens/s, prefill included
 
 
 def ceiling_rows(records: Sequence[dict], contexts: Callable[[dict], list[list[int]]],
@@ -74,59 +92,112 @@ def ceiling_rows(records: Sequence[dict], contexts: Callable[[dict], list[list[i
     if not base:
         raise ConfigError("ceiling: the run has no successful autoregressive records to measure")
     totals: dict[str, dict] = defaultdict(lambda: {"tokens": 0, "copyable": 0, "steps": defaultdict(int),
-                                                  "seconds": defaultdict(float)})
+                                                  "seconds": defaultdict(float), "matched_steps": defaultdict(int),
+                                                  "matched_seconds": defaultdict(float)})
     for record in base:
         for context, turn in zip(contexts(record), record["turns"]):
             lengths = copyable(context, turn["tokens"], max(rows) - 1)
-            steps = {cap: perfect_copier(lengths, cap) for cap in rows}
+            matched = copyable(context, turn["tokens"], max(rows) - 1, matched=True)
             for task in (record["category"], "overall"):
                 total = totals[task]
                 total["tokens"] += len(lengths)
                 total["copyable"] += int((lengths > 0).sum())
                 for cap in rows:
-                    total["steps"][cap] += len(steps[cap])
-                    total["seconds"][cap] += sum(cost(k) for k in steps[cap])
-    fastest = _fastest(records, systems_meta)
+                    for kind, found in (("", lengths), ("matched_", matched)):
+                        steps = perfect_copier(found, cap)
+                        total[f"{kind}steps"][cap] += len(steps)
+                        total[f"{kind}seconds"][cap] += sum(cost(k) for k in steps)
+    fastest, fastest_wall = _fastest(records, systems_meta), _fastest(records, systems_meta, wall=True)
+    walls = _loop_walls(records)
     out = []
     for task, total in sorted(totals.items(), key=lambda item: item[0] == "overall"):
         n = max(1, total["tokens"])
-        out.append(CeilingRow(
+        row = CeilingRow(
             task, total["tokens"], total["copyable"] / n,
             {cap: n / max(1, total["steps"][cap]) for cap in rows},
             {cap: n * cost(1) / total["seconds"][cap] for cap in rows},
-            fastest.get(task)))
+            fastest.get(task),
+            {cap: n / max(1, total["matched_steps"][cap]) for cap in rows},
+            {cap: n * cost(1) / total["matched_seconds"][cap] for cap in rows},
+            measured_wall=fastest_wall.get(task))
+        if task in walls:
+            wall, prefill = walls[task]
+            row.wall = {cap: (wall_speedup(wall, prefill, row.speedup[cap]),
+                              wall_speedup(wall, prefill, row.matched_speedup[cap])) for cap in rows}
+        out.append(row)
     return out
 
 
-def _fastest(records: Sequence[dict], systems_meta: Sequence[dict]) -> dict[str, tuple[str, float]]:
+def wall_speedup(wall_s: float, prefill_s: float, decode_speedup: float) -> float:
+    """A loop's wall time over that of the same prompts with the decode ``decode_speedup`` times
+    faster and the prefill as it was."""
+    return wall_s / (prefill_s + (wall_s - prefill_s) / decode_speedup)
+
+
+def _loop_walls(records: Sequence[dict]) -> dict[str, tuple[float, float]]:
+    """Per task and overall, the wall and prefill seconds of the autoregressive loop of the path the
+    run's strategies took (compiled where it compiled); tasks whose turns lack a prefill time are left out."""
+    loop = BASELINE + COMPILED if any(r["system"] == BASELINE + COMPILED for r in records) else BASELINE
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    incomplete = set()
+    for record in records:
+        if record["system"] != loop or record.get("error") or record.get("repeat", 0) != 0:
+            continue
+        for turn in record["turns"]:
+            for task in (record["category"], "overall"):
+                if turn.get("prefill_s") is None:
+                    incomplete.add(task)
+                sums[task][0] += turn["wall_s"]
+                sums[task][1] += turn.get("prefill_s") or 0.0
+    return {task: (wall, prefill) for task, (wall, prefill) in sums.items() if task not in incomplete and wall > 0}
+
+
+def _fastest(records: Sequence[dict], systems_meta: Sequence[dict], wall: bool = False) -> dict[str, tuple[str, float]]:
     """Per task, the strategy whose decode loop ran fastest against the autoregressive decode loop of
-    its own path: what the ceiling models too (decode steps against one-row steps, one curve)."""
+    its own path: what the ceiling models too (decode steps against one-row steps, one curve); with
+    ``wall``, by tokens/s with the prefill included."""
     paths = system_paths(systems_meta)
     summary = {(row.category, row.system): row for row in summarize(records)}
     best: dict[str, tuple[str, float]] = {}
     for (category, system), row in summary.items():
         base = summary.get((category, same_path_baseline(paths.get(system, ""))))
-        if (system in (BASELINE, BASELINE + COMPILED) or base is None
-                or not row.decode_tokens_per_s or not base.decode_tokens_per_s):
+        mine, theirs = ((row.tokens_per_s, base.tokens_per_s) if wall and base is not None
+                        else (row.decode_tokens_per_s, base.decode_tokens_per_s) if base is not None else (None, None))
+        if system in (BASELINE, BASELINE + COMPILED) or not mine or not theirs:
             continue
-        ratio = row.decode_tokens_per_s / base.decode_tokens_per_s
+        ratio = mine / theirs
         if ratio > best.get(category, ("", 0.0))[1]:
             best[category] = (system, ratio)
     return best
 
 
-TITLE = "Perfect copier on the baseline's outputs; speedups modeled with the measured cost curve"
-CAPTION = ("≤k: at most k rows per forward. copyable: share of tokens that already occurred in the text before them. "
-           "fastest measured: decode tok/s over the same path's autoregressive decode tok/s.")
+TITLE = "Perfect / matched copier on the baseline's outputs; speedups modeled with the measured cost curve"
+CAPTION = ("≤k: at most k rows per forward; each cell: perfect copier / matched copier (copies only what followed an "
+           "earlier occurrence of the last token). copyable: share of tokens that already occurred in the text before "
+           "them. decode: over one-row steps; fastest measured: decode tok/s over the same path's autoregressive decode "
+           "tok/s. wall: over the same path's autoregressive loop with its measured prefill; fastest measured wall: "
+           "tok/s over that loop's.")
+
+
+def _pair(a: float, b: float, unit: str = "") -> str:
+    return f"{a:.2f}{unit} / {b:.2f}{unit}"
 
 
 def cells(rows: Sequence[CeilingRow]) -> tuple[list[str], list[list[str]]]:
     caps = list(rows[0].speedup) if rows else []
-    headers = ["task", "tokens", "copyable", *[f"tok/step ≤{c}" for c in caps], *[f"speedup ≤{c}" for c in caps],
-               "fastest measured"]
-    body = [[row.task, str(row.tokens), f"{row.copyable:.0%}", *[f"{row.tokens_per_step[c]:.2f}" for c in caps],
-             *[f"{row.speedup[c]:.2f}x" for c in caps],
-             f"{row.measured[1]:.2f}x {row.measured[0]}" if row.measured else "–"] for row in rows]
+    walls = any(row.wall for row in rows)
+    headers = ["task", "tokens", "copyable", *[f"tok/step ≤{c}" for c in caps], *[f"decode ≤{c}" for c in caps],
+               "fastest measured", *([f"wall ≤{c}" for c in caps] + ["fastest measured wall"] if walls else [])]
+    body = []
+    for row in rows:
+        line = [row.task, str(row.tokens), f"{row.copyable:.0%}",
+                *[_pair(row.tokens_per_step[c], row.matched_tokens_per_step[c]) for c in caps],
+                *[_pair(row.speedup[c], row.matched_speedup[c], "x") for c in caps],
+                f"{row.measured[1]:.2f}x {row.measured[0]}" if row.measured else "–"]
+        if walls:
+            line += [_pair(*row.wall[c], "x") if row.wall else "–" for c in caps]
+            line.append(f"{row.measured_wall[1]:.2f}x {row.measured_wall[0]}" if row.measured_wall else "–")
+        body.append(line)
     return headers, body
 
 
@@ -134,7 +205,7 @@ def table(rows: Sequence[CeilingRow]) -> Table:
     headers, body = cells(rows)
     out = Table(title=TITLE, caption=CAPTION)
     for header in headers:
-        out.add_column(header, justify="left" if header in ("task", "fastest measured") else "right")
+        out.add_column(header, justify="left" if header == "task" or header.startswith("fastest") else "right")
     for line in body:
         out.add_row(*line)
     return out
