@@ -38,6 +38,7 @@ COMMANDS = {
     "bench": "benchmark strategies over a prompt file (bench=spec_bench or bench=custom)",
     "compare": "one table over decode multirun folders and bench outputs: compare DIR...",
     "ceiling": "how fast a perfect copier could have been on a bench run's outputs: ceiling DIR",
+    "replay": "strategies replayed on a bench run's outputs, priced on its curve: replay DIR [STRATEGY ...] [--flat F]",
     "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
     "datastore": "build a retrieval datastore from corpora or from the model's own answers",
 }
@@ -49,6 +50,7 @@ examples:
   python -m specfree compare multirun/2026-01-01/12-00-00
   python -m specfree bench bench.prompts=spec_bench_questions.jsonl bench.limit=10
   python -m specfree ceiling outputs/2026-01-01/12-00-00
+  python -m specfree replay outputs/2026-01-01/12-00-00 prompt_lookup hybrid --flat 1.15
   python -m specfree decode --help      (the full config, Hydra's flags)"""
 
 
@@ -67,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return plugins(args)
         if command == "ceiling":
             return _delegate("specfree.bench.ceiling", "main", "ceiling")(args)
+        if command == "replay":
+            return _delegate("specfree.bench.replay", "main", "replay")(args)
         if command == "datastore":
             return _delegate("specfree.datastore", "main", "datastore")(args)
         return hydra_command(command, args)

@@ -1,0 +1,219 @@
+"""``specfree replay BENCH [STRATEGY ...]``: drafters replayed on a bench run's own outputs.
+
+Greedy output does not depend on the drafter, so the baseline's recorded tokens are what every
+strategy emitted. Replaying a strategy over them (propose, keep the longest drafted path that
+agrees with the recorded continuation plus the model's own next token, observe) gives its tokens
+per step and rows per step in seconds, without the model's forwards, and its decode speedup as
+the run's measured cost curve prices those rows; ``--flat F`` prices the same steps on a curve
+where 8 rows cost F times one row, to ask what a flatter forward would buy. What a run cannot tell:
+
+- steps are priced at the curve's reference context (a live engine prices each step's own);
+- drafters that learn from the model's logits (recycling, logit_spec) see those of the rows the
+  model emitted (one forward over each recorded sequence), not those of the rows it rejected;
+  lookahead, whose window rows are decoded by the forward itself, cannot be replayed.
+
+Token-only drafters (prompt lookup, suffix, SAM, the trie) unpriced replay a live run exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from specfree.bench import store as store_mod
+from specfree.bench.ceiling import _conversation_and_cost
+from specfree.bench.metrics import BASELINE, COMPILED
+from specfree.bench.report import markdown_table, wide_console
+from specfree.cost import CostModel
+from specfree.errors import ConfigError
+from specfree.pricing import Pricer, as_proposed
+from specfree.strategies.base import Outcome, Strategy
+from specfree.tree import DraftTree
+from specfree.types import Verdict
+
+TOP = 16  # the model's top next tokens kept per recorded position (what logit-learning drafters see)
+ENGINE_PARAMS = ("priced", "adapt_costs", "price_context")
+REFUSED = {"lookahead": "its Jacobi window rows are decoded by the forward itself"}
+
+
+@dataclass
+class Recorded:
+    """One recorded turn: its prompt ids, the model's greedy output, and the model's top tokens
+    after every position of prompt + output ([L, TOP] ids and logits)."""
+
+    category: str
+    context: list[int]
+    output: list[int]
+    top_ids: torch.Tensor
+    top_logits: torch.Tensor
+
+    def logits(self, positions: Sequence[int], vocab: int) -> torch.Tensor:
+        """[len(positions), vocab]: the model's logits after those positions, its top tokens only."""
+        out = torch.full((len(positions), vocab), float("-inf"))
+        for row, at in enumerate(positions):
+            out[row, self.top_ids[at]] = self.top_logits[at]
+        return out
+
+
+@dataclass
+class Replayed:
+    tokens: int
+    steps: int
+    rows: int
+    offered: int
+    seconds: float  # the steps' forwards on the curve
+    per_step: list[list[int]]  # tokens each step emitted, per recorded turn
+
+
+def record_sequences(records: Sequence[dict], contexts: Callable[[dict], list[list[int]]],
+                     model=None) -> list[Recorded]:
+    """The baseline's turns in run order; with ``model``, its top tokens at every position (one forward each)."""
+    out = []
+    for record in records:
+        if record["system"] != BASELINE or record.get("error") or record.get("repeat", 0) != 0:
+            continue
+        for context, turn in zip(contexts(record), record["turns"]):
+            ids, top_ids, top_logits = [*context, *turn["tokens"]], torch.empty(0), torch.empty(0)
+            if model is not None:
+                with torch.inference_mode():
+                    logits = model(torch.tensor([ids], device=model.device)).logits[0].float().cpu()
+                top_logits, top_ids = logits.topk(TOP, dim=-1)
+            out.append(Recorded(record["category"], list(context), list(turn["tokens"]), top_ids, top_logits))
+    return out
+
+
+def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length: int,
+           cost: Callable[[int], float], pricer: Pricer | None, max_new_tokens: int) -> Replayed:
+    """Every turn, in order, through ``strategy`` as the engine's loop runs it (``pricer`` None:
+    every candidate, as proposed), each step verified against the recorded output."""
+    strategy.setup(vocab, max_length)
+    result = Replayed(0, 0, 0, 0, 0.0, [])
+    for turn in turns:
+        ids, output = turn.context, turn.output
+        limit = min(len(ids) + max_new_tokens, max_length)
+        text = np.array([*ids, *output], dtype=np.int64)
+        n, emitted = len(ids), []
+        strategy.begin(text[:n].copy())
+        try:
+            while n < len(ids) + len(output):
+                context = text[:n]
+                proposal = strategy.propose(context, max_depth=limit - n - 1)
+                root = int(context[-1])
+                plan = (as_proposed(root, proposal, max_depth=limit - n - 1, budget=max_length) if pricer is None
+                        else pricer.plan(root, proposal, max_depth=limit - n - 1))
+                tree = plan.tree
+                node, path = 0, []  # the longest drafted path the recorded output follows, and its next token
+                while n + len(path) + 1 < len(text) and (node, int(text[n + len(path)])) in tree.children:
+                    node = tree.children[node, int(text[n + len(path)])]
+                    path.append(node)
+                tokens = text[n : n + len(path) + 1].tolist()
+                kept = DraftTree.root_only(root)  # the emitted path: the rows whose logits the run recorded
+                for token in tokens[:-1]:
+                    kept.add(len(kept) - 1, token)
+                logits = turn.logits(range(n - 1, n - 1 + len(kept)), vocab) if turn.top_ids.numel() else None
+                n += len(tokens)
+                strategy.observe(Outcome(kept, Verdict(tokens, list(range(1, len(kept)))), text[:n].copy(), None,
+                                         logits, None))
+                if pricer is not None:
+                    pricer.observe(proposal, plan, tokens, len(path))
+                emitted.append(len(tokens))
+                result.rows += plan.rows
+                result.offered += plan.offered
+                result.seconds += cost(plan.rows)
+        finally:
+            strategy.end()
+        result.per_step.append(emitted)
+        result.tokens += sum(emitted)
+        result.steps += len(emitted)
+    return result
+
+
+def flattened(cost: Callable[[int], float], ratio: float) -> CostModel:
+    """A curve through cost(1) where 8 rows cost ``ratio`` times one row, linear in the rows."""
+    rows = np.array([1, 2, 4, 8, 16, 32, 64])
+    return CostModel(rows.tolist(), (cost(1) * (1 + (ratio - 1) * (rows - 1) / 7)).tolist())
+
+
+def _strategies(names: Sequence[str], systems_meta: Sequence[dict], registry) -> list[tuple[str, Strategy, bool]]:
+    """(label, strategy, priced) per name: a system of the run by its label (its knobs), else a strategy by name."""
+    systems = {m["label"]: m for m in systems_meta if m.get("kind") == "specfree"}
+    if not names:
+        names = [label for label in systems if label not in (BASELINE, BASELINE + COMPILED)]
+    out = []
+    for name in names:
+        meta = systems.get(name, {"strategy": name, "knobs": {}})
+        strategy_name = meta["strategy"]
+        if strategy_name in REFUSED:
+            raise ConfigError(f"replay: {strategy_name} cannot be replayed ({REFUSED[strategy_name]}); "
+                              "run it with python -m specfree bench")
+        knobs = {k: v for k, v in (meta.get("knobs") or {}).items() if k not in ENGINE_PARAMS}
+        priced = (meta.get("knobs") or {}).get("priced", True)
+        out.append((name, registry.make("strategy", strategy_name, **knobs), priced))
+    return out
+
+
+def measured_tokens_per_step(records: Sequence[dict], label: str) -> float | None:
+    """The run's own tokens per step for a system (its turns' recorded steps), None where it has none."""
+    turns = [t for r in records if r["system"] == label and not r.get("error") for t in r["turns"] if t.get("steps")]
+    steps = sum(t["steps"] for t in turns)
+    return sum(len(t["tokens"]) for t in turns) / steps if steps else None
+
+
+def main(args: Sequence[str], console: Console | None = None) -> int:
+    """Entry point of ``python -m specfree replay BENCH [STRATEGY ...] [--flat F]``; the table is
+    printed and written to ``replay.md`` beside the bench.json."""
+    from specfree.plugins import build_plugin_manager, registry
+
+    args = list(args)
+    flat = None
+    if "--flat" in args:
+        i = args.index("--flat")
+        try:
+            flat = float(args[i + 1])
+        except (IndexError, ValueError):
+            raise ConfigError("replay: --flat takes a number, the cost of 8 rows over one row (e.g. --flat 1.15)") from None
+        if flat < 1.0:
+            raise ConfigError(f"replay: --flat {flat} would make 8 rows cheaper than one; pass 1.0 or more")
+        del args[i : i + 2]
+    if not args:
+        raise ConfigError("usage: python -m specfree replay BENCH_JSON_OR_FOLDER [STRATEGY ...] [--flat F]")
+    path = Path(args[0]).expanduser()
+    path = path / store_mod.FILENAME if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"replay: {path} not found; pass a bench output folder or its {store_mod.FILENAME}")
+    data = store_mod.read(path)
+    meta, records = data.get("meta", {}), data["records"]
+    chosen = _strategies(args[1:], data.get("systems", []), registry(build_plugin_manager()))
+    contexts, cost, curve_name = _conversation_and_cost(meta)
+    if flat is not None:
+        cost, curve_name = flattened(cost, flat), f"flattened: 8 rows {flat}x one row"
+    from specfree.loading import load_model
+
+    model, _ = load_model(meta["model"], device=meta.get("device", "cpu"), dtype=meta.get("dtype", "float32"))
+    turns = record_sequences(records, contexts, model)
+    vocab, max_length = model.config.vocab_size, int(getattr(model.config, "max_position_embeddings", 1 << 20))
+    headers = ["system", "tok/step", "measured tok/step", "rows/step kept/offered", "decode speedup (curve)"]
+    body = []
+    for label, strategy, priced in chosen:
+        done = replay(strategy, turns, vocab, max_length, cost, Pricer(cost) if priced else None,
+                      int(meta.get("max_new_tokens", 128)))
+        measured = measured_tokens_per_step(records, label)
+        body.append([label, f"{done.tokens / done.steps:.2f}",
+                     f"{measured:.2f}" if measured else "–", f"{done.rows / done.steps:.1f}/{done.offered / done.steps:.1f}",
+                     f"{done.tokens * cost(1) / done.seconds:.2f}x"])
+    table = Table(title="Strategies replayed on the baseline's outputs", caption=f"cost curve: {curve_name or 'cached'}")
+    for header in headers:
+        table.add_column(header, justify="left" if header == "system" else "right")
+    for line in body:
+        table.add_row(*line)
+    (console or wide_console()).print(table)
+    out = path.parent / ("replay.md" if flat is None else f"replay_flat_{flat:g}.md")
+    out.write_text(f"# Strategies replayed on the baseline's outputs\n\n{markdown_table(headers, body, left=1)}\n\n"
+                   f"- cost curve: {curve_name or 'this machine cached'}\n", encoding="utf-8")
+    return 0
