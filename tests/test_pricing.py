@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfree.cost import CostModel
-from specfree.pricing import AcceptanceModel, Plan, as_proposed, learn, price, reach_probabilities
+from specfree.pricing import (AGREED, AcceptanceModel, Plan, agreed_label, as_proposed, learn, node_rates, price,
+                              reach_probabilities)
 from specfree.tree import DraftTree
 from specfree.types import AuxBlock, Proposal
 
@@ -134,6 +135,39 @@ def test_learning_scores_every_proposed_token_whose_parent_was_reached():
     assert acceptance.counts[("d", "", 2)] == [1.0, 1.0]  # 2 hit, 9 missed
     assert acceptance.counts[("d", "", 3)] == [0.0, 1.0]  # 3 missed the model's 7
     assert acceptance.window_steps["w"] == 1 and acceptance.window_tokens["w"] == 0  # "w" drafted none of them
+
+
+def test_a_node_several_drafters_propose_is_learned_and_priced_as_their_agreement():
+    # "a" and "b" both propose 1 (then part ways); only "a" proposes 5.
+    proposal = Proposal([[1, 2], [1, 3], [5]], sources=["a", "b", "a"], labels=["x", "y", "x"])
+    acceptance = AcceptanceModel()
+    for _ in range(8):  # "a" alone has been right every time at depth 1, "b" never
+        acceptance.record("a", "x", 1, True)
+        acceptance.record("b", "y", 1, False)
+    kind = agreed_label({"a", "b"}, (acceptance.rate("a", "x", 1), "a", "x"))
+    assert kind == "a+b|a:x"  # which drafters, and the likelier one's own kind
+    before = {key: list(c) for key, c in acceptance.counts.items()}
+    learn(acceptance, proposal, Plan(DraftTree.root_only(0), [], [], offered=5), emitted=[1, 3, 4], accepted=2)
+    # The shared node 1 (hit) counts once, as the agreement, and for neither drafter alone; the
+    # drafters' own nodes (2 missed, 3 hit, 5 missed) count for their own kinds.
+    assert acceptance.counts[(AGREED, kind, 1)] == [1.0, 0.0]
+    assert acceptance.counts[("a", "x", 1)] == [before[("a", "x", 1)][0], 1.0]  # 5 missed, 1 not counted
+    assert acceptance.counts[("b", "y", 1)] == before[("b", "y", 1)]
+    assert acceptance.counts[("a", "x", 2)] == [0.0, 1.0] and acceptance.counts[("b", "y", 2)] == [1.0, 0.0]
+    for _ in range(20):  # agreement on depth 1 has been wrong since
+        acceptance.record(AGREED, kind, 1, False)
+    rates = node_rates(proposal, acceptance, max_depth=4)
+    assert rates[(1,)][0] == acceptance.rate(AGREED, kind, 1) < acceptance.rate("a", "x", 1)
+    assert rates[(1,)][1:] == ("a", "x")  # attributed to the likelier drafter
+    assert rates[(5,)][0] == acceptance.rate("a", "x", 1)
+
+
+def test_one_drafter_is_priced_by_its_own_kinds_alone():
+    proposal = Proposal([[1, 2], [1, 3]], "d", labels=["x", "y"])  # one drafter, two candidates through 1
+    acceptance = AcceptanceModel()
+    learn(acceptance, proposal, Plan(DraftTree.root_only(0), [], [], offered=4), emitted=[1, 3, 4], accepted=2)
+    assert not any(key[0] == AGREED for key in acceptance.counts)
+    assert acceptance.counts[("d", "x", 1)] == [1.0, 0.0] and acceptance.counts[("d", "y", 1)] == [1.0, 0.0]
 
 
 # ---- properties over random proposals, statistics and curves ---------------------------------
