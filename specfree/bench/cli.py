@@ -206,6 +206,10 @@ def run(cfg: Any, console: Console | None = None) -> int:
         if system.strategy == "hf_static_compiled":
             system.static_slots = slots
     store.set_systems([system_meta(s) for s in systems])
+    # The curve each priced engine prices its steps on (measured once per setup, then cached): what
+    # `specfree replay` prices the same steps on.
+    store.meta["pricing_curves"] = {s.label: s.engine.costs.as_dict() for s in systems
+                                    if getattr(getattr(s, "engine", None), "costs", None) is not None}
     if compiled is not None:
         store.meta["compile_s"] = compiled.compile_s
         store.meta["compiled_by"] = compiled.describe()

@@ -3,11 +3,13 @@
 Greedy output does not depend on the drafter, so the baseline's recorded tokens are what every
 strategy emitted. Replaying a strategy over them (propose, keep the longest drafted path that
 agrees with the recorded continuation plus the model's own next token, observe) gives its tokens
-per step and rows per step in seconds, without the model's forwards, and its decode speedup as
-the run's measured cost curve prices those rows; ``--flat F`` prices the same steps on a curve
-where 8 rows cost F times one row, to ask what a flatter forward would buy. What a run cannot tell:
+per step and rows per step in seconds, without the model's forwards. Each system is priced, and
+its decode speedup modelled, on the curve its engine priced on in the run (recorded since run Y;
+for older runs, and strategies the run did not have, the run's measured forward curve, at its
+reference context); ``--flat F`` prices the same steps on a curve where 8 rows cost F times one
+row, to ask what a flatter forward would buy. What a replay cannot tell:
 
-- steps are priced at the curve's reference context (a live engine prices each step's own);
+- a live engine's steps also take their own time, which the curve only models;
 - drafters that learn from the model's logits (recycling, logit_spec) see those of the rows the
   model emitted (one forward over each recorded sequence), not those of the rows it rejected;
   lookahead, whose window rows are decoded by the forward itself, cannot be replayed.
@@ -68,6 +70,7 @@ class Replayed:
     rows: int
     offered: int
     seconds: float  # the steps' forwards on the curve
+    one_row: float  # the same tokens one row a step, on the same curve
     per_step: list[list[int]]  # tokens each step emitted, per recorded turn
 
 
@@ -89,11 +92,14 @@ def record_sequences(records: Sequence[dict], contexts: Callable[[dict], list[li
 
 
 def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length: int,
-           cost: Callable[[int], float], pricer: Pricer | None, max_new_tokens: int) -> Replayed:
+           cost: Callable[[int], float], pricer: Pricer | None, max_new_tokens: int,
+           price_context: bool = False) -> Replayed:
     """Every turn, in order, through ``strategy`` as the engine's loop runs it (``pricer`` None:
-    every candidate, as proposed), each step verified against the recorded output."""
+    every candidate, as proposed), each step verified against the recorded output; with
+    ``price_context``, each step priced and timed at its own context (where ``cost`` has ``at``)."""
     strategy.setup(vocab, max_length)
-    result = Replayed(0, 0, 0, 0, 0.0, [])
+    result = Replayed(0, 0, 0, 0, 0.0, 0.0, [])
+    at = (lambda context: cost.at(context)) if price_context and hasattr(cost, "at") else (lambda context: cost)
     for turn in turns:
         ids, output = turn.context, turn.output
         limit = min(len(ids) + max_new_tokens, max_length)
@@ -106,7 +112,9 @@ def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length
                 proposal = strategy.propose(context, max_depth=limit - n - 1)
                 root = int(context[-1])
                 plan = (as_proposed(root, proposal, max_depth=limit - n - 1, budget=max_length) if pricer is None
-                        else pricer.plan(root, proposal, max_depth=limit - n - 1))
+                        else pricer.plan(root, proposal, max_depth=limit - n - 1,
+                                         context=n if price_context else None))
+                result.seconds += at(n)(plan.rows)
                 tree = plan.tree
                 node, path = 0, []  # the longest drafted path the recorded output follows, and its next token
                 while n + len(path) + 1 < len(text) and (node, int(text[n + len(path)])) in tree.children:
@@ -117,6 +125,7 @@ def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length
                 for token in tokens[:-1]:
                     kept.add(len(kept) - 1, token)
                 logits = turn.logits(range(n - 1, n - 1 + len(kept)), vocab) if turn.top_ids.numel() else None
+                result.one_row += sum(at(n + j)(1) for j in range(len(tokens)))
                 n += len(tokens)
                 strategy.observe(Outcome(kept, Verdict(tokens, list(range(1, len(kept)))), text[:n].copy(), None,
                                          logits, None))
@@ -125,7 +134,6 @@ def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length
                 emitted.append(len(tokens))
                 result.rows += plan.rows
                 result.offered += plan.offered
-                result.seconds += cost(plan.rows)
         finally:
             strategy.end()
         result.per_step.append(emitted)
@@ -198,22 +206,27 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     model, _ = load_model(meta["model"], device=meta.get("device", "cpu"), dtype=meta.get("dtype", "float32"))
     turns = record_sequences(records, contexts, model)
     vocab, max_length = model.config.vocab_size, int(getattr(model.config, "max_position_embeddings", 1 << 20))
-    headers = ["system", "tok/step", "measured tok/step", "rows/step kept/offered", "decode speedup (curve)"]
+    headers = ["system", "tok/step", "measured tok/step", "rows/step kept/offered", "decode speedup (curve)",
+               "priced on"]
     body = []
+    engines = meta.get("pricing_curves") or {}
     for label, strategy, priced in chosen:
-        done = replay(strategy, turns, vocab, max_length, cost, Pricer(cost) if priced else None,
-                      int(meta.get("max_new_tokens", 128)))
+        own = label in engines and flat is None  # the curve this system's engine priced on
+        curve = CostModel.from_dict(engines[label]) if own else cost
+        done = replay(strategy, turns, vocab, max_length, curve, Pricer(curve) if priced else None,
+                      int(meta.get("max_new_tokens", 128)), price_context=own)
         measured = measured_tokens_per_step(records, label)
         body.append([label, f"{done.tokens / done.steps:.2f}",
                      f"{measured:.2f}" if measured else "–", f"{done.rows / done.steps:.1f}/{done.offered / done.steps:.1f}",
-                     f"{done.tokens * cost(1) / done.seconds:.2f}x"])
-    table = Table(title="Strategies replayed on the baseline's outputs", caption=f"cost curve: {curve_name or 'cached'}")
+                     f"{done.one_row / done.seconds:.2f}x",
+                     "its engine's curve, each step's context" if own else curve_name or "this machine's cached curve"])
+    table = Table(title="Strategies replayed on the baseline's outputs")
     for header in headers:
         table.add_column(header, justify="left" if header == "system" else "right")
     for line in body:
         table.add_row(*line)
     (console or wide_console()).print(table)
     out = path.parent / ("replay.md" if flat is None else f"replay_flat_{flat:g}.md")
-    out.write_text(f"# Strategies replayed on the baseline's outputs\n\n{markdown_table(headers, body, left=1)}\n\n"
-                   f"- cost curve: {curve_name or 'this machine cached'}\n", encoding="utf-8")
+    out.write_text(f"# Strategies replayed on the baseline's outputs\n\n{markdown_table(headers, body, left=1)}\n",
+                   encoding="utf-8")
     return 0

@@ -76,3 +76,18 @@ def test_bad_replays_are_one_clear_error(run, tmp_path, capsys):
         replay.main([str(run), "--flat", "steep"])
     with pytest.raises(ConfigError, match="cheaper than one"):
         replay.main([str(run), "--flat", "0.5"])
+
+
+def test_a_bench_records_the_curve_each_engine_priced_on_and_replay_prices_on_it(run):
+    from rich.console import Console
+
+    data = json.loads((run / "bench.json").read_text())
+    curves = data["meta"]["pricing_curves"]
+    priced = [s["label"] for s in data["systems"]
+              if s["strategy"] != "autoregressive" and s["knobs"].get("priced", True)]
+    unpriced = [s["label"] for s in data["systems"] if s["knobs"].get("priced") is False]
+    assert priced and set(priced) <= set(curves) and not set(unpriced) & set(curves)
+    assert all(len(c["rows"]) == len(c["seconds"]) > 1 for c in curves.values())
+    console = Console(record=True, width=250, file=open("/dev/null", "w"))  # noqa: SIM115
+    assert replay.main([str(run), *priced], console) == 0
+    assert "its engine's curve, each step's context" in console.export_text()
