@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -221,11 +220,7 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     is printed and written to ``ceiling.md`` beside the bench.json."""
     if len(args) != 1:
         raise ConfigError("usage: python -m specfree ceiling BENCH_JSON_OR_FOLDER")
-    path = Path(args[0]).expanduser()
-    path = path / store_mod.FILENAME if path.is_dir() else path
-    if not path.is_file():
-        raise ConfigError(f"ceiling: {path} not found; pass a bench output folder or its {store_mod.FILENAME}")
-    data = store_mod.read(path)
+    path, data = store_mod.read_output(args[0], "ceiling")
     meta = data.get("meta", {})
     contexts, cost, curve_name = _conversation_and_cost(meta)
     rows = ceiling_rows(data["records"], contexts, cost, systems_meta=data.get("systems", []))
@@ -252,24 +247,31 @@ def run_curve(meta: dict) -> tuple[str, Callable[[int], float]] | None:
     return None
 
 
-def _conversation_and_cost(meta: dict):
+def run_engine(meta: dict):
+    """An autoregressive engine over the run's model, device, dtype and threads."""
+    import torch
+
+    from specfree.engine import Engine
+
+    if meta.get("threads"):
+        torch.set_num_threads(int(meta["threads"]))
+    return Engine.from_pretrained(meta["model"], "autoregressive", device=meta.get("device", "cpu"),
+                                  dtype=meta.get("dtype", "float32"))
+
+
+def _conversation_and_cost(meta: dict, engine=None):
     """Each record's prompt ids, encoded by the bench's own ``Conversation`` (turn 2 sees the
     baseline's first answer); the cost curve the run recorded for its own path (``run_curve``), or
     where it recorded none, the cached curve of the model, device, dtype and threads it used; and
-    the recorded curve's name (None for the cached one)."""
-    import torch
-
+    the recorded curve's name (None for the cached one). ``engine``: the run's (``run_engine``),
+    built here when not given."""
     from specfree.loading import DEFAULT_CACHE
     from specfree.bench.prompts import load_prompts
     from specfree.bench.runner import Conversation
     from specfree.bench.systems import Turn
     from specfree.cost import CostModel
-    from specfree.engine import Engine
 
-    if meta.get("threads"):
-        torch.set_num_threads(int(meta["threads"]))
-    engine = Engine.from_pretrained(meta["model"], "autoregressive", device=meta.get("device", "cpu"),
-                                    dtype=meta.get("dtype", "float32"))
+    engine = engine or run_engine(meta)
     tokenizer = engine.tokenizer
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 chat=meta.get("chat", True))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specfree.bench import store as store_mod
-from specfree.bench.ceiling import _conversation_and_cost
+from specfree.bench.ceiling import _conversation_and_cost, run_engine
 from specfree.bench.metrics import BASELINE, COMPILED
 from specfree.bench.report import markdown_table, wide_console
 from specfree.cost import CostModel
@@ -191,19 +190,14 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
         del args[i : i + 2]
     if not args:
         raise ConfigError("usage: python -m specfree replay BENCH_JSON_OR_FOLDER [STRATEGY ...] [--flat F]")
-    path = Path(args[0]).expanduser()
-    path = path / store_mod.FILENAME if path.is_dir() else path
-    if not path.is_file():
-        raise ConfigError(f"replay: {path} not found; pass a bench output folder or its {store_mod.FILENAME}")
-    data = store_mod.read(path)
+    path, data = store_mod.read_output(args[0], "replay")
     meta, records = data.get("meta", {}), data["records"]
     chosen = _strategies(args[1:], data.get("systems", []), registry(build_plugin_manager()))
-    contexts, cost, curve_name = _conversation_and_cost(meta)
+    engine = run_engine(meta)  # its model also gives the logits of the recorded sequences
+    contexts, cost, curve_name = _conversation_and_cost(meta, engine)
     if flat is not None:
         cost, curve_name = flattened(cost, flat), f"flattened: 8 rows {flat}x one row"
-    from specfree.loading import load_model
-
-    model, _ = load_model(meta["model"], device=meta.get("device", "cpu"), dtype=meta.get("dtype", "float32"))
+    model = engine.adapter.model
     turns = record_sequences(records, contexts, model)
     vocab, max_length = model.config.vocab_size, int(getattr(model.config, "max_position_embeddings", 1 << 20))
     headers = ["system", "tok/step", "measured tok/step", "rows/step kept/offered", "decode speedup (curve)",

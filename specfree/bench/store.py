@@ -24,6 +24,16 @@ def record_key(record: dict[str, Any]) -> tuple[str, str, int]:
     return str(record["prompt_id"]), str(record["system"]), int(record["repeat"])
 
 
+def read_output(arg: str | Path, command: str) -> tuple[Path, dict[str, Any]]:
+    """A command's bench-output argument (a folder or its records file): the records file's path
+    and its contents; one clear error naming ``command`` where there is none."""
+    path = Path(arg).expanduser()
+    path = path / FILENAME if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"{command}: {path} not found; pass a bench output folder or its {FILENAME}")
+    return path, read(path)
+
+
 def read(path: str | Path) -> dict[str, Any]:
     """Load a records file (or the one inside a folder) and check it is ours."""
     path = Path(path)
