@@ -22,12 +22,18 @@ from specfree.check import check_against_baseline
 from specfree.errors import ConfigError
 from specfree.masks.bucketed import bucket_for, pad_rows, static_mask
 from specfree.plugins import build_plugin_manager, registry
+from tests import tiny_models
 from tests.test_lossless import prompts, strategy_specs
 from tests.tiny_models import reference_greedy, tiny_model
 
 COMPILED_FAMILIES = ("llama", "gpt2")  # grouped-query + RMSNorm + rotary; Conv1D + learned positions
+# ``pytest --device cuda`` tests the GPU's default, torch.compile graphs, in place of packages:
+# AOTInductor's export of the step fails there (test_packages_on_a_gpu_still_fail).
+ON_CPU = tiny_models.DEVICE == "cpu"
+PACKAGED = "aoti" if ON_CPU else "inductor"
 # (family, backend): packages for both families, torch.compile's Inductor (the GPU path's) for one
-COMPILED = (("llama", "aoti"), ("gpt2", "aoti"), ("llama", "inductor"))
+COMPILED = tuple(dict.fromkeys((("llama", PACKAGED), ("gpt2", PACKAGED), ("llama", "inductor"))))
+packages_only = pytest.mark.skipif(not ON_CPU, reason="AOTInductor packages are the CPU path")
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 REG = registry(build_plugin_manager())
 
@@ -68,7 +74,7 @@ def test_compiled_greedy_equals_transformers_generate(compiled_adapters, which, 
 @given(prompt=prompts(), spec=strategy_specs(), seed=st.integers(0, 2**31), temperature=st.floats(0.3, 1.5))
 def test_compiled_seeded_sampling_equals_autoregressive_sampling(compiled_adapters, prompt, spec, seed,
                                                                  temperature):
-    adapter = compiled_adapters["llama", "aoti"]
+    adapter = compiled_adapters["llama", PACKAGED]
     name, knobs = spec
     sampling = dict(do_sample=True, seed=seed, temperature=temperature)
     speculative = engine_on(adapter, name, knobs, **dict(sampling)).generate(prompt, 30)
@@ -77,13 +83,14 @@ def test_compiled_seeded_sampling_equals_autoregressive_sampling(compiled_adapte
 
 
 def test_check_mode_on_the_compiled_path(compiled_adapters):
-    engine = engine_on(compiled_adapters["gpt2", "aoti"], "prompt_lookup", {})
+    engine = engine_on(compiled_adapters["gpt2", PACKAGED], "prompt_lookup", {})
     prompt = [5, 6, 7, 8] * 4
     result = engine.generate(prompt, 24)
     verdict = check_against_baseline(engine, result, prompt, max_new_tokens=24)
     assert verdict.identical and verdict.baseline.tokens == result.tokens
 
 
+@packages_only
 def test_one_package_is_kept_and_loaded_by_the_next_adapter(compiled_adapters, tmp_path):
     model = tiny_model("llama")
     built = compiled_adapter(model, max_autotune=False, package_dir=tmp_path)
@@ -100,6 +107,7 @@ def test_one_package_is_kept_and_loaded_by_the_next_adapter(compiled_adapters, t
     assert again.compiled
 
 
+@packages_only
 def test_a_package_reads_the_weights_of_the_model_it_runs(compiled_adapters, tmp_path):
     """The package holds no weights: the same architecture with other weights loads it and
     decodes with its own, and the package runs on the model's tensors, not a copy."""
@@ -126,6 +134,20 @@ def test_a_package_reads_the_weights_of_the_model_it_runs(compiled_adapters, tmp
     torch.testing.assert_close(after, 2 * before, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(ON_CPU, reason="a GPU's known failure")
+@pytest.mark.xfail(strict=True, reason="H100, torch 2.11: export fails on a guard over the slot count, "
+                   "min(8*slots, 16*slots) == 8*slots, so the adapter warns and decodes eagerly")
+def test_packages_on_a_gpu_still_fail():
+    """Strict: when a torch release exports the step on CUDA, this fails and packages can be
+    tested (and chosen by default) on GPUs too."""
+    adapter = compiled_adapter(tiny_model("llama"), buckets=(1,), max_autotune=False, backend="aoti")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adapter.warm_up(progress=False)
+    assert adapter.compiled
+
+
+@packages_only
 def test_a_damaged_package_warns_and_decodes_eagerly(tmp_path):
     model = tiny_model("llama")
     adapter = compiled_adapter(model, max_autotune=False, package_dir=tmp_path)
@@ -138,7 +160,7 @@ def test_a_damaged_package_warns_and_decodes_eagerly(tmp_path):
     assert tokens == reference_greedy(model, prompt, 16) and not adapter.compiled
 
 
-@pytest.mark.parametrize("which", [("llama", "aoti"), ("llama", "inductor")])
+@pytest.mark.parametrize("which", sorted({("llama", PACKAGED), ("llama", "inductor")}))
 def test_compiled_verify_rows_equal_the_one_row_step_bit_for_bit(compiled_adapters, which):
     """specfree's tree attention (tests/test_tree_attention.py) in packages and graphs alike: chain
     rows and the same rows among siblings (8 rows) against compiled one-row steps."""
@@ -231,6 +253,7 @@ def test_compile_knob_auto_uses_a_warm_compile_only(tmp_path):
     assert type(make_adapter(model, "false", **knobs)) is HFAdapter
 
 
+@packages_only
 def test_compile_knob_auto_uses_packages_already_on_disk(tmp_path):
     model = tiny_model("gpt2")
     knobs = dict(cache_dir=tmp_path, max_autotune=False, progress=False)
