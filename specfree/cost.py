@@ -26,6 +26,9 @@ from specfree.timing import clock
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 CONTEXTS = (256, 1024)  # the two contexts the curve is measured at
+CHECK_ROWS = 8  # a cached curve's shape is checked at one row against this many
+# Two measurements on a quiet 2-core Zen 3 differ by up to 7% in t(8)/t(1); a stale curve by 40%.
+SHAPE_TOLERANCE = 0.15
 
 
 class CostModel:
@@ -107,7 +110,8 @@ class CostModel:
 
     @classmethod
     def cached(cls, adapter, cache_dir: Path) -> "CostModel":
-        """Measure once per (model, device, dtype, threads, kernels); later engines read the file."""
+        """Measure once per (model, device, dtype, threads, kernels); later engines read the file,
+        after a check that its shape still holds here (``holds``), and measure again if not."""
         model = adapter.model
         params = sum(p.numel() for p in model.parameters())
         # The layer classes name the kernels (few-row linears, fused norms, ...), whichever were swapped in.
@@ -121,13 +125,29 @@ class CostModel:
         path = Path(cache_dir) / "costs" / f"{fingerprint(setup)}.json"
         if path.is_file():
             try:
-                return cls.from_dict(json.loads(path.read_text()))
+                cached = cls.from_dict(json.loads(path.read_text()))
             except (ValueError, KeyError):
-                pass  # a damaged cache file is simply measured again
+                cached = None  # a damaged cache file is simply measured again
+            if cached is not None and cached.holds(adapter):
+                return cached
         costs = cls.measure(adapter)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(costs.as_dict()))
         return costs
+
+
+    def holds(self, adapter, tolerance: float = SHAPE_TOLERANCE) -> bool:
+        """Whether the curve's shape still holds here: one row against the largest size up to 8,
+        timed now, at most ``tolerance`` off the curve's ratio of the two. Pricing reads only the
+        shape (a machine's overall drift scales every size alike); a curve measured during a slow
+        or fast spell, or on other hardware, can be off by 40% at 8 rows and then over- or
+        under-drafts every step (README, run AA)."""
+        big = int(max((r for r in self.rows if r <= CHECK_ROWS), default=1))
+        room = adapter.max_length - big - 4 * 2 - 2
+        if big == 1 or room < 1:
+            return True
+        one, many = _time_sizes(adapter, max(1, min(self.context, room)), [1, big], repeats=3)
+        return abs((many / one) / (self(big) / self(1)) - 1) <= tolerance
 
 
 def _time_sizes(adapter, context: int, sizes: list[int], repeats: int) -> list[float]:

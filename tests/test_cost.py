@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,7 @@ def test_the_curve_is_measured_once_per_setup(tmp_path, monkeypatch):
         return CostModel([1, 2], [1.0, 1.5 + len(measured)])
 
     monkeypatch.setattr(CostModel, "measure", classmethod(fake_measure))
+    monkeypatch.setattr(CostModel, "holds", lambda self, adapter: True)  # the fake curves' shapes are not real
     model = tiny_model("llama")
     adapter = HFAdapter(model, check_tree_mask=False)
     first = CostModel.cached(adapter, tmp_path)
@@ -47,6 +50,20 @@ def test_the_curve_is_measured_once_per_setup(tmp_path, monkeypatch):
     monkeypatch.setattr("specfree.cost.kernel_dir", lambda: tmp_path / "another-build")  # the ops' sources changed
     CostModel.cached(adapter, tmp_path)
     assert len(measured) == before + 1
+
+
+def test_a_cached_curve_whose_shape_no_longer_holds_is_measured_again(tmp_path):
+    """A file that says 8 rows cost 3x one row, where they cost far less (a tiny model's forward is
+    mostly fixed overhead), is measured again and rewritten; pricing never reads the stale shape."""
+    adapter = HFAdapter(tiny_model("llama"), check_tree_mask=False)
+    first = CostModel.cached(adapter, tmp_path)
+    path, = (tmp_path / "costs").iterdir()
+    stale = CostModel([1, 8], [1e-3, 3e-3])
+    assert not stale.holds(adapter)
+    path.write_text(json.dumps(stale.as_dict()))
+    again = CostModel.cached(adapter, tmp_path)
+    assert again.rows.tolist() == first.rows.tolist() and again(8) / again(1) < 2.5
+    assert json.loads(path.read_text()) == again.as_dict()
 
 
 def test_the_curve_grows_with_the_context_and_prices_each_step_at_its_own():
