@@ -37,7 +37,8 @@ METHODS = [("vllm-plain", "plain", []), ("vllm-ngram", "ngram", []), ("vllm-suff
            ("vllm-specfree-suffix", "specfree", ["strategy=suffix"]),
            ("vllm-specfree-hybrid", "specfree", ["strategy=hybrid"]),
            ("vllm-specfree-hybrid+suffix", "specfree",
-            ["strategy=hybrid", "strategy.drafters=[prompt_lookup,trie,suffix]"])]
+            ["strategy=hybrid", "strategy.drafters=[prompt_lookup,trie,suffix]"]),
+           ("vllm-specfree-suffix+pl", "specfree", ["strategy=hybrid", "strategy.drafters=[suffix,prompt_lookup]"])]
 
 
 def smollm2_folder(folder: Path):
