@@ -136,7 +136,8 @@ def test_a_package_reads_the_weights_of_the_model_it_runs(compiled_adapters, tmp
 
 @pytest.mark.skipif(ON_CPU, reason="a GPU's known failure")
 @pytest.mark.xfail(strict=True, reason="H100, torch 2.11: export fails on a guard over the slot count, "
-                   "min(8*slots, 16*slots) == 8*slots, so the adapter warns and decodes eagerly")
+                   "min(8*slots, 16*slots) == 8*slots, from CUDA SDPA's mask alignment (pytorch#124502), "
+                   "so the adapter warns and decodes eagerly")
 def test_packages_on_a_gpu_still_fail():
     """Strict: when a torch release exports the step on CUDA, this fails and packages can be
     tested (and chosen by default) on GPUs too."""
