@@ -53,15 +53,18 @@ def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines:
                   seed: int | None = None, linear_kernel: str = "few_row", compiled=None) -> list[System]:
     """The (eager) autoregressive baseline first, then, given a ``compiled`` adapter, the compiled
     autoregressive loop, then the requested strategies (on ``compiled`` when given), then outside
-    baselines. All of them share ``model``."""
+    baselines. All of them share ``model``, and the strategies one forward-cost curve, so that no
+    system's pricing differs from another's by a measurement's noise."""
     reg = registry(build_plugin_manager())
     systems: list[System] = [SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, linear_kernel)]
     if compiled is not None:
         systems.append(SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, adapter=compiled,
                                             suffix=COMPILED))
+    costs = None  # the first priced engine's curve (read from the cache, checked, or measured)
     for spec in strategies:
         system = SpecfreeSystem.build(model, tokenizer, spec.name, spec.knobs, seed, reg, linear_kernel,
-                                      adapter=compiled)
+                                      adapter=compiled, costs=costs)
+        costs = costs or system.engine.costs
         if system.label != BASELINE:  # the baseline runs once, first
             systems.append(system)
     engine = systems[0].engine

@@ -18,6 +18,7 @@ from specfree.adapters import as_shipped
 from specfree.adapters.kv import cache_argument
 from specfree.bench.metrics import PHASES
 from specfree.conf.schema import STEP_KNOBS
+from specfree.cost import CostModel
 from specfree.engine import Engine
 from specfree.errors import ConfigError
 from specfree.plugins import Registry, build_plugin_manager, registry
@@ -77,17 +78,20 @@ class SpecfreeSystem:
     @classmethod
     def build(cls, model, tokenizer, strategy: str, knobs: dict[str, Any] | None = None,
               seed: int | None = None, reg: Registry | None = None,
-              linear_kernel: str = "few_row", adapter=None, suffix: str = "") -> SpecfreeSystem:
+              linear_kernel: str = "few_row", adapter=None, suffix: str = "",
+              costs: CostModel | None = None) -> SpecfreeSystem:
         """``knobs`` may hold ``pool`` as a pool config node ``{name, knobs...}`` (or a pool name).
         ``adapter``: a compiled adapter shared by the compiled systems (None: an eager one of its
-        own); ``suffix`` is added to the label (`` (compiled)``)."""
+        own); ``suffix`` is added to the label (`` (compiled)``); ``costs``: the forward-cost curve
+        to price on (None: the engine reads or measures its own)."""
         reg = reg or registry(build_plugin_manager())
         knobs = dict(knobs or {})
         component = reg.get("strategy", strategy)
         # A pool spec in knobs is built by Registry.make, like a hybrid member's.
         # generation="plain": bench times plain greedy decoding, as its transformers baselines run it.
         engine = Engine.from_model(model, tokenizer, strategy, linear_kernel=linear_kernel, compile="false",
-                                   adapter=adapter, generation="plain", **knobs)
+                                   adapter=adapter, generation="plain",
+                                   costs=None if costs is None else CostModel.from_dict(costs.as_dict()), **knobs)
         # The step knobs (priced...) are documented defaults too: `{name: trie, priced: false}` is
         # labelled trie(priced=False), beside the priced trie, in one report.
         documented = {k: default for k, (_, default) in STEP_KNOBS.items()}

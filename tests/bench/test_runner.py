@@ -145,3 +145,24 @@ def test_one_bench_runs_a_strategy_priced_and_unpriced_as_two_systems():
     assert [s.label for s in systems] == ["autoregressive", "trie", "trie(priced=False)"]
     assert [s.engine.priced for s in systems] == [True, True, False]
     assert systems[2].params["priced"] is False and systems[1].params["priced"] is True
+
+
+def test_the_strategies_of_one_bench_price_on_one_curve(monkeypatch):
+    """Each engine reading (and checking) the cached curve on its own gave the systems of one run
+    curves measured minutes apart, 8 rows at 1.35x to 1.73x one row on one VM (run AA): the run's
+    first priced engine gets the curve, and every other strategy a copy of it."""
+    from specfree.bench.runner import SystemSpec, build_systems
+    from specfree.cost import CostModel
+    from tests.tiny_models import tiny_model
+
+    read = []
+
+    def one_read(cls, adapter, cache_dir):
+        read.append(adapter)
+        return CostModel([1, 8], [1.0, 1.5 + len(read)])
+
+    monkeypatch.setattr(CostModel, "cached", classmethod(one_read))
+    specs = [SystemSpec("prompt_lookup", {}), SystemSpec("suffix", {}), SystemSpec("trie", {"priced": False})]
+    systems = build_systems(tiny_model("llama"), None, specs, [])
+    first, second = systems[1].engine.costs, systems[2].engine.costs
+    assert len(read) == 1 and first.as_dict() == second.as_dict() and first is not second
