@@ -62,8 +62,9 @@ def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines:
                                             suffix=COMPILED))
     costs = None  # the first priced engine's curve (read from the cache, checked, or measured)
     for spec in strategies:
+        wants_curve = spec.knobs.get("priced", True) or spec.knobs.get("adapt_costs", False)
         system = SpecfreeSystem.build(model, tokenizer, spec.name, spec.knobs, seed, reg, linear_kernel,
-                                      adapter=compiled, costs=costs)
+                                      adapter=compiled, costs=costs if wants_curve else None)
         costs = costs or system.engine.costs
         if system.label != BASELINE:  # the baseline runs once, first
             systems.append(system)

@@ -166,3 +166,4 @@ def test_the_strategies_of_one_bench_price_on_one_curve(monkeypatch):
     systems = build_systems(tiny_model("llama"), None, specs, [])
     first, second = systems[1].engine.costs, systems[2].engine.costs
     assert len(read) == 1 and first.as_dict() == second.as_dict() and first is not second
+    assert systems[3].engine.costs is None  # an unpriced strategy prices on nothing
