@@ -124,6 +124,17 @@ def curve_notes(meta: dict) -> list[str]:
             ratios = f" = {' / '.join(f'{v / floor:.2f}' for v in curve.values())}x the floor" if floor else ""
             lines.append(f"{what} ({', '.join(map(str, curve))} rows): {name} "
                          f"{' / '.join(f'{v:.1f}' for v in curve.values())}{ratios}")
+    # The curve the engines priced on, measured (or checked) when they were built: it can differ
+    # from the forward curve above by the machine's noise between the two measurements.
+    by_curve: dict[str, list[str]] = {}
+    for label, curve in (meta.get("pricing_curves") or {}).items():
+        points = dict(zip(curve["rows"], curve["seconds"]))
+        shown = " / ".join(f"{1e3 * points[r]:.1f}" for r in curve["rows"])
+        ratio = f"; t(8) = {points[8] / points[1]:.2f} t(1)" if 1 in points and 8 in points else ""
+        by_curve.setdefault(f"({', '.join(map(str, curve['rows']))} rows, {curve.get('context', '?')} tokens of "
+                            f"context): {shown}{ratio}", []).append(label)
+    for text, labels in by_curve.items():
+        lines.append(f"pricing curve of {', '.join(labels)}, ms {text}")
     return lines
 
 

@@ -203,6 +203,7 @@ def test_bench_compiled_rows(tiny_model_dir, prompts, tmp_path):
     assert "blas" in meta["linear_curves_ms"] and len(meta["linear_curves_ms"]["blas"]) == 5
     assert any(name.startswith("compiled") for name in meta["forward_curves_ms"])
     assert "linear layers alone, ms per pass (1, 2, 4, 8, 16 rows): blas " in report
+    assert "pricing curve of prompt_lookup(draft_len=4), ms (1, 2, 3, 4, 6, 8" in report  # what pricing read
     # the strategy ran compiled, so its per-method speedup divides by the compiled loop's tokens/s
     doc = json.loads((out / "bench.json").read_text())
     assert [s["path"] for s in doc["systems"]] == ["eager", "compiled", "compiled", "transformers"]
