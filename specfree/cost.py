@@ -26,7 +26,8 @@ from specfree.timing import clock
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 CONTEXTS = (256, 1024)  # the two contexts the curve is measured at
-CHECK_ROWS = 8  # a cached curve's shape is checked at one row against this many
+CHECK_ROWS = 8  # a cached curve's shape is checked at one row against this many,
+CHECK_REPEATS = 5  # best of this many rounds each
 # Measurements minutes apart on a 2-core Zen 3 VM put t(8)/t(1) at 1.63-1.75 (one at 1.35); the
 # stale curve this check was written for said 1.21.
 SHAPE_TOLERANCE = 0.2
@@ -97,9 +98,9 @@ class CostModel:
         """
         sizes = list(sizes)
         # Each timed forward leaves one row in the cache: a short-context model measures fewer sizes.
-        while len(sizes) > 2 and max(sizes) + (repeats + 1) * len(sizes) + 2 >= adapter.max_length:
+        while len(sizes) > 2 and _room(adapter, sizes, repeats) < 1:
             sizes.pop(sizes.index(max(sizes)))
-        room = adapter.max_length - max(sizes) - (repeats + 1) * len(sizes) - 2
+        room = _room(adapter, sizes, repeats)
         context = max(1, min(context, room))
         seconds = _time_sizes(adapter, context, sizes, repeats)
         longer = None if longer is None else min(longer, room)
@@ -136,19 +137,24 @@ class CostModel:
         write_atomic(path, json.dumps(costs.as_dict()))
         return costs
 
-
     def holds(self, adapter, tolerance: float = SHAPE_TOLERANCE) -> bool:
         """Whether the curve's shape still holds here: one row against the largest size up to 8,
         timed now, at most ``tolerance`` off the curve's ratio of the two. Pricing reads only the
         shape (a machine's overall drift scales every size alike); a curve measured during a slow
         or fast spell, or on other hardware, can be off by 40% at 8 rows and then over- or
-        under-drafts every step (README, run AA)."""
+        under-drafts every step (README, runs AA and AB)."""
         big = int(max((r for r in self.rows if r <= CHECK_ROWS), default=1))
-        room = adapter.max_length - big - 6 * 2 - 2
+        room = _room(adapter, [1, big], CHECK_REPEATS)
         if big == 1 or room < 1:
             return True
-        one, many = _time_sizes(adapter, max(1, min(self.context, room)), [1, big], repeats=5)
+        one, many = _time_sizes(adapter, max(1, min(self.context, room)), [1, big], CHECK_REPEATS)
         return abs((many / one) / (self(big) / self(1)) - 1) <= tolerance
+
+
+def _room(adapter, sizes: list[int], repeats: int) -> int:
+    """Context tokens that can precede a timing of ``sizes`` over ``repeats`` rounds and a warm-up
+    (each timed forward leaves one row in the cache)."""
+    return adapter.max_length - max(sizes) - (repeats + 1) * len(sizes) - 2
 
 
 def _time_sizes(adapter, context: int, sizes: list[int], repeats: int) -> list[float]:
