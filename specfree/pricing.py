@@ -87,6 +87,7 @@ class Plan:
     parts: list[tuple[str, AuxBlock]]  # every aux block offered, with its owner (``Proposal.aux_parts``)
     windows: list[int]  # indices into ``parts`` of the blocks kept
     offered: int  # rows offered: root + distinct drafted nodes + every aux row
+    nodes: dict[Path, Node] | None = None  # the proposal's drafted nodes as priced (``drafted_nodes``)
 
     @property
     def aux(self) -> AuxBlock | None:
@@ -136,56 +137,61 @@ def reach_probabilities(rate: dict[Path, float]) -> dict[Path, float]:
 AGREED = "agreed"  # the source of nodes several drafters propose (label: which ones, and the best one's kind)
 
 
-def proposers(proposal: Proposal, max_depth: int | None = None) -> dict[Path, set[str]]:
-    """Every distinct drafted node (to ``max_depth``) -> the drafters whose candidates propose it."""
-    found: dict[Path, set[str]] = defaultdict(set)
-    for candidate, source in zip(proposal.candidates, proposal.candidate_sources()):
-        prefix: Path = ()
-        for token in candidate[:max_depth]:
-            prefix += (int(token),)
-            found[prefix].add(source)
-    return found
+@dataclass
+class Node:
+    """A distinct drafted node: the best rate of any candidate proposing it, that candidate's
+    source and label, and every drafter proposing it."""
+
+    rate: float
+    source: str
+    label: str | None
+    sources: set[str]
 
 
-def own_rates(proposal: Proposal, acceptance: AcceptanceModel, max_depth: int | None,
-              only: dict | None = None) -> dict[Path, tuple[float, str, str | None]]:
-    """Every distinct drafted node (or those in ``only``) -> (the best rate any candidate proposing
-    it has, that candidate's source, label)."""
-    rate: dict[Path, tuple[float, str, str | None]] = {}
+def drafted_nodes(proposal: Proposal, acceptance: AcceptanceModel) -> dict[Path, Node]:
+    """Every distinct drafted node, in one pass over the candidates (parents before children)."""
+    nodes: dict[Path, Node] = {}
     labels = proposal.labels or [None] * len(proposal.candidates)
     learned: dict[tuple[str, str | None, int], float] = {}  # looked up once a step
     for candidate, source, label in zip(proposal.candidates, proposal.candidate_sources(), labels):
         prefix: Path = ()
-        for depth, token in enumerate(candidate[:max_depth], 1):
+        tokens = candidate.tolist() if isinstance(candidate, np.ndarray) else candidate
+        for depth, token in enumerate(tokens, 1):
             prefix += (int(token),)
-            if only is not None and prefix not in only:
-                continue
             r = learned.get((source, label, depth))
             if r is None:
                 r = learned[source, label, depth] = acceptance.rate(source, label, depth)
-            if r > rate.get(prefix, (-1.0,))[0]:
-                rate[prefix] = (r, source, label)
-    return rate
+            node = nodes.get(prefix)
+            if node is None:
+                nodes[prefix] = Node(r, source, label, {source})
+            else:
+                node.sources.add(source)
+                if r > node.rate:
+                    node.rate, node.source, node.label = r, source, label
+    return nodes
 
 
-def agreed_label(sources: set[str], best: tuple[float, str, str | None]) -> str:
+def agreed_label(node: Node) -> str:
     """The kind of a node several drafters propose: which drafters, and the kind of the likeliest
     one's own guess (two drafters agreeing after a long match are not two agreeing after one token)."""
-    return f"{'+'.join(sorted(sources))}|{best[1]}:{best[2] or ''}"
+    return f"{'+'.join(sorted(node.sources))}|{node.source}:{node.label or ''}"
 
 
-def node_rates(proposal: Proposal, acceptance: AcceptanceModel,
-               max_depth: int) -> dict[Path, tuple[float, str, str | None]]:
-    """Every distinct drafted node -> (its rate, its source, label): the best rate any candidate
-    proposing it has, or where several drafters propose it, the rate of their agreement (the
-    source and label then the likeliest drafter's own, for the step's records)."""
-    rate = own_rates(proposal, acceptance, max_depth)
-    if proposal.sources is not None:  # only a hybrid's proposal has several drafters
-        for path, sources in proposers(proposal, max_depth).items():
-            if len(sources) > 1:
-                best = rate[path]
-                rate[path] = (acceptance.rate(AGREED, agreed_label(sources, best), len(path)), best[1], best[2])
-    return rate
+def node_rates(proposal: Proposal, acceptance: AcceptanceModel, max_depth: int | None = None,
+               nodes: dict[Path, Node] | None = None) -> dict[Path, tuple[float, str, str | None]]:
+    """Every distinct drafted node (to ``max_depth``) -> (its rate, its source, label): the best rate
+    any candidate proposing it has, or where several drafters propose it, the rate of their
+    agreement (the source and label then the likeliest drafter's own, for the step's records)."""
+    nodes = drafted_nodes(proposal, acceptance) if nodes is None else nodes
+    rates = {}
+    for path, node in nodes.items():
+        if max_depth is not None and len(path) > max_depth:
+            continue
+        rate = node.rate
+        if len(node.sources) > 1:  # only a hybrid's proposal has several drafters
+            rate = acceptance.rate(AGREED, agreed_label(node), len(path))
+        rates[path] = (rate, node.source, node.label)
+    return rates
 
 
 def best_chain(reach: dict[Path, float]) -> list[Path]:
@@ -208,7 +214,8 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     ``chain``: the model verifies one chain, with no aux rows; with ``rollback`` a cut chain is
     priced one more forward of its kept rows (the model replays them).
     """
-    rates = node_rates(proposal, acceptance, max_depth)
+    nodes = drafted_nodes(proposal, acceptance)  # kept in the plan: learn reads the same table
+    rates = node_rates(proposal, acceptance, max_depth, nodes)
     reach = reach_probabilities({path: r for path, (r, _, _) in rates.items()})
     parts = proposal.aux_parts()
     offered = 1 + len(rates) + sum(len(block) for _, block in parts)
@@ -255,7 +262,7 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     node_of: dict[Path, int] = {(): 0}
     for path, _ in ranked[:k]:
         node_of[path] = tree.add(node_of[path[:-1]], path[-1], rates[path][1])
-    return Plan(tree, proposal.aux_parts(), kept_windows, offered)
+    return Plan(tree, proposal.aux_parts(), kept_windows, offered, nodes)
 
 
 def as_proposed(root: int, proposal: Proposal, *, max_depth: int, budget: int, chain: bool = False,
@@ -300,9 +307,12 @@ def learn(acceptance: AcceptanceModel, proposal: Proposal, plan: Plan, emitted: 
     """Record into ``acceptance`` how the proposal's drafts and aux blocks fared against ``emitted``."""
     labels = proposal.labels or [None] * len(proposal.candidates)
     owners: dict[Path, set[str]] = defaultdict(set)
-    shared = ({path: sources for path, sources in proposers(proposal).items() if len(sources) > 1}
-              if proposal.sources is not None else {})
-    best = own_rates(proposal, acceptance, None, only=shared) if shared else {}  # before this step's records
+    # The nodes as priced (the statistics have not moved since); an unpriced plan has none yet,
+    # and only a hybrid's proposal has nodes that several drafters propose.
+    nodes = plan.nodes
+    if nodes is None:
+        nodes = drafted_nodes(proposal, acceptance) if proposal.sources is not None else {}
+    shared = {path: node for path, node in nodes.items() if len(node.sources) > 1}
     for candidate, source, label in zip(proposal.candidates, proposal.candidate_sources(), labels):
         # Score every proposed token whose parent the model reached, verified or not; a node
         # several drafters propose is scored once, as their agreement.
@@ -315,9 +325,9 @@ def learn(acceptance: AcceptanceModel, proposal: Proposal, plan: Plan, emitted: 
             if not hit:
                 break
             owners[tuple(emitted[:depth])].add(source)
-    for path, sources in shared.items():
+    for path, node in shared.items():
         if len(path) <= len(emitted) and tuple(emitted[: len(path) - 1]) == path[:-1]:
-            acceptance.record(AGREED, agreed_label(sources, best[path]), len(path), emitted[len(path) - 1] == path[-1])
+            acceptance.record(AGREED, agreed_label(node), len(path), emitted[len(path) - 1] == path[-1])
     parts = proposal.aux_parts()
     if parts:
         # A block is worth the accepted tokens only its owner drafted: what others drafted too

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfree.cost import CostModel
-from specfree.pricing import (AGREED, AcceptanceModel, Plan, agreed_label, as_proposed, learn, node_rates, price,
+from specfree.pricing import (AGREED, AcceptanceModel, Node, Plan, agreed_label, as_proposed, learn, node_rates, price,
                               reach_probabilities)
 from specfree.tree import DraftTree
 from specfree.types import AuxBlock, Proposal
@@ -144,7 +144,7 @@ def test_a_node_several_drafters_propose_is_learned_and_priced_as_their_agreemen
     for _ in range(8):  # "a" alone has been right every time at depth 1, "b" never
         acceptance.record("a", "x", 1, True)
         acceptance.record("b", "y", 1, False)
-    kind = agreed_label({"a", "b"}, (acceptance.rate("a", "x", 1), "a", "x"))
+    kind = agreed_label(Node(acceptance.rate("a", "x", 1), "a", "x", {"a", "b"}))
     assert kind == "a+b|a:x"  # which drafters, and the likelier one's own kind
     before = {key: list(c) for key, c in acceptance.counts.items()}
     learn(acceptance, proposal, Plan(DraftTree.root_only(0), [], [], offered=5), emitted=[1, 3, 4], accepted=2)
