@@ -86,6 +86,26 @@ def test_memory_cap_and_lookup_under_pruning(branch, cap, workload, ctx, nodes, 
     assert cands == naive_trie_lookup(pool.to_dict(), ctx, pool.max_query_length, nodes, depth)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 30), st.lists(ops, min_size=1, max_size=4), small, st.integers(0, 12),
+       st.integers(0, 6))
+def test_a_requests_end_unlinks_what_its_prompt_alone_held_as_if_renumbered(branch, cap, requests, ctx, nodes,
+                                                                            depth):
+    # The same workload on a pool compacted after every call: same nodes, counts and drafts, under
+    # any cap (the holes an end leaves never count toward it, nor reach a lookup or a file).
+    lazy, eager = TriePool(max_nodes=cap, branch_length=branch), TriePool(max_nodes=cap, branch_length=branch)
+    for workload in requests:
+        for op in (*workload, ("end",)):
+            apply(lazy, op)
+            apply(eager, op)
+            eager.compact()
+            assert lazy.to_dict() == eager.to_dict() and len(lazy) == len(eager) <= cap
+            assert lazy.lookup(ctx, nodes, depth) == eager.lookup(ctx, nodes, depth)
+    assert len(eager._tok) - 1 == len(eager)  # compacted: no holes left
+    lazy.compact()
+    assert lazy._tok == eager._tok and lazy._par == eager._par  # renumbered alike
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(small, st.booleans()), max_size=6), small, st.integers(1, 4),
        st.integers(0, 15), st.integers(0, 6))
