@@ -37,13 +37,13 @@ class TokenRecycling(Strategy):
 
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
         candidates, labels = [], []
+        widths, table = self.widths[: max(0, max_depth)], self.table
         # Depth-first over the static shape; a path is emitted when it cannot grow further.
         stack = [([], int(context[-1]), 0)]
         while stack:
             path, token, rank = stack.pop()
             depth = len(path)
-            nexts = self.table[token, : self.widths[depth]] if depth < min(len(self.widths), max_depth) else ()
-            nexts = [int(t) for t in nexts if t >= 0]
+            nexts = [t for t in table[token, : widths[depth]].tolist() if t >= 0] if depth < len(widths) else ()
             if not nexts and path:
                 candidates.append(path)
                 labels.append(f"rank{min(rank, 2)}")
