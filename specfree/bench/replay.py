@@ -7,7 +7,9 @@ per step and rows per step in seconds, without the model's forwards. Each system
 its decode speedup modelled, on the curve its engine priced on in the run (recorded since run Y;
 for older runs, and strategies the run did not have, the run's measured forward curve, at its
 reference context); ``--flat F`` prices the same steps on a curve where 8 rows cost F times one
-row, to ask what a flatter forward would buy. What a replay cannot tell:
+row, to ask what a flatter forward would buy. Each system's drafting time per step is timed too:
+its strategy's and its pricing's own calls, which a live step adds to its forward (the replay's
+logits, built from the recorded top tokens, are not counted). What a replay cannot tell:
 
 - a live engine's steps also take their own time, which the curve only models;
 - drafters that learn from the model's logits (recycling, logit_spec) see those of the rows the
@@ -19,6 +21,7 @@ Token-only drafters (prompt lookup, suffix, SAM, the trie) unpriced replay a liv
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -71,6 +74,7 @@ class Replayed:
     seconds: float  # the steps' forwards on the curve
     one_row: float  # the same tokens one row a step, on the same curve
     per_step: list[list[int]]  # tokens each step emitted, per recorded turn
+    drafting_s: float = 0.0  # wall time of the strategy's and the pricing's own calls (no forwards)
 
 
 def record_sequences(records: Sequence[dict], contexts: Callable[[dict], list[list[int]]],
@@ -98,21 +102,26 @@ def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length
     ``price_context``, each step priced and timed at its own context (where ``cost`` has ``at``)."""
     strategy.setup(vocab, max_length)
     result = Replayed(0, 0, 0, 0, 0.0, 0.0, [])
+    clock = time.perf_counter
     at = (lambda context: cost.at(context)) if price_context and hasattr(cost, "at") else (lambda context: cost)
     for turn in turns:
         ids, output = turn.context, turn.output
         limit = min(len(ids) + max_new_tokens, max_length)
         text = np.array([*ids, *output], dtype=np.int64)
         n, emitted = len(ids), []
+        start = clock()
         strategy.begin(text[:n].copy())
+        result.drafting_s += clock() - start
         try:
             while n < len(ids) + len(output):
                 context = text[:n]
+                start = clock()
                 proposal = strategy.propose(context, max_depth=limit - n - 1)
                 root = int(context[-1])
                 plan = (as_proposed(root, proposal, max_depth=limit - n - 1, budget=max_length) if pricer is None
                         else pricer.plan(root, proposal, max_depth=limit - n - 1,
                                          context=n if price_context else None))
+                result.drafting_s += clock() - start
                 result.seconds += at(n)(plan.rows)
                 tree = plan.tree
                 node, path = 0, []  # the longest drafted path the recorded output follows, and its next token
@@ -126,15 +135,19 @@ def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length
                 logits = turn.logits(range(n - 1, n - 1 + len(kept)), vocab) if turn.top_ids.numel() else None
                 result.one_row += sum(at(n + j)(1) for j in range(len(tokens)))
                 n += len(tokens)
-                strategy.observe(Outcome(kept, Verdict(tokens, list(range(1, len(kept)))), text[:n].copy(), None,
-                                         logits, None))
+                outcome = Outcome(kept, Verdict(tokens, list(range(1, len(kept)))), text[:n].copy(), None, logits, None)
+                start = clock()
+                strategy.observe(outcome)
                 if pricer is not None:
                     pricer.observe(proposal, plan, tokens, len(path))
+                result.drafting_s += clock() - start
                 emitted.append(len(tokens))
                 result.rows += plan.rows
                 result.offered += plan.offered
         finally:
+            start = clock()
             strategy.end()
+            result.drafting_s += clock() - start
         result.per_step.append(emitted)
         result.tokens += sum(emitted)
         result.steps += len(emitted)
@@ -201,7 +214,7 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     turns = record_sequences(records, contexts, model)
     vocab, max_length = model.config.vocab_size, int(getattr(model.config, "max_position_embeddings", 1 << 20))
     headers = ["system", "tok/step", "measured tok/step", "rows/step kept/offered", "decode speedup (curve)",
-               "priced on"]
+               "drafting ms/step", "priced on"]
     body = []
     engines = meta.get("pricing_curves") or {}
     for label, strategy, priced in chosen:
@@ -212,7 +225,7 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
         measured = measured_tokens_per_step(records, label)
         body.append([label, f"{done.tokens / done.steps:.2f}",
                      f"{measured:.2f}" if measured else "–", f"{done.rows / done.steps:.1f}/{done.offered / done.steps:.1f}",
-                     f"{done.one_row / done.seconds:.2f}x",
+                     f"{done.one_row / done.seconds:.2f}x", f"{1e3 * done.drafting_s / done.steps:.2f}",
                      "its engine's curve, each step's context" if own else curve_name or "this machine's cached curve"])
     table = Table(title="Strategies replayed on the baseline's outputs")
     for header in headers:

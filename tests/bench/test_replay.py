@@ -46,6 +46,7 @@ def test_token_only_drafters_unpriced_replay_the_run_step_for_step(run):
                              None, 24)
         recorded = [t["emitted"] for r in data["records"] if r["system"] == label for t in r["turns"]]
         assert done.per_step == recorded, label
+        assert done.drafting_s > 0  # the strategy's own calls, timed
         drafted += done.tokens - done.steps
     assert drafted > 0  # some drafts were accepted: the comparison is not of one-token steps alone
 
@@ -65,6 +66,7 @@ def test_replay_prints_a_table_and_writes_it(run):
     assert "tok/step" in text and "suffix(priced=False)" in text
     written = (run / "replay_flat_1.1.md").read_text()
     assert "| suffix(priced=False) |" in written and "8 rows 1.1x one row" in written
+    assert "drafting ms/step" in written
 
 
 def test_bad_replays_are_one_clear_error(run, tmp_path, capsys):
