@@ -81,7 +81,6 @@ class TriePool:
         self._depth: list[int] = depth.tolist()
         self._in: list[int] = tin.astype(np.int64).tolist()  # prompt occurrences, this request only
         self._out: list[float] = out.astype(np.float64).tolist()  # output occurrences, decayed
-        self._has_input = bool((tin > 0).any())
         self._inputs: list[int] = np.flatnonzero(tin > 0).tolist()  # nodes with prompt counts
         self._holes: list[int] = []  # unlinked node ids (dropped, not yet compacted away)
         kids: list[dict[int, int]] = [{} for _ in self._tok]
@@ -109,8 +108,6 @@ class TriePool:
         if toks and not (0 <= min(toks) and max(toks) < _TOKEN_LIMIT):
             raise ValueError(f"{_NAME}: token ids must be in [0, 2**32), got {min(toks)}..{max(toks)}")
         self._insert(toks, start, source == "input")
-        if source == "input" and start < len(toks):
-            self._has_input = True  # after _insert: pruning inside it recomputes the flag
 
     def _insert(self, toks: list[int], start: int, is_input: bool) -> None:
         n, cap = len(toks), self.branch_length
@@ -146,13 +143,13 @@ class TriePool:
 
     def begin_request(self, prompt: Sequence[int]) -> None:
         """Learn the prompt's windows as "input" (first dropping any unfinished request's)."""
-        if self._has_input:
+        if self._inputs:
             self.end_request()
         self.update(prompt, source="input")
 
     def end_request(self) -> None:
         """Drop all prompt counts; nodes whose whole subtree is left without counts go."""
-        if not self._has_input:
+        if not self._inputs:
             return
         tin, tout, tok, par, kids = self._in, self._out, self._tok, self._par, self._kids
         gone: set[int] = set()
@@ -163,7 +160,7 @@ class TriePool:
         for i in gone:
             kids[par[i]].pop(tok[i], None)
         self._holes += gone
-        self._inputs, self._has_input = [], False
+        self._inputs = []
         if len(self._holes) > len(tok) // 2:
             self.compact()
 
