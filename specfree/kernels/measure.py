@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.kernels import FewRowLinear, load_kernels
+from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.panels import LANES, PanelLinear, pack, unpack
 
 ROWS = (1, 2, 4, 8, 16)
@@ -112,7 +113,8 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
         passes[name] = {m: (lambda fn=fn, xs=activations[m]: [fn(xs[w.shape[1]], w, b) for w, b in layers])
                         for m in rows}
     for path in paths:
-        packed = [(pack(w, LANES[path]), b, w.shape[0]) for w, b in layers]
+        arena = HugePageArena()  # the memory an engine's packed model reads (huge pages where offered)
+        packed = [(pack(w, LANES[path], arena), b, w.shape[0]) for w, b in layers]
         if path == paths[-1]:  # the floor: the bytes the engine's kernel reads, read once
             streams = itertools.cycle(STREAMS)  # each call the next count: every row count meets each
             weights = [p for p, _, _ in packed]

@@ -21,14 +21,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specfree.kernels.hugepages import HugePageArena
+
 LANES = {"avx2": 8, "avx512": 16}
 
 
-def pack(weight: torch.Tensor, lanes: int) -> torch.Tensor:
-    """[N, K] -> panels [ceil(N / lanes), K, lanes], zero columns past N."""
+def pack(weight: torch.Tensor, lanes: int, arena: HugePageArena | None = None) -> torch.Tensor:
+    """[N, K] -> panels [ceil(N / lanes), K, lanes], zero columns past N; in ``arena``'s memory if given."""
     n, k = weight.shape
     padded = F.pad(weight.detach(), (0, 0, 0, (-n) % lanes)) if n % lanes else weight.detach()
-    return padded.reshape(-1, lanes, k).transpose(1, 2).contiguous()
+    if arena is None:
+        return padded.reshape(-1, lanes, k).transpose(1, 2).contiguous()
+    panels = arena.empty((padded.shape[0] // lanes, k, lanes), weight.dtype)
+    return panels.copy_(padded.reshape(-1, lanes, k).transpose(1, 2))
 
 
 def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
@@ -39,11 +44,11 @@ def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
 class PanelLinear(nn.Module):
     """An ``nn.Linear`` whose weight lives only as panels; its product runs ``specfree::panel_linear``."""
 
-    def __init__(self, linear: nn.Module, lanes: int):
+    def __init__(self, linear: nn.Module, lanes: int, arena: HugePageArena | None = None):
         super().__init__()
         rows = self._rows_of(linear.weight)  # [N, K]
         self.out_features, self.in_features = rows.shape
-        self.panels = nn.Parameter(pack(rows, lanes), requires_grad=False)
+        self.panels = nn.Parameter(pack(rows, lanes, arena), requires_grad=False)
         self.register_parameter("bias", linear.bias)
 
     @property
@@ -194,6 +199,7 @@ def pack_linears(model: nn.Module, fits, lanes: int) -> int:
     tied_heads: dict[int, PanelLinear] = {}
 
     file_pages = FilePages.of_this_process()
+    arena = HugePageArena()  # the panels on huge pages where the OS offers them: every stream runs faster
 
     def convert(module):
         if not fits(module):
@@ -202,7 +208,7 @@ def pack_linears(model: nn.Module, fits, lanes: int) -> int:
         weight = module.weight
         holders = shared[id(weight)]
         if holders == 1 or (tied and holders == 2):
-            packed = PanelConv1D(module, lanes) if is_conv1d(module) else PanelLinear(module, lanes)
+            packed = (PanelConv1D if is_conv1d(module) else PanelLinear)(module, lanes, arena)
             # The source is read once, here: its checkpoint pages need not stay resident until the
             # mapping goes (they would add the model's size again to the peak).
             file_pages.drop(weight)
