@@ -10,7 +10,8 @@ its products. Variants:
 - ``few_row-avx2`` / ``few_row-avx512``: specfree's kernel on the model's own ``[N, K]`` layout,
   each code path this CPU runs;
 - ``few_row-panels-avx2`` / ``-avx512``: the same on weights packed into panels (``panels.py``),
-  what an engine's model runs;
+  what an engine's model runs, on the same memory (huge pages where the OS offers them,
+  ``hugepages.py``); the variants above read the model's own tensors, on ordinary pages;
 - ``read_pass``: the floor, one read of every weight (as panels) with the kernel's split among
   threads and no arithmetic to speak of, each thread's share read as 1, 2, 4 or 8 streams side
   by side (the fastest of these in each round: one stream a thread is not the fastest read);
