@@ -164,28 +164,12 @@ int lanes_of(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }
 // Panels per task: a thread's share is a contiguous run of panels, one stream.
 constexpr int64_t kPanelsPerTask = 4;
 
-// On AVX-512, more rows than a step ever has (a long prompt's prefill) go to the library's GEMM:
-// each tile of panels is unpacked (a few MB) and multiplied by it, and such rows round as the GEMM
-// does, not as the one-row kernel. (Measured on Zen 3 when AVX2 also took every row in groups of
-// 8 against 1 panel, over a third of SmolLM2's shapes, ms, library GEMM / broadcasts / tiles: 128
-// rows 161 / 163 / 236, 256 rows 297 / 406 / 303.) AVX2's groups of 6 take every row count: on
-// Zen 3 with two threads they run level with MKL's GEMM at 256-4096 rows (121-189 against 131-176
-// GFLOPS) and a 256-token prefill of SmolLM2 took 564 ms against the tiles' 787 (and 637 for the
-// stock model), so a prompt's rows keep the one-row kernel's bits. (The AVX-512 groups were not
-// measured against the GEMM: no AVX-512 machine.)
-constexpr int64_t kLibraryRowsAvx512 = 160;
-constexpr int64_t kPanelsPerTile = 128;
-
-void library_gemm(const at::Tensor& x32, const at::Tensor& panels, const at::Tensor& bias, int64_t n, at::Tensor& y) {
-  const int64_t k = panels.size(1), lanes = panels.size(2);
-  for (int64_t p0 = 0; p0 < panels.size(0); p0 += kPanelsPerTile) {
-    const int64_t p1 = std::min(panels.size(0), p0 + kPanelsPerTile);
-    const int64_t c0 = p0 * lanes, c1 = std::min(n, p1 * lanes);
-    const at::Tensor tile = panels.slice(0, p0, p1).transpose(1, 2).reshape({-1, k}).slice(0, 0, c1 - c0).to(at::kFloat);
-    y.slice(1, c0, c1).copy_(bias.defined() ? at::addmm(bias.slice(0, c0, c1).to(at::kFloat), x32, tile.t())
-                                            : at::mm(x32, tile.t()));
-  }
-}
+// Every row count runs here, a long prompt's prefill included, so a prompt's rows keep the one-row
+// kernel's bits on both paths. (Until 2026-11-26 AVX-512 handed more than 160 rows to the library's
+// GEMM on unpacked tiles. On an Intel Xeon VM, family 6 model 167, two threads, SmolLM2's 211
+// layers, medians of 15 interleaved passes, ms, groups / GEMM: 256 rows 235 / 306, 512 rows 441 /
+// 502, 1024 and 2048 rows level, 936 / 920 and 1871 / 1871. On Zen 3 AVX2's groups of 6 run level
+// with MKL's GEMM at 256-4096 rows.)
 
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                         int64_t n, c10::string_view isa_name) {
@@ -208,9 +192,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) b = bias->to(panels.scalar_type()).contiguous();
   at::Tensor y = at::empty({m, n}, x32.options());
-  if (isa == Isa::kAvx512 && m > kLibraryRowsAvx512) {
-    library_gemm(x32.view({m, k}), panels, b, n, y);
-  } else if (m > 0) {
+  if (m > 0) {
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
       if (panels.scalar_type() == at::kFloat)
         panel_range<float>(isa, lanes, x32.data_ptr<float>(), m, panels.data_ptr<float>(), k,
