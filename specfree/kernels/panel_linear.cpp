@@ -187,11 +187,15 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = n;
-  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  // Each ATen call costs microseconds and a forward makes 211 of these: convert only what needs it
+  // (Intel VM, the 211 layers from Python: 1 row 23.4 -> 22.7 ms, 8 rows 26.3 -> 25.7, medians of 20).
+  const at::Tensor x32 = x.scalar_type() == at::kFloat && x.is_contiguous() ? x : x.to(at::kFloat).contiguous();
   at::Tensor b;
   const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) b = bias->to(panels.scalar_type()).contiguous();
-  at::Tensor y = at::empty({m, n}, x32.options());
+  if (has_bias)
+    b = bias->scalar_type() == panels.scalar_type() && bias->is_contiguous() ? *bias
+                                                                             : bias->to(panels.scalar_type()).contiguous();
+  at::Tensor y = at::empty(out_sizes, x32.options());
   if (m > 0) {
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
       if (panels.scalar_type() == at::kFloat)
@@ -203,7 +207,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
                                   y.data_ptr<float>());
     });
   }
-  return y.view(out_sizes).to(x.scalar_type());
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
 // One read of every byte of ``tensors``, each split among threads as panel_linear splits it; each
