@@ -21,7 +21,7 @@ import torch
 
 HUGE_PAGE = 2 << 20
 ALIGN = 64  # one cache line: what the kernels' vector loads expect
-CHUNK = 64 << 20  # per mapping; a tensor larger than this gets a mapping of its own
+CHUNK = 256 << 20  # per mapping (virtual until written); a larger tensor gets a mapping of its own
 
 
 def huge_pages_offered(setting: Path = Path("/sys/kernel/mm/transparent_hugepage/enabled")) -> bool:
