@@ -2,8 +2,8 @@
 
 A verify step streams every weight once. On 4 KB pages each stream crosses a page every 4 KB: a
 TLB miss, and a restart of the hardware prefetcher, which stops at page boundaries. Packed into
-2 MB pages instead, SmolLM2's 211 linears ran 8-9% faster at 1-16 rows on the Intel Xeon VM
-(family 6 model 167, AVX-512), and the read pass the curves are measured against by as much.
+2 MB pages instead, SmolLM2's 211 linears ran 8-9% faster at 1-8 rows (5% at 16) on the Intel
+Xeon VM (family 6 model 167, AVX-512), and the read pass the curves are measured against by as much.
 
 Most distributions set transparent huge pages to ``madvise``: memory gets them only when asked.
 ``HugePageArena`` asks: it maps anonymous memory in chunks, advises ``MADV_HUGEPAGE`` and hands
