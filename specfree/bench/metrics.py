@@ -50,6 +50,7 @@ class Row:
     errors: int = 0
     repeats: int = 0
     accepted_hist: dict[int, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] | None = None  # accepted drafted tokens per drafter, over every turn
 
     @property
     def identical_frac(self) -> float | None:
@@ -135,6 +136,11 @@ def summarize_group(records: Sequence[dict], system: str, baseline: str = BASELI
         totals = {k: sum(t["split"].get(k, 0.0) for t in turns) for k in PHASES}
         whole = sum(totals.values())
         row.split = {k: v / whole for k, v in totals.items()} if whole > 0 else None
+    if all(t.get("accepted_by") is not None for t in turns):  # runs recorded before it was kept have none
+        row.accepted_by = {}
+        for t in turns:
+            for source, count in t["accepted_by"].items():
+                row.accepted_by[source] = row.accepted_by.get(source, 0) + count
     lengths = [e for t in turns for e in (t.get("emitted") or [])]
     row.accepted_hist = {int(k): int(v) for k, v in zip(*np.unique(lengths, return_counts=True))} if lengths else {}
 

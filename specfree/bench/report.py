@@ -108,6 +108,21 @@ def rich_method_table(rows: Sequence[methods.MethodRow]) -> Table:
     return table
 
 
+def members_section(rows: Sequence[Row]) -> str:
+    """Whose drafts were accepted, for every system drafting from more than one source (a hybrid)."""
+    body = []
+    for row in rows:
+        if row.category == OVERALL and row.accepted_by and len(row.accepted_by) > 1:
+            total = sum(row.accepted_by.values())
+            ranked = sorted(row.accepted_by.items(), key=lambda item: -item[1])
+            body.append([row.system, str(total), " · ".join(
+                f"{source} {count} ({count / total:.0%})" for source, count in ranked)])
+    if not body:
+        return ""
+    return "\n\n".join(["## Accepted drafts by member (all prompts)",
+                         markdown_table(["system", "accepted drafted tokens", "by member"], body, left=3)])
+
+
 def markdown(rows: Sequence[Row], title: str | None = None, notes: Sequence[str] = (),
              sections: Sequence[str] = ()) -> str:
     """The whole report: speedup per task, the detailed table, then ``sections`` (Markdown)."""

@@ -45,6 +45,7 @@ class Turn:
     rows: int | None = None  # rows pushed through all forwards
     offered: int | None = None  # rows the drafters offered, before pricing kept ``rows`` of them
     split: dict[str, float] | None = None  # draft/mask/forward/verify/other seconds
+    accepted_by: dict[str, int] | None = None  # accepted drafted tokens per drafter (a hybrid's members)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,7 +117,8 @@ class SpecfreeSystem:
                     stop_reason=gen.stop_reason, prefill_s=gen.prefill_s, steps=len(gen.steps),
                     emitted=[s.emitted for s in gen.steps], rows=sum(s.rows for s in gen.steps),
                     offered=sum(s.offered for s in gen.steps),
-                    split={k: sum(getattr(s, k) for s in gen.steps) for k in PHASES})
+                    split={k: sum(getattr(s, k) for s in gen.steps) for k in PHASES},
+                    accepted_by=gen.accepted_by)
 
 
 @dataclass

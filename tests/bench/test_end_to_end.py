@@ -56,6 +56,8 @@ def test_bench_runs_resumes_and_records_errors(tiny_model_dir, prompts, tmp_path
             assert 1 <= len(t["tokens"]) <= 6 and t["wall_s"] > 0 and t["steps"] >= 1
             if not r["system"].startswith("hf_"):
                 assert sum(t["emitted"]) == len(t["tokens"]) and set(t["split"]) >= {"forward_s", "draft_s"}
+                # accepted drafted tokens by drafter: never more than the steps emitted beyond their own
+                assert sum(t["accepted_by"].values()) <= len(t["tokens"]) - t["steps"]
 
     # Resume with one more prompt: only the new prompt runs, and it fails (too long) without stopping.
     ran = []

@@ -141,3 +141,26 @@ def test_rows_per_step_say_what_pricing_kept_of_what_was_offered():
     assert r["A", "trie"].rows_per_step == pytest.approx((2.0, 6.0))
     assert r["A", "trie(priced=False)"].rows_per_step == pytest.approx((6.0, 6.0))
     assert r["A", "hf"].rows_per_step is None
+
+
+def test_accepted_drafts_add_up_per_member_and_the_report_lists_hybrids_only():
+    from specfree.bench.report import members_section
+
+    def with_members(accepted_by):
+        return {**turn(T10, 1.0, 4, [3, 3, 2, 2]), "accepted_by": accepted_by}
+
+    records = [
+        rec("p1", "A", "autoregressive", [turn(T10, 2.0, 10)]),
+        rec("p1", "A", "hybrid", [with_members({"trie": 3, "recycling": 1})]),
+        rec("p2", "B", "hybrid", [with_members({"trie": 1}), with_members({"prompt_lookup": 2, "trie": 2})]),
+        rec("p1", "A", "lookup", [with_members({"prompt_lookup": 6})]),
+        rec("p1", "A", "old", [turn(T10, 1.0, 4, [3, 3, 2, 2])]),  # recorded before accepted_by was kept
+    ]
+    got = {(r.category, r.system): r for r in summarize(records)}
+    assert got[OVERALL, "hybrid"].accepted_by == {"trie": 6, "recycling": 1, "prompt_lookup": 2}
+    assert got["B", "hybrid"].accepted_by == {"trie": 3, "prompt_lookup": 2}
+    assert got[OVERALL, "old"].accepted_by is None and got[OVERALL, "autoregressive"].accepted_by is None
+    section = members_section(list(got.values()))
+    assert "| hybrid | 9 | trie 6 (67%) · prompt_lookup 2 (22%) · recycling 1 (11%) |" in section
+    assert "lookup |" not in section  # one source: nothing to split
+    assert members_section([got[OVERALL, "old"]]) == ""
