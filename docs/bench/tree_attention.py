@@ -93,6 +93,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
+    too_long = [c for c in args.context if c + max(args.rows) > args.slots]
+    if too_long:
+        parser.error(f"--slots {args.slots} cannot hold a context of {too_long[0]} tokens plus {max(args.rows)} "
+                     f"rows: give --slots of at least {max(too_long) + max(args.rows)}, or shorter contexts")
     torch.set_num_threads(args.threads)
     isa = load_kernels()
     print(f"op: {isa}; {args.threads} threads; {args.layers} layers of {args.heads} heads / {args.kv_heads} KV "
