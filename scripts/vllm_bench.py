@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -41,6 +42,12 @@ METHODS = [("vllm-plain", "plain", []), ("vllm-ngram", "ngram", []), ("vllm-suff
            ("vllm-specfree-suffix+pl", "specfree", ["strategy=hybrid", "strategy.drafters=[suffix,prompt_lookup]"])]
 
 
+def root_cause(stderr: str) -> str:
+    """The first exception line of a failed run's log (vLLM re-raises its worker's error, then warns)."""
+    errors = [line.strip() for line in stderr.splitlines() if re.match(r"\w+(\.\w+)*(Error|Exception): ", line.strip())]
+    return errors[0] if errors else (stderr.strip().splitlines() or ["no output"])[-1]
+
+
 def smollm2_folder(folder: Path):
     """SmolLM2 as a plain fp32 folder vLLM loads (specfree's embedded model, saved once)."""
     from specfree.loading import load_model
@@ -61,6 +68,9 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", help="only these systems (vllm-plain, vllm-ngram, ...)")
     parser.add_argument("--out", default="bench_results/vllm")
     parser.add_argument("--eager", action="store_true", help="vLLM without torch.compile (starts faster)")
+    parser.add_argument("--memory", type=float, default=0.3,
+                        help="fraction of the CPU memory each vLLM run reserves, its own use included (compiled "
+                             "runs hold ~3.5 GB before their KV cache on the Intel VM: 0.15 of 24 GB left 0.02)")
     parser.add_argument("--no-engine", action="store_true", help="skip specfree's own engine rows")
     parser.add_argument("--keep", action="store_true",
                         help="keep the rows of OUT/rows.json that this run does not measure again (one report)")
@@ -85,7 +95,7 @@ def main() -> None:
                 name = f"{system}-k{k}-b{batch}"
                 cmd = [args.vllm_python, str(ROOT / "scripts" / "vllm_compare.py"), str(out / "smollm2-fp32"),
                        str(out / "prompts.json"), str(out / f"{name}.json"), "--method", method, "--k", str(k or 1),
-                       "--max-tokens", str(args.max_tokens), "--batch", str(batch)]
+                       "--max-tokens", str(args.max_tokens), "--batch", str(batch), "--memory", str(args.memory)]
                 if args.eager:
                     cmd.append("--eager")
                 if overrides:
@@ -93,7 +103,7 @@ def main() -> None:
                 done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
                 (out / f"{name}.log").write_text(done.stderr)
                 if done.returncode:
-                    print(f"{name}: failed (see {out / name}.log): {done.stderr.strip().splitlines()[-1:]}")
+                    print(f"{name}: failed (see {out / name}.log): {root_cause(done.stderr)}")
                     continue
                 row = json.loads((out / f"{name}.json").read_text())
                 rows.append({"system": system, **row, "k": k or "-"})
