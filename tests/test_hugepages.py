@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 import re
 
@@ -62,3 +63,30 @@ def test_the_memory_is_advised_for_huge_pages():
     # The advice, not whether the kernel found free huge pages this time: that depends on the machine.
     assert any(line.split() == ["THPeligible:", "1"] for line in mapping), mapping[:3]
     assert any(line.startswith("VmFlags:") and " hg" in line for line in mapping), mapping[-1:]
+
+
+def test_a_reservation_holds_the_tensors_that_follow_in_one_mapping():
+    arena = HugePageArena(chunk_bytes=1 << 20, enabled=True)
+    sizes = [(40, 576, 16), (3, 100, 8), (7,)]
+    arena.reserve([4 * math.prod(shape) for shape in sizes])
+    if not arena.enabled:
+        pytest.skip("anonymous memory could not be mapped here")
+    tensors = [arena.empty(shape, torch.float32) for shape in sizes]  # 1.5 MB: beyond one 1 MB chunk
+    base = tensors[0].untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == base for t in tensors)  # the same mapping
+    assert arena._used == sum(-(-4 * math.prod(s) // ALIGN) * ALIGN for s in sizes)
+
+
+def test_packing_a_model_sizes_its_panels_exactly():
+    from torch import nn
+
+    from transformers.pytorch_utils import Conv1D
+
+    from specfree.kernels.panels import PanelConv1D, PanelLinear, panel_bytes
+
+    layers = [(nn.Linear(37, 13), PanelLinear), (nn.Linear(64, 48, bias=False).bfloat16(), PanelLinear),
+              (Conv1D(21, 10), PanelConv1D)]  # Conv1D(out, in): its weight is [in, out]
+    for layer, kind in layers:
+        for lanes in (8, 16):
+            packed = kind(layer, lanes)
+            assert panel_bytes(layer, lanes) == packed.panels.numel() * packed.panels.element_size()

@@ -6,8 +6,8 @@ TLB miss, and a restart of the hardware prefetcher, which stops at page boundari
 Xeon VM (family 6 model 167, AVX-512), and the read pass the curves are measured against by as much.
 
 Most distributions set transparent huge pages to ``madvise``: memory gets them only when asked.
-``HugePageArena`` asks: it maps anonymous memory in chunks, advises ``MADV_HUGEPAGE`` and hands
-out 64-byte-aligned tensors from it in order. Where the platform has no such advice, or it is
+``HugePageArena`` asks: it maps anonymous memory (one mapping ``reserve``d for the tensors to come,
+else chunks), advises ``MADV_HUGEPAGE`` and hands out 64-byte-aligned tensors from it in order. Where the platform has no such advice, or it is
 refused, it hands out ordinary ``torch.empty`` tensors, so callers never need to know.
 """
 
@@ -44,6 +44,18 @@ class HugePageArena:
         self.enabled = huge_pages_offered() if enabled is None else enabled
         self._chunk: torch.Tensor | None = None  # uint8, starts on a huge-page boundary
         self._used = 0
+
+    def reserve(self, sizes: list[int]) -> None:
+        """Map room for tensors of these byte sizes now, as one mapping: the tensors that follow then
+        leave no partly used chunk behind (each costs up to a huge page of memory, and a pickled
+        model would carry its unused tail)."""
+        total = sum(-(-size // ALIGN) * ALIGN for size in sizes)
+        if self.enabled and total > 0:
+            chunk = self._map(total)
+            if chunk is None:
+                self.enabled = False
+            else:
+                self._chunk, self._used = chunk, 0
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         nbytes = math.prod(shape) * dtype.itemsize

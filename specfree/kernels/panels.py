@@ -183,6 +183,12 @@ def stock_tensor_specs(model: nn.Module) -> dict[str, tuple[tuple[int, ...], tor
     return specs
 
 
+def panel_bytes(module: nn.Module, lanes: int) -> int:
+    """The bytes ``PanelLinear`` (or ``PanelConv1D``) packs this layer's weight into."""
+    k, n = module.weight.shape if is_conv1d(module) else module.weight.shape[::-1]
+    return -(-n // lanes) * lanes * k * module.weight.element_size()
+
+
 def pack_linears(model: nn.Module, fits, lanes: int) -> int:
     """Replace every linear layer ``fits`` accepts by a ``PanelLinear``, in place (the old weight is
     freed as each layer is packed); a head tied to a plain ``nn.Embedding`` takes the embedding with
@@ -200,6 +206,9 @@ def pack_linears(model: nn.Module, fits, lanes: int) -> int:
 
     file_pages = FilePages.of_this_process()
     arena = HugePageArena()  # the panels on huge pages where the OS offers them: every stream runs faster
+    # One mapping for every layer that may be packed (one left unpacked, shared or tied elsewhere,
+    # leaves its share unused: address space, never backed).
+    arena.reserve([panel_bytes(module, lanes) for module in model.modules() if fits(module)])
 
     def convert(module):
         if not fits(module):
