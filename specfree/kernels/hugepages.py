@@ -24,6 +24,10 @@ ALIGN = 64  # one cache line: what the kernels' vector loads expect
 CHUNK = 256 << 20  # per mapping (virtual until written); a larger tensor gets a mapping of its own
 
 
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
 def huge_pages_offered(setting: Path = Path("/sys/kernel/mm/transparent_hugepage/enabled")) -> bool:
     """Whether ``MADV_HUGEPAGE`` can take effect here (Linux, the setting not ``[never]``)."""
     if not hasattr(mmap, "MADV_HUGEPAGE"):
@@ -49,27 +53,29 @@ class HugePageArena:
         """Map room for tensors of these byte sizes now, as one mapping: the tensors that follow then
         leave no partly used chunk behind (each costs up to a huge page of memory, and a pickled
         model would carry its unused tail)."""
-        total = sum(-(-size // ALIGN) * ALIGN for size in sizes)
+        total = sum(map(_aligned, sizes))
         if self.enabled and total > 0:
-            chunk = self._map(total)
-            if chunk is None:
-                self.enabled = False
-            else:
-                self._chunk, self._used = chunk, 0
+            self._new_chunk(total)
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         nbytes = math.prod(shape) * dtype.itemsize
         if not self.enabled or nbytes == 0:
             return torch.empty(shape, dtype=dtype)
-        if self._chunk is None or self._used + nbytes > self._chunk.numel():
-            chunk = self._map(max(self.chunk_bytes, nbytes))
-            if chunk is None:
-                self.enabled = False
-                return torch.empty(shape, dtype=dtype)
-            self._chunk, self._used = chunk, 0
+        full = self._chunk is None or self._used + nbytes > self._chunk.numel()
+        if full and not self._new_chunk(max(self.chunk_bytes, nbytes)):
+            return torch.empty(shape, dtype=dtype)
         out = self._chunk[self._used:self._used + nbytes].view(dtype).view(shape)
-        self._used += -(-nbytes // ALIGN) * ALIGN
+        self._used += _aligned(nbytes)
         return out
+
+    def _new_chunk(self, nbytes: int) -> bool:
+        """Start handing out from a new mapping of ``nbytes``; where it is refused, stop asking."""
+        chunk = self._map(nbytes)
+        if chunk is None:
+            self.enabled = False
+            return False
+        self._chunk, self._used = chunk, 0
+        return True
 
     @staticmethod
     def _map(nbytes: int) -> torch.Tensor | None:

@@ -30,10 +30,8 @@ def pack(weight: torch.Tensor, lanes: int, arena: HugePageArena | None = None) -
     """[N, K] -> panels [ceil(N / lanes), K, lanes], zero columns past N; in ``arena``'s memory if given."""
     n, k = weight.shape
     padded = F.pad(weight.detach(), (0, 0, 0, (-n) % lanes)) if n % lanes else weight.detach()
-    if arena is None:
-        return padded.reshape(-1, lanes, k).transpose(1, 2).contiguous()
-    panels = arena.empty((padded.shape[0] // lanes, k, lanes), weight.dtype)
-    return panels.copy_(padded.reshape(-1, lanes, k).transpose(1, 2))
+    panels = padded.reshape(-1, lanes, k).transpose(1, 2)
+    return panels.contiguous() if arena is None else arena.empty(panels.shape, weight.dtype).copy_(panels)
 
 
 def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
