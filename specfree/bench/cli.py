@@ -206,11 +206,12 @@ def run(cfg: Any, console: Console | None = None) -> int:
                             [b for b in settings.baselines if b.name not in llama_rows.BASELINES],
                             settings.config.seed, settings.config.model.linear_kernel, compiled)
     if llama:
-        systems += llama_rows.build(llama, llama_rows.source_gguf(settings.model), settings.config.dtype,
-                                    llama_rows.cache_folder(settings.config.cache_dir), torch.get_num_threads(),
-                                    llama_rows.context_size(slots, systems[0].engine.adapter.max_length),
-                                    systems[0].engine.eos_ids)
-        llama_line = llama_rows.describe_rows(systems)
+        built, skipped = llama_rows.build(llama, llama_rows.source_gguf(settings.model), settings.config.dtype,
+                                          llama_rows.cache_folder(settings.config.cache_dir), torch.get_num_threads(),
+                                          llama_rows.context_size(slots, systems[0].engine.adapter.max_length),
+                                          systems[0].engine.eos_ids)
+        systems += built
+        llama_line = llama_rows.describe_rows(systems, skipped)
     if llama_line:
         Console(stderr=True).print(llama_line, highlight=False, markup=False, soft_wrap=True)
         store.meta["llama_cpp"] = llama_line

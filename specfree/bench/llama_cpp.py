@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +42,21 @@ KNOBS: dict[str, dict[str, int]] = {"llama_cpp": {}, "llama_cpp_lookup": {"num_p
 FTYPES = {"float32": ("F32", 0), "fp32": ("F32", 0), "float16": ("F16", 1), "fp16": ("F16", 1),
           "bfloat16": ("BF16", 32), "bf16": ("BF16", 32)}
 CTX_STEP = 256  # a context is sized in multiples of this
+# One GGUF loaded and run in a child process, as a row would run it: some llama.cpp builds crash the
+# whole process on some CPUs (on an AMX Xeon its AMX repack of Q4_1 weights segfaults, llama.cpp
+# issue #20824, and llama-cpp-python cannot turn the repack off), and a crash must cost one row,
+# not the run.
+PROBE = """
+import sys
+from llama_cpp import Llama
+path, n_ctx, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+llama = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512), n_threads=threads,
+              n_threads_batch=threads, verbose=False)
+ids = [(7 + 37 * i) % llama.n_vocab() for i in range(min(n_ctx - 8, 300))]
+llama.eval(ids)
+llama.eval(ids[:1])
+"""
+PROBE_TIMEOUT_S = 300
 
 
 def import_llama_cpp():
@@ -208,16 +226,20 @@ def cache_folder(cache_dir: str | None) -> Path:
     return Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
 
 
-def describe_rows(systems: Sequence[Any]) -> str:
-    """One line for the report: what ran the llama.cpp rows and what their identity column means."""
+def describe_rows(systems: Sequence[Any], skipped: Sequence[str] = ()) -> str:
+    """One line for the report: what ran the llama.cpp rows (and which were left out, and why) and
+    what their identity column means."""
     llama_cpp = import_llama_cpp()
     mine = [s for s in systems if isinstance(s, LlamaCppSystem)]
+    if not mine:
+        return "; ".join(skipped)
     files = dict.fromkeys(f"{s.details['gguf']} ({s.precision})" for s in mine)
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
     isa = [part.split("=")[0].split()[-1] for part in info.split("|") if part.strip().endswith("= 1")]
     return (f"llama.cpp rows: llama-cpp-python {llama_cpp.__version__}, CPU features {' '.join(isa) or 'none'}, "
             f"{mine[0].details['n_threads']} threads, on {', '.join(files)}; greedy, fed specfree's token ids; "
-            f"'identical' counts the prompts where its output agrees with specfree's (other kernels: not lossless)")
+            f"'identical' counts the prompts where its output agrees with specfree's (other kernels: not lossless)"
+            + "".join(f"; {line}" for line in skipped))
 
 
 def context_size(needed: int, max_length: int) -> int:
@@ -225,9 +247,29 @@ def context_size(needed: int, max_length: int) -> int:
     return min(max_length, -(-max(needed, 1) // CTX_STEP) * CTX_STEP)
 
 
+def crash(path: Path, n_ctx: int, threads: int, probe: str = PROBE) -> str | None:
+    """How llama.cpp dies running ``path`` (``probe``: a prefill and a decode step, in a child
+    process), None if it does not."""
+    try:
+        done = subprocess.run([sys.executable, "-c", probe, str(path), str(n_ctx), str(threads)],
+                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"did not finish a {min(n_ctx - 8, 300)}-token prefill in {PROBE_TIMEOUT_S} s"
+    if done.returncode == 0:
+        return None
+    if done.returncode < 0:
+        try:
+            return f"crashed ({signal.Signals(-done.returncode).name})"
+        except ValueError:
+            return f"was killed by signal {-done.returncode}"
+    lines = done.stderr.strip().splitlines()
+    return f"failed ({lines[-1] if lines else f'exit status {done.returncode}'})"
+
+
 def build(specs: Sequence[Any], source: Path, dtype: str, cache_dir: Path, threads: int, n_ctx: int,
-          eos_ids: Sequence[int]) -> list[LlamaCppSystem]:
-    """Every llama.cpp row asked for, on its conversion to the run's precision and on ``source``."""
+          eos_ids: Sequence[int]) -> tuple[list[LlamaCppSystem], list[str]]:
+    """Every llama.cpp row asked for, on its conversion to the run's precision and on ``source``,
+    and one line for each GGUF whose rows are left out because llama.cpp cannot run it here."""
     llama_cpp = import_llama_cpp()
     if dtype not in FTYPES:
         raise ConfigError(f"the llama.cpp rows need dtype float32, bfloat16 or float16, got {dtype!r}")
@@ -240,6 +282,14 @@ def build(specs: Sequence[Any], source: Path, dtype: str, cache_dir: Path, threa
     files: dict[str, Path | None] = {run_precision: None, gguf_precision(source): source}
     if files[run_precision] is None:  # the model's GGUF is not already at the run's precision
         files[run_precision] = converted_gguf(source, dtype, cache_dir)
+    skipped = []
+    for precision, path in list(files.items()):
+        failure = crash(path, n_ctx, threads)
+        if failure:
+            del files[precision]
+            names = ", ".join(label(name, knobs, precision) for name, knobs in rows)
+            skipped.append(f"{names} skipped: llama.cpp {failure} running {path.name} on this machine "
+                           f"(checked in a child process); the other rows run")
     cls = _recording(llama_cpp)
     systems = []
     for name, knobs in rows:
@@ -255,7 +305,7 @@ def build(specs: Sequence[Any], source: Path, dtype: str, cache_dir: Path, threa
                         logits_all=draft is not None, verbose=False)
             details = {"gguf": str(path), "n_threads": threads, "n_ctx": n_ctx}
             systems.append(LlamaCppSystem(name, llama, precision, sorted(eos_ids), knobs, details))
-    return systems
+    return systems, skipped
 
 
 def check_knobs(name: str, knobs: dict[str, Any]) -> dict[str, Any]:
