@@ -31,7 +31,8 @@ def panel_linear(x, weight, bias, isa):
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 64), k=st.integers(1, 300), n=st.integers(1, 150), with_bias=st.booleans(),
+# n up to 300: 19 panels of 16, so each of two threads runs a block of 8 and narrower ones after it
+@given(rows=st.integers(1, 64), k=st.integers(1, 300), n=st.integers(1, 300), with_bias=st.booleans(),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]), isa=st.sampled_from(ISAS), seed=st.integers(0, 99))
 def test_the_op_equals_matmul_in_float64(rows, k, n, with_bias, dtype, isa, seed):
     generator = torch.Generator().manual_seed(seed)
@@ -47,7 +48,7 @@ def test_the_op_equals_matmul_in_float64(rows, k, n, with_bias, dtype, isa, seed
 
 
 @settings(max_examples=25, deadline=None)
-@given(rows=st.integers(2, 40), k=st.integers(1, 200), n=st.integers(1, 70), isa=st.sampled_from(ISAS),
+@given(rows=st.integers(2, 40), k=st.integers(1, 200), n=st.integers(1, 300), isa=st.sampled_from(ISAS),
        seed=st.integers(0, 99))
 def test_each_row_has_the_same_bits_alone_and_the_code_paths_agree(rows, k, n, isa, seed):
     generator = torch.Generator().manual_seed(seed)
@@ -69,6 +70,18 @@ def test_pack_and_unpack_round_trip_and_the_op_refuses_what_it_cannot_run():
         torch.ops.specfree.panel_linear(torch.randn(2, 6), panels, None, 13, "avx2")
     with pytest.raises(RuntimeError, match="panels of 16 columns cannot run the avx2 path"):
         torch.ops.specfree.panel_linear(torch.randn(2, 7), pack(weight, 16), None, 13, "avx2")
+
+
+def test_the_linear_pass_calls_the_op_for_each_product():
+    isa = ISAS[-1]
+    weights = [torch.randn(40, 33), torch.randn(7, 40)]
+    panels = [pack(w, LANES[isa]) for w in weights]
+    xs = [torch.randn(3, 33), torch.randn(3, 40)]
+    assert torch.ops.specfree.linear_pass(xs, panels, [None, torch.randn(7)], [40, 7], isa) is None
+    with pytest.raises(RuntimeError, match="one activation, bias and output count per panels tensor"):
+        torch.ops.specfree.linear_pass(xs[:1], panels, [None, None], [40, 7], isa)
+    with pytest.raises(RuntimeError, match="do not multiply"):  # the op's own checks, so the op ran
+        torch.ops.specfree.linear_pass(xs[::-1], panels, [None, None], [40, 7], isa)
 
 
 @pytest.mark.parametrize("streams", [1, 2, 3, 4, 8])

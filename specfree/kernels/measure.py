@@ -12,6 +12,10 @@ its products. Variants:
 - ``few_row-panels-avx2`` / ``-avx512``: the same on weights packed into panels (``panels.py``),
   what an engine's model runs, on the same memory (huge pages where the OS offers them,
   ``hugepages.py``); the variants above read the model's own tensors, on ordinary pages;
+- ``few_row-panels-avx512 from C++``: the same products called one after another from C++
+  through the dispatcher (``specfree::linear_pass``), as the compiled forward calls them; every
+  other variant is called from a Python loop, which adds microseconds a call (SmolLM2 at one row,
+  Intel Xeon VM: 2 ms of 18);
 - ``read_pass``: the floor, one read of every weight (as panels) with the kernel's split among
   threads and no arithmetic to speak of, each thread's share read as 1, 2, 4 or 8 streams side
   by side (the fastest of these in each round: one stream a thread is not the fastest read);
@@ -124,6 +128,11 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
             m: (lambda xs=activations[m], packed=packed, path=path:
                 [torch.ops.specfree.panel_linear(xs[p.shape[1]], p, b, n, path) for p, b, n in packed])
             for m in rows}
+        if path == paths[-1]:  # the path an engine runs, called as its compiled forward calls it
+            inputs = {m: ([activations[m][p.shape[1]] for p, _, _ in packed], [p for p, _, _ in packed],
+                          [b for _, b, _ in packed], [n for _, _, n in packed]) for m in rows}
+            passes[f"few_row-panels-{path} from C++"] = {
+                m: (lambda args=inputs[m], path=path: torch.ops.specfree.linear_pass(*args, path)) for m in rows}
     if inductor:
         if progress:
             progress("compiling Inductor's C++ GEMM for each row count")
