@@ -18,8 +18,13 @@ RUN = """
 import json, sys
 sys.path.insert(0, {root!r})
 from specfree import Engine
+from specfree.cost import CostModel
 from tests.tiny_models import tiny_model
-engine = Engine.from_model(tiny_model("qwen2"), None, "hybrid", do_sample=True, seed=11, temperature=0.8)
+# A fixed curve: a measured one is timed, and a busy machine can time it differently in each process,
+# so the rows priced in (and the step counts) would differ while the tokens do not.
+costs = CostModel([1, 2, 4, 8, 16, 32, 64], [1.0, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0])
+engine = Engine.from_model(tiny_model("qwen2"), None, "hybrid", do_sample=True, seed=11, temperature=0.8,
+                           costs=costs)
 runs = [engine.generate([5, 6, 7, 5, 6, 7, 9], 40, ignore_eos=True) for _ in range(2)]
 print(json.dumps([[r.tokens, [[s.rows, s.accepted, s.emitted] for s in r.steps]] for r in runs]))
 """

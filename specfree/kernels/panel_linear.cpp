@@ -127,8 +127,9 @@ PanelFn<W> pick_rows(Isa isa, int nb) {
                       : panels_avx2<MB, 1, PREFETCH, W>;
 }
 
-// The next block width down for the panels left at the end of a range: 4 (AVX-512), 2, then 1. A
-// thread's 6 panels of a 192-column layer went one at a time in blocks of 8.
+// The next block width down for the panels left at the end of a range: 4 (AVX-512), 2, then 1.
+// (Blocks of 8 with single-panel tails would run a thread's 6 panels of a 192-column layer one
+// at a time.)
 inline int narrower(Isa isa, int width) {
   return width > 4 && isa == Isa::kAvx512 ? 4 : width > 2 ? 2 : 1;
 }
