@@ -20,6 +20,7 @@ from specfree.bench import cli
 from specfree.bench.compare import compare
 from specfree.bench.runner import WARMUP_PROMPT
 from specfree.bench.systems import HFSystem
+from specfree.kernels import load_kernels
 
 SYSTEMS = ["autoregressive", "prompt_lookup(draft_len=4)", "hf_generate",
            "hf_prompt_lookup(prompt_lookup_num_tokens=10)"]
@@ -203,6 +204,9 @@ def test_bench_compiled_rows(tiny_model_dir, prompts, tmp_path):
     assert "CPU: " in report and meta["cpu"]
     # the cost curves: the linear layers alone (torch's kernels and specfree's) and the forward, each path
     assert "blas" in meta["linear_curves_ms"] and len(meta["linear_curves_ms"]["blas"]) == 5
+    isa = load_kernels(progress=False)
+    if isa:  # the engine's path also called from C++, as the compiled forward calls it
+        assert all(ms > 0 for ms in meta["linear_curves_ms"][f"few_row-panels-{isa} from C++"].values())
     assert any(name.startswith("compiled") for name in meta["forward_curves_ms"])
     assert "linear layers alone, ms per pass (1, 2, 4, 8, 16 rows): blas " in report
     assert "pricing curve of prompt_lookup(draft_len=4), ms (1, 2, 3, 4, 6, 8" in report  # what pricing read
