@@ -18,6 +18,7 @@ Nothing here imports ``llama_cpp`` until these rows are asked for and can run.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import signal
 import subprocess
@@ -47,12 +48,10 @@ CTX_STEP = 256  # a context is sized in multiples of this
 # issue #20824, and llama-cpp-python cannot turn the repack off), and a crash must cost one row,
 # not the run.
 PROBE = """
-import sys
+import json, sys
 from llama_cpp import Llama
-path, n_ctx, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-llama = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512), n_threads=threads,
-              n_threads_batch=threads, verbose=False)
-ids = [(7 + 37 * i) % llama.n_vocab() for i in range(min(n_ctx - 8, 300))]
+llama = Llama(model_path=sys.argv[1], verbose=False, **json.loads(sys.argv[2]))
+ids = [(7 + 37 * i) % llama.n_vocab() for i in range(min(llama.n_ctx() - 8, 300))]
 llama.eval(ids)
 llama.eval(ids[:1])
 """
@@ -247,14 +246,20 @@ def context_size(needed: int, max_length: int) -> int:
     return min(max_length, -(-max(needed, 1) // CTX_STEP) * CTX_STEP)
 
 
-def crash(path: Path, n_ctx: int, threads: int, probe: str = PROBE) -> str | None:
-    """How llama.cpp dies running ``path`` (``probe``: a prefill and a decode step, in a child
-    process), None if it does not."""
+def llama_params(n_ctx: int, threads: int) -> dict[str, int]:
+    """The context and threads of every llama.cpp row, and of its check in a child process (``crash``)."""
+    return {"n_ctx": n_ctx, "n_batch": n_ctx, "n_ubatch": min(n_ctx, 512), "n_threads": threads,
+            "n_threads_batch": threads}
+
+
+def crash(path: Path, params: dict[str, int], probe: str = PROBE) -> str | None:
+    """How llama.cpp dies running ``path`` with ``params`` (``llama_params``; ``probe``: a prefill and
+    a decode step, in a child process), None if it does not."""
     try:
-        done = subprocess.run([sys.executable, "-c", probe, str(path), str(n_ctx), str(threads)],
+        done = subprocess.run([sys.executable, "-c", probe, str(path), json.dumps(params)],
                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return f"did not finish a {min(n_ctx - 8, 300)}-token prefill in {PROBE_TIMEOUT_S} s"
+        return f"did not finish a {min(params['n_ctx'] - 8, 300)}-token prefill in {PROBE_TIMEOUT_S} s"
     if done.returncode == 0:
         return None
     if done.returncode < 0:
@@ -282,9 +287,10 @@ def build(specs: Sequence[Any], source: Path, dtype: str, cache_dir: Path, threa
     files: dict[str, Path | None] = {run_precision: None, gguf_precision(source): source}
     if files[run_precision] is None:  # the model's GGUF is not already at the run's precision
         files[run_precision] = converted_gguf(source, dtype, cache_dir)
+    params = llama_params(n_ctx, threads)
     skipped = []
     for precision, path in list(files.items()):
-        failure = crash(path, n_ctx, threads)
+        failure = crash(path, params)
         if failure:
             del files[precision]
             names = ", ".join(label(name, knobs, precision) for name, knobs in rows)
@@ -300,9 +306,8 @@ def build(specs: Sequence[Any], source: Path, dtype: str, cache_dir: Path, threa
 
                 draft = LlamaPromptLookupDecoding(**{**KNOBS[name], **knobs})
             # logits_all: the draft model's rows are verified from their logits (llama-cpp-python needs it)
-            llama = cls(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
-                        n_threads=threads, n_threads_batch=threads, draft_model=draft,
-                        logits_all=draft is not None, verbose=False)
+            llama = cls(model_path=str(path), **params, draft_model=draft, logits_all=draft is not None,
+                        verbose=False)
             details = {"gguf": str(path), "n_threads": threads, "n_ctx": n_ctx}
             systems.append(LlamaCppSystem(name, llama, precision, sorted(eos_ids), knobs, details))
     return systems, skipped

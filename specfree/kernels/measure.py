@@ -120,19 +120,19 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
     for path in paths:
         arena = HugePageArena()  # the memory an engine's packed model reads (huge pages where offered)
         packed = [(pack(w, LANES[path], arena), b, w.shape[0]) for w, b in layers]
-        if path == paths[-1]:  # the floor: the bytes the engine's kernel reads, read once
+        engine_path = path == paths[-1]  # the path an engine runs
+        if engine_path:  # the floor: the bytes the engine's kernel reads, read once
+            weights, biases, outputs = (list(column) for column in zip(*packed))
             streams = itertools.cycle(STREAMS)  # each call the next count: every row count meets each
-            weights = [p for p, _, _ in packed]
             passes["read_pass"] = {m: (lambda: torch.ops.specfree.read_pass(weights, next(streams))) for m in rows}
         passes[f"few_row-panels-{path}"] = {
             m: (lambda xs=activations[m], packed=packed, path=path:
                 [torch.ops.specfree.panel_linear(xs[p.shape[1]], p, b, n, path) for p, b, n in packed])
             for m in rows}
-        if path == paths[-1]:  # the path an engine runs, called as its compiled forward calls it
-            inputs = {m: ([activations[m][p.shape[1]] for p, _, _ in packed], [p for p, _, _ in packed],
-                          [b for _, b, _ in packed], [n for _, _, n in packed]) for m in rows}
+        if engine_path:  # ... and the same products called as the compiled forward calls them
             passes[f"few_row-panels-{path} from C++"] = {
-                m: (lambda args=inputs[m], path=path: torch.ops.specfree.linear_pass(*args, path)) for m in rows}
+                m: (lambda xs=[activations[m][w.shape[1]] for w in weights], path=path:
+                    torch.ops.specfree.linear_pass(xs, weights, biases, outputs, path)) for m in rows}
     if inductor:
         if progress:
             progress("compiling Inductor's C++ GEMM for each row count")

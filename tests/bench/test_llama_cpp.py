@@ -140,4 +140,4 @@ def test_llama_cpp_rows_on_the_smollm2_gguf_and_its_f32_copy(tmp_path, write_jso
     ("raise SystemExit('error: no such tensor')", "failed (error: no such tensor)"),
 ])
 def test_a_gguf_llama_cpp_cannot_run_is_found_in_a_child_process(tmp_path, probe, said):
-    assert llama_rows.crash(tmp_path / "m.gguf", 256, 1, probe=probe) == said
+    assert llama_rows.crash(tmp_path / "m.gguf", llama_rows.llama_params(256, 1), probe=probe) == said
