@@ -31,8 +31,10 @@ COMPILED_FAMILIES = ("llama", "gpt2")  # grouped-query + RMSNorm + rotary; Conv1
 # AOTInductor's export of the step fails there (test_packages_on_a_gpu_still_fail).
 ON_CPU = tiny_models.DEVICE == "cpu"
 PACKAGED = "aoti" if ON_CPU else "inductor"
-# (family, backend): packages for both families, torch.compile's Inductor (the GPU path's) for one
-COMPILED = tuple(dict.fromkeys((("llama", PACKAGED), ("gpt2", PACKAGED), ("llama", "inductor"))))
+# (family, backend): packages for both families and for llama with a quantized file's weights (held
+# as codes), torch.compile's Inductor (the GPU path's) for one
+COMPILED = tuple(dict.fromkeys((("llama", PACKAGED), ("gpt2", PACKAGED), ("llama_gguf", PACKAGED),
+                                ("llama", "inductor"))))
 packages_only = pytest.mark.skipif(not ON_CPU, reason="AOTInductor packages are the CPU path")
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 REG = registry(build_plugin_manager())
@@ -161,7 +163,7 @@ def test_a_damaged_package_warns_and_decodes_eagerly(tmp_path):
     assert tokens == reference_greedy(model, prompt, 16) and not adapter.compiled
 
 
-@pytest.mark.parametrize("which", sorted({("llama", PACKAGED), ("llama", "inductor")}))
+@pytest.mark.parametrize("which", sorted({("llama", PACKAGED), ("llama_gguf", PACKAGED), ("llama", "inductor")}))
 def test_compiled_verify_rows_equal_the_one_row_step_bit_for_bit(compiled_adapters, which):
     """specfree's tree attention (tests/test_tree_attention.py) in packages and graphs alike: chain
     rows and the same rows among siblings (8 rows) against compiled one-row steps."""
@@ -169,6 +171,7 @@ def test_compiled_verify_rows_equal_the_one_row_step_bit_for_bit(compiled_adapte
     from tests.test_tree_attention import CONTEXT, chain_and_tree_against_one_row
 
     adapter = compiled_adapters[which]
+    assert ("coded" in adapter.linears) == (which[0] == "llama_gguf") or adapter.linears == "library"
     if adapter.model.config._attn_implementation != TREE_ATTENTION:
         pytest.skip("specfree's tree attention cannot be built here")
     chain, tree, alone = chain_and_tree_against_one_row(adapter, CONTEXT, torch.tensor([20, 21, 22, 23]))

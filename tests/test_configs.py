@@ -214,7 +214,7 @@ def test_model_linear_kernel_reaches_the_adapter(tiny_llama_dir):
 
     assert few_row([]) == few_row(["model.linear_kernel=few_row"]) == (load_kernels() is not None)
     assert not few_row(["model.linear_kernel=library"])
-    with pytest.raises(ConfigError, match="linear_kernel must be one of few_row, library"):
+    with pytest.raises(ConfigError, match="linear_kernel must be one of few_row, few_row_fp32, library"):
         Engine.from_config(overrides=["model=local", f"model.path={tiny_llama_dir}", "model.linear_kernel=mkl"])
     settings = BenchSettings.from_config({"model": {"name": "smollm2", "path": None, "linear_kernel": "library"},
                                           "bench": {"prompts": "p.jsonl", "out": "out"}})

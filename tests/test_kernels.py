@@ -123,7 +123,7 @@ def test_the_library_fallback_is_a_constructor_parameter():
     model = tiny_model("llama", seed=4)
     adapter = HFAdapter(model, check_tree_mask=False, linear_kernel="library")
     assert adapter.kernel_linears == 0 and linear_path(model) == "library"
-    with pytest.raises(ConfigError, match="linear_kernel must be one of few_row, library"):
+    with pytest.raises(ConfigError, match="linear_kernel must be one of few_row, few_row_fp32, library"):
         HFAdapter(model, check_tree_mask=False, linear_kernel="mkl")
 
 

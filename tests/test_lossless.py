@@ -90,12 +90,14 @@ STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "retrieval
 CPU_LIKE = CostModel([1, 2, 4, 8, 16, 32], [1.0, 1.2, 1.5, 1.8, 2.0, 2.4])
 
 
+# llama_gguf: its weights those of a quantized file, which specfree holds as codes
+@pytest.mark.parametrize("family", ["llama", "llama_gguf"])
 @pytest.mark.parametrize("priced", [True, False], ids=["priced", "unpriced"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_every_strategy_priced_and_unpriced_is_plain_decoding(strategy, priced, datastore):
+def test_every_strategy_priced_and_unpriced_is_plain_decoding(strategy, priced, family, datastore):
     """Greedy equals transformers' generate and seeded sampling equals plain sampling, at the
     strategy's own knobs or priced on a CPU-like curve."""
-    model = tiny_model("llama")
+    model = tiny_model(family)
     knobs = {"datastore": datastore} if strategy == "retrieval" else {}
     if strategy == "logit_spec":
         knobs = {"draft_tree_capacity": 16}  # 64 drafted rows (its paper's) make a slow test on the CPU

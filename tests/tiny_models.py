@@ -85,6 +85,9 @@ if hasattr(transformers, "DoryConfig"):  # transformers 5.24 on
     # looped layers: each loop writes its own copy of the looped layers' KV (6 cache layers for 4 layers)
     CONFIGS["dory"] = lambda: transformers.DoryConfig(
         n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=2, **FOUR_WINDOWED, **COMMON)
+# Families whose weights are those of a quantized file, dequantized (specfree holds them as codes).
+GGUF_ROUNDED = {"llama_gguf": "llama"}
+CONFIGS["llama_gguf"] = CONFIGS["llama"]
 FAMILIES = sorted(CONFIGS)
 
 # Families whose layers keep a recurrent state (verified one chain a step, ``adapters/recurrent.py``):
@@ -205,6 +208,30 @@ CHAIN_FAMILIES = sorted(CHAIN_CONFIGS)
 DEVICE = "cpu"
 
 
+def gguf_rounded(weight: torch.Tensor, kind: str) -> torch.Tensor:
+    """``weight`` [N, K] as a GGUF file stores it and transformers loads it back: per block of 32
+    inputs, Q4_1 (``d * q + m``, q in 0..15) or Q8_0 (``d * q``), d and m float16, decoded in
+    float32 as the gguf package decodes it."""
+    blocks = weight.detach().reshape(weight.shape[0], -1, 32)
+    if kind == "q4_1":
+        low = blocks.amin(-1, keepdim=True)
+        d = ((blocks.amax(-1, keepdim=True) - low) / 15).half().float()
+        m = low.half().float()
+        q = ((blocks - low) / d.clamp_min(1e-30)).round().clamp(0, 15)
+        return (d * q + m).reshape(weight.shape)
+    d = (blocks.abs().amax(-1, keepdim=True) / 127).half().float()
+    return (d * (blocks / d.clamp_min(1e-30)).round().clamp(-127, 127)).reshape(weight.shape)
+
+
+def round_like_gguf(model: transformers.PreTrainedModel) -> None:
+    """Every linear layer's weight as a Q4_1 GGUF holds it, the head's as Q8_0 (SmolLM2's file)."""
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module) is torch.nn.Linear:
+                module.weight.copy_(gguf_rounded(module.weight, "q8_0" if module is head else "q4_1"))
+
+
 @functools.cache
 def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     config = (CONFIGS.get(family) or RECURRENT_CONFIGS.get(family) or CHAIN_CONFIGS[family])()
@@ -214,6 +241,8 @@ def tiny_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     except ValueError:  # no SDPA path in this family (e.g. Gemma2's soft-capping): eager attention
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    if family in GGUF_ROUNDED:
+        round_like_gguf(model)
     model.to(DEVICE).eval()  # weights drawn on the CPU first: the same model on every device
     model.generation_config.pad_token_id = PAD
     return model

@@ -233,10 +233,10 @@ def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, lin
 
     device = model_device(model)
     if resolve_backend(knobs.get("backend", "auto"), device) == "aoti":
-        from specfree.kernels import load_kernels
+        from specfree.kernels import load_kernels, planned_linear_path
 
-        isa = load_kernels(cache_dir) if linear_kernel == "few_row" else None  # built at most once, ~10 s
-        linears = f"few_row-panels-{isa}" if isa else "library"  # what prepare_model will give (linear_path)
+        isa = load_kernels(cache_dir) if linear_kernel != "library" else None  # built at most once, ~10 s
+        linears = planned_linear_path(model, linear_kernel, isa)  # what prepare_model will give (linear_path)
         return StepPackage(model, folder, package_options(), linears).ready()
     try:
         return json.loads(marker.read_text())["warm_up_s"] <= AUTO_READY_S if marker.is_file() else False

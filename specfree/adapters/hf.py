@@ -53,7 +53,9 @@ class HFAdapter:
                  runner: StepRunner | None = None, capabilities: Capabilities | None = None):
         """``linear_kernel``: ``"few_row"`` runs CPU linear layers through specfree's kernel
         (``specfree.kernels``; built once under ``cache_dir``, the library's where it cannot be),
-        ``"library"`` keeps torch's ``F.linear``. ``runner``: a compiled runner whose static KV
+        holding a weight that is exactly a 4- or 8-bit code's values (a dequantized GGUF) as those
+        codes, ``"few_row_fp32"`` the same with every weight kept float32, ``"library"`` keeps
+        torch's ``F.linear``. ``runner``: a compiled runner whose static KV
         slots (``runner.slots``) the steps run over, instead of eager forwards over a growing cache;
         tree-verified models only. ``capabilities``: the record ``probes.inspect_model`` made for
         this model (given: no probes run); ``check_tree_mask=False`` skips the probes."""

@@ -36,7 +36,8 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     adapter: str = "hf"  # a registered model adapter
     # CPU linear layers: few_row runs specfree's kernel (torch's F.linear where it cannot be built),
-    # library keeps torch's F.linear
+    # holding weights that are exactly a quantized file's (a GGUF's) as their 4- or 8-bit codes;
+    # few_row_fp32 keeps every weight float32; library keeps torch's F.linear
     linear_kernel: str = "few_row"
 
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.files import atomic_path, fingerprint
+from specfree.kernels.codes import CodedLinear, find_codes
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
 from specfree.kernels.swap import swap_modules, swapped_modules
@@ -40,10 +41,13 @@ from specfree.kernels.swap import swap_modules, swapped_modules
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
 SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
            Path(__file__).with_name("panel_linear.cpp"),
-           Path(__file__).with_name("top_ids.cpp"))  # one library, one compiler call
+           Path(__file__).with_name("top_ids.cpp"),
+           Path(__file__).with_name("coded_linear.cpp"))  # one library, one compiler call
 HEADERS = (Path(__file__).with_name("isa.h"),)  # included by both sources
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
-BACKENDS = ("few_row", "library")  # "library": torch's F.linear, the fallback
+# "few_row": specfree's kernels, weights that are exactly a 4- or 8-bit code's values held as codes;
+# "few_row_fp32": the same, every weight kept as float32 panels; "library": torch's F.linear.
+BACKENDS = ("few_row", "few_row_fp32", "library")
 
 
 def kernel_dir(cache_dir: str | Path | None = None) -> Path:
@@ -137,6 +141,14 @@ def _register_fake() -> None:
     def _(x, panels, bias, n, isa="auto"):
         return x.new_empty((*x.shape[:-1], n))
 
+    @torch.library.register_fake("specfree::coded_linear")
+    def _(x, codes, scales, offsets, bias, n, isa="auto"):
+        return x.new_empty((*x.shape[:-1], n))
+
+    @torch.library.register_fake("specfree::decode_panels")
+    def _(codes, scales, offsets):
+        return scales.new_empty((codes.shape[0], scales.shape[1] * 32, codes.shape[2]))
+
     @torch.library.register_fake("specfree::read_pass")
     def _(tensors, streams=1):
         return torch.empty((), dtype=torch.float64)
@@ -223,23 +235,48 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
         library_linears(model)
         return 0
     isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
-    if pack and isa in LANES and pack_linears(model, _packs, LANES[isa]):
+    if pack and isa in LANES and pack_linears(model, _packs, LANES[isa], code=backend == "few_row"):
         release_checkpoint_mapping(model)
     swap_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None)
     return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())
 
 
 def linear_path(model: nn.Module) -> str:
-    """Which kernel the model's linear layers run: ``"few_row-panels-avx512"`` (packed in place),
+    """Which kernel the model's linear layers run: ``"few_row-coded-avx512"`` (held as codes, some
+    layers possibly as panels: then a digest of which are codes follows ``coded``),
+    ``"few_row-panels-avx512"`` (packed in place),
     ``"few_row-avx2"`` (the model's own layout) and so on, or ``"library"``."""
     if not _registered():
         return "library"
     isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
+    coded = [name for name, m in model.named_modules() if isinstance(m, CodedLinear)]
+    if coded:  # which layers hold codes is part of what a compiled step calls
+        every = all(not isinstance(m, PanelLinear) or isinstance(m, CodedLinear) for m in model.modules())
+        return f"few_row-coded-{isa}" if every else f"few_row-coded{fingerprint(*coded)[:8]}-{isa}"
     if any(isinstance(m, PanelLinear) for m in model.modules()):
         return f"few_row-panels-{isa}"
     if any(isinstance(m, FewRowLinear) for m in model.modules()):
         return f"few_row-{isa}"
     return "library"
+
+
+def planned_linear_path(model: nn.Module, backend: str, isa: str | None) -> str:
+    """What ``linear_path`` will say once ``use_few_row_linears(model, backend)`` has run on a CPU
+    with code path ``isa`` (None: the kernel cannot run), without packing anything: each layer's
+    codes judged from its first output column (a layer that codes there almost always codes
+    whole; where it does not, a compiled step's package is looked for under another name)."""
+    if isa is None or check_backend(backend) == "library":
+        return "library"
+    layers = [(name, m) for name, m in model.named_modules() if _packs(m)]
+    if not layers:  # prepared already (an earlier adapter packed it), or nothing to pack
+        return linear_path(model)
+    if isa not in LANES:
+        return f"few_row-{isa}"
+    coded = [name for name, m in layers
+             if backend == "few_row" and find_codes((m.weight.t() if is_conv1d(m) else m.weight)[:1], 1) is not None]
+    if coded:
+        return f"few_row-coded-{isa}" if len(coded) == len(layers) else f"few_row-coded{fingerprint(*coded)[:8]}-{isa}"
+    return f"few_row-panels-{isa}"
 
 
 def _stock(copies: dict):

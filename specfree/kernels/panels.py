@@ -58,6 +58,15 @@ class PanelLinear(nn.Module):
         """The weight as ``nn.Linear`` holds it: a new tensor each call (the panels are the storage)."""
         return unpack(self.panels, self.out_features)
 
+    @property
+    def storage(self) -> torch.Tensor:
+        """The tensor that holds the weight (a tied embedding shares it)."""
+        return self.panels
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.panels.dtype
+
     def _rows_of(self, weight: torch.Tensor) -> torch.Tensor:
         """A weight in the stock layout as [N, K] (what ``pack`` takes)."""
         return weight
@@ -139,6 +148,10 @@ class PanelEmbedding(nn.Module):
         self.panels = head.panels  # shared: the tie stays a tie
 
     @property
+    def storage(self) -> torch.Tensor:
+        return self.panels
+
+    @property
     def weight(self) -> torch.Tensor:
         return unpack(self.panels, self.num_embeddings)
 
@@ -165,13 +178,17 @@ class PanelEmbedding(nn.Module):
 def stock_tensor_specs(model: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The name, shape and dtype of every tensor ``model.state_dict()`` holds, packed or not, without
     unpacking anything (a package's key; its code depends on these, not on the layout's copies)."""
+    from specfree.kernels.codes import CodedEmbedding
+
     specs = {}
     for name, module in model.named_modules(remove_duplicate=False):
         prefix = f"{name}." if name else ""
         if isinstance(module, PanelLinear):
-            specs[prefix + "weight"] = (module.stock_shape, module.panels.dtype)
+            specs[prefix + "weight"] = (module.stock_shape, module.weight_dtype)
         elif isinstance(module, PanelEmbedding):
             specs[prefix + "weight"] = ((module.num_embeddings, module.embedding_dim), module.panels.dtype)
+        elif isinstance(module, CodedEmbedding):
+            specs[prefix + "weight"] = ((module.num_embeddings, module.embedding_dim), torch.float32)
         for key, tensor in module._parameters.items():
             if tensor is not None and key != "panels":
                 specs[prefix + key] = (tuple(tensor.shape), tensor.dtype)
@@ -187,11 +204,14 @@ def panel_bytes(module: nn.Module, lanes: int) -> int:
     return -(-n // lanes) * lanes * k * module.weight.element_size()
 
 
-def pack_linears(model: nn.Module, fits, lanes: int) -> int:
+def pack_linears(model: nn.Module, fits, lanes: int, code: bool = True) -> int:
     """Replace every linear layer ``fits`` accepts by a ``PanelLinear``, in place (the old weight is
     freed as each layer is packed); a head tied to a plain ``nn.Embedding`` takes the embedding with
-    it. Returns how many layers were packed. A layer whose weight something else shares (a tie to
-    a scaled embedding, say) is left as it is."""
+    it. ``code``: a float32 weight that is exactly a 4- or 8-bit code's values (a dequantized GGUF)
+    is held as those codes instead (``codes.CodedLinear``, the same bits, 3.5-5x fewer bytes).
+    Returns how many layers were packed. A layer whose weight something else shares (a tie to a
+    scaled embedding, say) is left as it is."""
+    from specfree.kernels.codes import CodedConv1D, CodedEmbedding, CodedLinear, find_codes
     from specfree.kernels.swap import swap_modules
 
     shared = {}
@@ -215,7 +235,11 @@ def pack_linears(model: nn.Module, fits, lanes: int) -> int:
         weight = module.weight
         holders = shared[id(weight)]
         if holders == 1 or (tied and holders == 2):
-            packed = (PanelConv1D if is_conv1d(module) else PanelLinear)(module, lanes, arena)
+            coded = find_codes(weight.t() if is_conv1d(module) else weight, lanes) if code else None
+            if coded is not None:
+                packed = (CodedConv1D if is_conv1d(module) else CodedLinear)(module, coded)
+            else:
+                packed = (PanelConv1D if is_conv1d(module) else PanelLinear)(module, lanes, arena)
             # The source is read once, here: its checkpoint pages need not stay resident until the
             # mapping goes (they would add the model's size again to the peak).
             file_pages.drop(weight)
@@ -226,7 +250,9 @@ def pack_linears(model: nn.Module, fits, lanes: int) -> int:
 
     with torch.no_grad():
         packed = swap_modules(model, convert)
-        swap_modules(model, lambda m: PanelEmbedding(m, tied_heads[id(m)]) if id(m) in tied_heads else None)
+        swap_modules(model, lambda m: None if id(m) not in tied_heads else
+                     (CodedEmbedding if isinstance(tied_heads[id(m)], CodedLinear) else PanelEmbedding)(
+                         m, tied_heads[id(m)]))
     return packed
 
 
@@ -332,9 +358,11 @@ def _return_freed_memory() -> None:
 def unpacked(module: nn.Module, copies: dict[int, nn.Parameter]) -> nn.Module | None:
     """The stock module for a packed one (``nn.Linear``, ``nn.Embedding``), over an unpacked copy of
     its weight; ``copies`` keeps a tied head and embedding on one copy."""
-    if isinstance(module, (PanelLinear, PanelEmbedding)):
-        weight = copies.get(id(module.panels))
+    from specfree.kernels.codes import CodedEmbedding
+
+    if isinstance(module, (PanelLinear, PanelEmbedding, CodedEmbedding)):
+        weight = copies.get(id(module.storage))
         if weight is None:
-            weight = copies[id(module.panels)] = nn.Parameter(module.weight, requires_grad=False)
+            weight = copies[id(module.storage)] = nn.Parameter(module.weight, requires_grad=False)
         return module.to_linear(weight) if isinstance(module, PanelLinear) else module.to_embedding(weight)
     return None

@@ -1,0 +1,230 @@
+"""Weights held as the small integer codes that reproduce their float32 values exactly.
+
+A model loaded from a quantized GGUF file (SmolLM2's: Q4_1 layers, a Q8_0 head) is dequantized
+into float32 weights, but each block of 32 inputs of an output column still takes only the
+values of its code: ``fma(q, d, m)`` with q in 0..15 (affine4: Q4_1, Q4_0 and the like) or
+``q * d`` with q in -128..127 (scaled8: Q8_0). ``find_codes`` recovers d, m and the codes from
+the float32 weight alone (no file format involved) and keeps them only if decoding them, with the
+kernel's own operations (``specfree::decode_panels``), gives the float32 weight back bit for bit.
+``specfree::coded_linear`` then reads 6 (affine4) or 9 (scaled8) bits a weight instead of 32, and
+computes what ``panel_linear`` computes on the float32 panels, bit for bit.
+
+``CodedLinear`` replaces a ``PanelLinear`` where its weight codes; a tied embedding becomes a
+``CodedEmbedding`` that decodes its rows from the head's codes. As with the panels, ``.weight``,
+``state_dict()`` and ``to_linear()`` give the stock layout, as copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specfree.kernels.panels import PanelConv1D, PanelLinear, unpack
+
+BLOCK = 32  # inputs per scale
+ROWS_AT_ONCE = 2048  # rows searched together (bounds the float64 temporaries)
+
+
+@dataclass
+class Codes:
+    """A weight's codes in panels of ``lanes`` columns: ``codes`` [N/P, K/2, P] uint8 (affine4) or
+    [N/P, K, P] int8 (scaled8), ``scales`` and ``offsets`` (affine4 only) [N/P, K/32, P] float32."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor | None
+
+    @property
+    def kind(self) -> str:
+        return "affine4" if self.offsets is not None else "scaled8"
+
+    def decode(self) -> torch.Tensor:
+        """The float32 panels [N/P, K, P] these codes stand for."""
+        return torch.ops.specfree.decode_panels(self.codes, self.scales, self.offsets)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets) if t is not None)
+
+
+def _half_neighbours(value: torch.Tensor, steps: int) -> torch.Tensor:
+    """[steps * 2 + 1, ...]: ``value`` rounded to float16 and its neighbours, as float64 (the
+    scales a GGUF file stores; any other scale is tried as itself first)."""
+    bits = value.to(torch.float16).view(torch.int16)
+    offsets = torch.tensor([0] + [s for i in range(1, steps + 1) for s in (i, -i)], dtype=torch.int16)
+    shifted = (bits.unsqueeze(0) + offsets.view(-1, *[1] * bits.dim())).view(torch.float16).double()
+    return torch.cat([value.unsqueeze(0), shifted])
+
+
+def _search(blocks: torch.Tensor, affine: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Codes for ``blocks`` [R, K/32, 32] (float32): (q, d, m) with q as int16, d and m float32
+    per block, or None if some block has none. Each candidate scale is tried on the blocks the
+    ones before it left (the first fits nearly all)."""
+    flat = blocks.reshape(-1, BLOCK)
+    wide = flat.double()
+    if affine:
+        low = wide.amin(-1, keepdim=True)
+        candidates = _half_neighbours((wide.amax(-1, keepdim=True) - low) / 15, 2)
+    else:
+        low = torch.zeros_like(wide[:, :1])
+        candidates = _half_neighbours(wide.abs().amax(-1, keepdim=True) / 127, 1)
+    codes = torch.zeros(flat.shape, dtype=torch.int16)
+    scales = torch.zeros(len(flat), dtype=torch.float64)
+    left = torch.arange(len(flat))
+    lo, hi = (0, 15) if affine else (-128, 127)
+    for d in candidates:  # d [blocks, 1]
+        d, base, values = d[left], low[left], wide[left]
+        q = torch.where(d > 0, ((values - base) / torch.where(d > 0, d, 1)).round(), 0).clamp(lo, hi)
+        same = ((q * d + base).float() == flat[left]).all(-1) & torch.isfinite(d[:, 0])
+        codes[left[same]], scales[left[same]] = q[same].short(), d[same][:, 0]
+        left = left[~same]
+        if not len(left):
+            shape = blocks.shape[:-1]
+            return codes.view(blocks.shape), scales.float().view(shape), low[:, 0].float().view(shape)
+    return None
+
+
+def find_codes(weight: torch.Tensor, lanes: int) -> Codes | None:
+    """The codes of ``weight`` [N, K] in panels of ``lanes`` columns, or None where it has none
+    (not float32, K not a multiple of 32, or some block not exactly a code's values)."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % BLOCK or not weight.numel():
+        return None
+    n, k = weight.shape
+    rows = weight.detach().reshape(n, k // BLOCK, BLOCK)
+    for affine in (True, False):
+        if _search(rows[:1], affine) is None:  # a quick no from the first row
+            continue
+        parts = [_search(rows[i:i + ROWS_AT_ONCE], affine) for i in range(0, n, ROWS_AT_ONCE)]
+        if any(part is None for part in parts):
+            continue
+        q, d, m = (torch.cat(column) for column in zip(*parts))
+        coded = _panels(q, d, m if affine else None, lanes)
+        if torch.equal(unpack(coded.decode(), n), weight):
+            return coded
+    return None
+
+
+def _panels(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, lanes: int) -> Codes:
+    """q [N, K/32, 32], d and m [N, K/32] -> ``Codes`` in panels (zero columns past N)."""
+    n = q.shape[0]
+    pad = (-n) % lanes
+
+    def panels(t: torch.Tensor) -> torch.Tensor:  # [N, X] -> [N/P, X, P]
+        t = F.pad(t, (0, 0, 0, pad)) if pad else t
+        return t.reshape(-1, lanes, t.shape[1]).transpose(1, 2).contiguous()
+
+    q = q.reshape(n, -1)
+    if m is not None:  # two codes a byte: input 2i in the low nibble, 2i+1 in the high one
+        q = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+        return Codes(panels(q), panels(d), panels(m))
+    return Codes(panels(q.to(torch.int8)), panels(d), None)
+
+
+class CodedLinear(PanelLinear):
+    """A ``PanelLinear`` whose panels are held as codes; its product runs ``specfree::coded_linear``."""
+
+    def __init__(self, linear: nn.Module, coded: Codes, name: str = ""):
+        nn.Module.__init__(self)
+        rows = self._rows_of(linear.weight)
+        self.out_features, self.in_features = rows.shape
+        self.name = name  # for errors
+        self._hold(coded)
+        self.register_parameter("bias", linear.bias)
+
+    def _hold(self, coded: Codes) -> None:
+        # buffers, not parameters (integer codes cannot be parameters); kept out of the state dict,
+        # which holds the stock float32 weight instead
+        for key in ("codes", "scales", "offsets"):
+            self.register_buffer(key, getattr(coded, key), persistent=False)
+
+    @property
+    def coded(self) -> Codes:
+        return Codes(self.codes, self.scales, self.offsets)
+
+    @property
+    def panels(self) -> torch.Tensor:
+        """The float32 panels, decoded: a new tensor each call (the codes are the storage)."""
+        return self.coded.decode()
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def storage(self) -> torch.Tensor:
+        return self.codes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = self._buffers
+        return torch.ops.specfree.coded_linear(x, buffers["codes"], buffers["scales"], buffers["offsets"],
+                                               self._parameters["bias"], self.out_features)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        if prefix + "weight" in state_dict:
+            weight = self._rows_of(state_dict[prefix + "weight"].to(torch.float32))
+            coded = find_codes(weight, self.codes.shape[2])
+            if coded is None:
+                error_msgs.append(f"{prefix}weight is not exactly the values of a 4- or 8-bit code, which this "
+                                  "layer holds its weight as; load it into a model prepared with "
+                                  "linear_kernel=few_row_fp32")
+                return
+            self._hold(coded)
+        elif strict:
+            missing_keys.append(prefix + "weight")
+        if self.bias is not None and prefix + "bias" in state_dict:
+            with torch.no_grad():
+                self.bias.copy_(state_dict[prefix + "bias"])
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"codes={self.coded.kind} {tuple(self.codes.shape)}")
+
+
+class CodedConv1D(CodedLinear, PanelConv1D):
+    """GPT-2's ``Conv1D`` held as codes: its stock layout ([K, N]) from ``PanelConv1D``."""
+
+
+class CodedEmbedding(nn.Module):
+    """A plain ``nn.Embedding`` tied to a ``CodedLinear`` head: each looked-up row decoded from the
+    head's codes (the panels holding it, decoded by the same op, so the same bits as the head's)."""
+
+    def __init__(self, embedding: nn.Embedding, head: CodedLinear):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.padding_idx = embedding.padding_idx
+        self.head = [head]  # not a submodule: the head is the model's own, its codes its storage
+
+    @property
+    def storage(self) -> torch.Tensor:
+        return self.head[0].codes
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head[0].weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [...] -> [..., K]
+        head = self.head[0]
+        lanes = head.codes.shape[2]
+        flat = ids.reshape(-1)
+        panel = torch.div(flat, lanes, rounding_mode="floor")
+        offsets = None if head.offsets is None else head.offsets[panel]
+        decoded = torch.ops.specfree.decode_panels(head.codes[panel], head.scales[panel], offsets)  # [T, K, P]
+        rows = decoded[torch.arange(flat.numel(), device=flat.device), :, flat % lanes]
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def to_embedding(self, weight: nn.Parameter | None = None) -> nn.Embedding:
+        embedding = nn.Embedding(self.num_embeddings, self.embedding_dim, self.padding_idx, device="meta")
+        embedding.weight = weight if weight is not None else nn.Parameter(self.weight, requires_grad=False)
+        return embedding
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.weight
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        pass  # the head's codes hold this weight and load through the head
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, tied to a CodedLinear head's codes"

@@ -1,0 +1,111 @@
+"""Weights held as codes (specfree/kernels/codes.py, coded_linear.cpp): the op against float64 and
+bit for bit against the float32 panel kernel on the decoded weights, every code path this CPU
+has; codes found only where they give the weight back exactly; a model whose weights came from a
+quantized file computes what its float32 panels compute, bit for bit, keeps the stock state dict,
+and says which weights it cannot load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfree.adapters.hf import HFAdapter
+from specfree.kernels import library_linears, linear_path, load_kernels
+from specfree.kernels.codes import CodedEmbedding, CodedLinear, find_codes
+from specfree.kernels.panels import LANES, PanelLinear, pack, unpack
+from tests.tiny_models import gguf_rounded, round_like_gguf, tiny_model
+
+fresh_model = tiny_model.__wrapped__
+
+ISA = load_kernels(progress=False)
+pytestmark = pytest.mark.skipif(ISA is None, reason="the kernel cannot be built or run on this machine")
+ISAS = ["avx2", "avx512"] if ISA == "avx512" else ["avx2"]
+KINDS = {"q4_1": "affine4", "q8_0": "scaled8"}
+
+
+def coded_linear(x, coded, bias, n, isa):
+    return torch.ops.specfree.coded_linear(x, coded.codes, coded.scales, coded.offsets, bias, n, isa)
+
+
+@settings(max_examples=60, deadline=None)
+# n up to 300: panels of 8 and 16, blocks of each width and a short last panel
+@given(rows=st.integers(1, 40), blocks=st.integers(1, 10), n=st.integers(1, 300), kind=st.sampled_from(list(KINDS)),
+       with_bias=st.booleans(), isa=st.sampled_from(ISAS), seed=st.integers(0, 99))
+def test_the_op_equals_the_float32_panels_bit_for_bit_and_matmul_in_float64(rows, blocks, n, kind, with_bias, isa,
+                                                                             seed):
+    generator = torch.Generator().manual_seed(seed)
+    k = 32 * blocks
+    weight = gguf_rounded(torch.randn(n, k, generator=generator), kind)
+    x = torch.randn(rows, k, generator=generator)
+    bias = torch.randn(n, generator=generator) if with_bias else None
+    coded = find_codes(weight, LANES[isa])
+    assert coded is not None and coded.kind == KINDS[kind]
+    assert torch.equal(unpack(coded.decode(), n), weight)
+    out = coded_linear(x, coded, bias, n, isa)
+    assert torch.equal(out, torch.ops.specfree.panel_linear(x, pack(weight, LANES[isa]), bias, n, isa))
+    for row in (0, rows - 1):  # each row's bits its own
+        assert torch.equal(coded_linear(x[row:row + 1], coded, bias, n, isa)[0], out[row])
+    expected = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    tolerance = 1e-5 * (k ** 0.5) * (x.abs().max().item() * weight.abs().max().item() + 1)
+    assert (out.double() - expected).abs().max().item() <= tolerance
+
+
+def test_codes_are_found_only_where_they_give_the_weight_back_exactly():
+    generator = torch.Generator().manual_seed(3)
+    weight = gguf_rounded(torch.randn(40, 64, generator=generator), "q4_1")
+    assert find_codes(weight, 16) is not None
+    assert find_codes(torch.randn(40, 64, generator=generator), 16) is None  # plain float32 weights
+    assert find_codes(weight[:, :48], 16) is None  # K not a whole number of blocks
+    assert find_codes(weight.bfloat16(), 16) is None
+    nudged = weight.clone()
+    nudged[31, 40] = torch.nextafter(nudged[31, 40], torch.tensor(1e9))  # one value off by one ulp
+    assert find_codes(nudged, 16) is None
+
+
+def test_the_op_refuses_codes_it_cannot_run():
+    coded = find_codes(gguf_rounded(torch.randn(20, 64), "q4_1"), 16)
+    with pytest.raises(RuntimeError, match="do not multiply"):
+        coded_linear(torch.randn(2, 63), coded, None, 20, ISAS[-1])
+    with pytest.raises(RuntimeError, match="panels of 16 columns cannot run the avx2 path"):
+        coded_linear(torch.randn(2, 64), coded, None, 20, "avx2")
+    with pytest.raises(RuntimeError, match="affine4 codes are uint8"):
+        torch.ops.specfree.coded_linear(torch.randn(2, 64), coded.codes.view(torch.int8), coded.scales,
+                                        coded.offsets, None, 20, ISAS[-1])
+
+
+def test_a_model_from_a_quantized_file_holds_codes_and_computes_its_float32_panels_bits():
+    coded, panels = fresh_model("llama_gguf", seed=4), fresh_model("llama_gguf", seed=4)
+    state = {name: tensor.clone() for name, tensor in coded.state_dict().items()}
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
+    HFAdapter(coded, check_tree_mask=False)
+    HFAdapter(panels, check_tree_mask=False, linear_kernel="few_row_fp32")
+    assert linear_path(coded) == f"few_row-coded-{ISA}" and linear_path(panels) == f"few_row-panels-{ISA}"
+    assert all(isinstance(m, CodedLinear) for m in coded.modules() if isinstance(m, PanelLinear))
+    with torch.no_grad():
+        assert torch.equal(coded(ids).logits, panels(ids).logits)
+    saved = coded.state_dict()
+    assert set(saved) == set(state) and all(torch.equal(saved[k], state[k]) for k in state)
+    coded.load_state_dict(state)  # codes found again
+    bad = dict(state, **{"model.layers.0.mlp.up_proj.weight": torch.randn(64, 32)})
+    with pytest.raises(RuntimeError, match="not exactly the values of a 4- or 8-bit code.*few_row_fp32"):
+        coded.load_state_dict(bad)
+    library_linears(coded)
+    assert linear_path(coded) == "library" and all(torch.equal(coded.state_dict()[k], state[k]) for k in state)
+
+
+def test_a_tied_embedding_decodes_its_rows_from_the_heads_codes():
+    model = fresh_model("llama", seed=6)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.get_input_embeddings().weight
+    round_like_gguf(model)  # the head (and so the embedding) as Q8_0
+    ids = torch.tensor([[7, 0, 2, 95, 4, 127]])
+    with torch.no_grad():
+        stock_rows = model.get_input_embeddings()(ids)
+    HFAdapter(model, check_tree_mask=False)
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, CodedEmbedding) and embedding.storage is model.lm_head.codes
+    assert not any(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel() >= 128 * 32
+                   for t in model.buffers() if t is not model.lm_head.scales)  # no float32 copy of the table
+    assert torch.equal(embedding(ids), stock_rows)
