@@ -77,3 +77,27 @@ def test_a_datastore_of_the_models_own_answers_drafts_its_next_answers(smollm2, 
     assert result.tokens == plain_greedy(model, tokenizer, messages, 24)
     # The answer is in the datastore now, so retrieval drafts most of it again.
     assert sum(step.sources.get("retrieval", 0) for step in result.steps) >= 8
+
+
+def test_its_gguf_weights_are_held_as_codes_with_the_float32_bits(smollm2):
+    """SmolLM2 ships as a Q4_1 GGUF (a Q8_0 head): every linear layer is held as its codes, and a
+    step's logits are those of the same weights as float32 panels, bit for bit."""
+    from specfree.kernels import linear_path, load_kernels
+    from specfree.kernels.codes import CodedLinear
+    from specfree.kernels.panels import PanelLinear
+    from specfree.loading import load_model
+
+    if load_kernels(progress=False) is None:
+        pytest.skip("the kernel cannot be built or run on this machine")
+    model, tokenizer = smollm2
+    layers = [m for m in model.modules() if isinstance(m, PanelLinear)]
+    assert len(layers) == 211 and all(isinstance(m, CodedLinear) for m in layers)
+    assert model.lm_head.coded.kind == "scaled8" and {m.coded.kind for m in layers[:-1]} == {"affine4"}
+    held = sum(m.coded.nbytes() for m in layers)
+    assert held < 0.21 * sum(4 * m.in_features * m.out_features for m in layers)
+    fp32, _ = load_model("smollm2")
+    Engine.from_model(fp32, tokenizer, "autoregressive", linear_kernel="few_row_fp32", compile=False)
+    assert linear_path(fp32).startswith("few_row-panels") and linear_path(model).startswith("few_row-coded")
+    ids = tokenizer("The railway station, built in 1894, has been", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, fp32(ids).logits)
