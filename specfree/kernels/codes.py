@@ -101,9 +101,22 @@ def find_codes(weight: torch.Tensor, lanes: int) -> Codes | None:
             continue
         q, d, m = (torch.cat(column) for column in zip(*parts))
         coded = _panels(q, d, m if affine else None, lanes)
-        if torch.equal(unpack(coded.decode(), n), weight):
+        if _decodes_to(coded, weight):
             return coded
     return None
+
+
+def _decodes_to(coded: Codes, weight: torch.Tensor) -> bool:
+    """Whether ``coded`` decodes to ``weight`` bit for bit (a few panels at a time: no second copy
+    of a large head)."""
+    step = max(1, ROWS_AT_ONCE // coded.codes.shape[2])
+    for first in range(0, coded.codes.shape[0], step):
+        part = Codes(*(None if t is None else t[first:first + step] for t in (coded.codes, coded.scales,
+                                                                               coded.offsets)))
+        rows = weight[first * coded.codes.shape[2]:(first + step) * coded.codes.shape[2]]
+        if not torch.equal(unpack(part.decode(), rows.shape[0]), rows):
+            return False
+    return True
 
 
 def _panels(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, lanes: int) -> Codes:
