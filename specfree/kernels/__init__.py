@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.files import atomic_path, fingerprint
-from specfree.kernels.codes import CodedLinear, find_codes
+from specfree.kernels.codes import CodedLinear, code_layer, find_codes
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
 from specfree.kernels.swap import swap_modules, swapped_modules
@@ -235,7 +235,7 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
         library_linears(model)
         return 0
     isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
-    if pack and isa in LANES and pack_linears(model, _packs, LANES[isa], code=backend == "few_row"):
+    if pack and isa in LANES and pack_linears(model, _packs, LANES[isa], code_layer if backend == "few_row" else None):
         release_checkpoint_mapping(model)
     swap_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None)
     return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfree.kernels.panels import PanelConv1D, PanelLinear, unpack
+from specfree.kernels.panels import PanelConv1D, PanelEmbedding, PanelLinear, is_conv1d, unpack
 
 BLOCK = 32  # inputs per scale
 ROWS_AT_ONCE = 2048  # rows searched together (bounds the float64 temporaries)
@@ -169,6 +169,9 @@ class CodedLinear(PanelLinear):
     def storage(self) -> torch.Tensor:
         return self.codes
 
+    def tied_embedding(self, embedding: nn.Embedding) -> nn.Module:
+        return CodedEmbedding(embedding, self)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         buffers = self._buffers
         return torch.ops.specfree.coded_linear(x, buffers["codes"], buffers["scales"], buffers["offsets"],
@@ -200,12 +203,12 @@ class CodedConv1D(CodedLinear, PanelConv1D):
     """GPT-2's ``Conv1D`` held as codes: its stock layout ([K, N]) from ``PanelConv1D``."""
 
 
-class CodedEmbedding(nn.Module):
+class CodedEmbedding(PanelEmbedding):
     """A plain ``nn.Embedding`` tied to a ``CodedLinear`` head: each looked-up row decoded from the
     head's codes (the panels holding it, decoded by the same op, so the same bits as the head's)."""
 
     def __init__(self, embedding: nn.Embedding, head: CodedLinear):
-        super().__init__()
+        nn.Module.__init__(self)
         self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
         self.padding_idx = embedding.padding_idx
         self.head = [head]  # not a submodule: the head is the model's own, its codes its storage
@@ -213,6 +216,10 @@ class CodedEmbedding(nn.Module):
     @property
     def storage(self) -> torch.Tensor:
         return self.head[0].codes
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return torch.float32
 
     @property
     def weight(self) -> torch.Tensor:
@@ -228,16 +235,14 @@ class CodedEmbedding(nn.Module):
         rows = decoded[torch.arange(flat.numel(), device=flat.device), :, flat % lanes]
         return rows.reshape(*ids.shape, self.embedding_dim)
 
-    def to_embedding(self, weight: nn.Parameter | None = None) -> nn.Embedding:
-        embedding = nn.Embedding(self.num_embeddings, self.embedding_dim, self.padding_idx, device="meta")
-        embedding.weight = weight if weight is not None else nn.Parameter(self.weight, requires_grad=False)
-        return embedding
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        destination[prefix + "weight"] = self.weight
-
-    def _load_from_state_dict(self, state_dict, prefix, *args):
-        pass  # the head's codes hold this weight and load through the head
-
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, tied to a CodedLinear head's codes"
+
+
+def code_layer(module: nn.Module, lanes: int) -> CodedLinear | None:
+    """``module`` (an ``nn.Linear`` or GPT-2 ``Conv1D``) held as codes, or None where its weight has
+    none (``pack_linears``' coder)."""
+    coded = find_codes(module.weight.t() if is_conv1d(module) else module.weight, lanes)
+    if coded is None:
+        return None
+    return (CodedConv1D if is_conv1d(module) else CodedLinear)(module, coded)

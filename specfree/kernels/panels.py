@@ -75,6 +75,10 @@ class PanelLinear(nn.Module):
         params = self._parameters  # 211 calls a SmolLM2 forward: skip nn.Module.__getattr__
         return torch.ops.specfree.panel_linear(x, params["panels"], params["bias"], self.out_features)
 
+    def tied_embedding(self, embedding: nn.Embedding) -> nn.Module:
+        """The input embedding tied to this head, reading its rows from this layer's storage."""
+        return PanelEmbedding(embedding, self)
+
     def to_linear(self, weight: nn.Parameter | None = None) -> nn.Linear:
         """A plain ``nn.Linear`` over an unpacked copy (or ``weight``) and the same bias."""
         linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta",
@@ -152,6 +156,10 @@ class PanelEmbedding(nn.Module):
         return self.panels
 
     @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.panels.dtype
+
+    @property
     def weight(self) -> torch.Tensor:
         return unpack(self.panels, self.num_embeddings)
 
@@ -161,7 +169,7 @@ class PanelEmbedding(nn.Module):
 
     def to_embedding(self, weight: nn.Parameter | None = None) -> nn.Embedding:
         embedding = nn.Embedding(self.num_embeddings, self.embedding_dim, self.padding_idx, device="meta",
-                                 dtype=self.panels.dtype)
+                                 dtype=self.weight_dtype)
         embedding.weight = weight if weight is not None else nn.Parameter(self.weight, requires_grad=False)
         return embedding
 
@@ -178,17 +186,13 @@ class PanelEmbedding(nn.Module):
 def stock_tensor_specs(model: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The name, shape and dtype of every tensor ``model.state_dict()`` holds, packed or not, without
     unpacking anything (a package's key; its code depends on these, not on the layout's copies)."""
-    from specfree.kernels.codes import CodedEmbedding
-
     specs = {}
     for name, module in model.named_modules(remove_duplicate=False):
         prefix = f"{name}." if name else ""
         if isinstance(module, PanelLinear):
             specs[prefix + "weight"] = (module.stock_shape, module.weight_dtype)
         elif isinstance(module, PanelEmbedding):
-            specs[prefix + "weight"] = ((module.num_embeddings, module.embedding_dim), module.panels.dtype)
-        elif isinstance(module, CodedEmbedding):
-            specs[prefix + "weight"] = ((module.num_embeddings, module.embedding_dim), torch.float32)
+            specs[prefix + "weight"] = ((module.num_embeddings, module.embedding_dim), module.weight_dtype)
         for key, tensor in module._parameters.items():
             if tensor is not None and key != "panels":
                 specs[prefix + key] = (tuple(tensor.shape), tensor.dtype)
@@ -204,14 +208,13 @@ def panel_bytes(module: nn.Module, lanes: int) -> int:
     return -(-n // lanes) * lanes * k * module.weight.element_size()
 
 
-def pack_linears(model: nn.Module, fits, lanes: int, code: bool = True) -> int:
+def pack_linears(model: nn.Module, fits, lanes: int, coder=None) -> int:
     """Replace every linear layer ``fits`` accepts by a ``PanelLinear``, in place (the old weight is
     freed as each layer is packed); a head tied to a plain ``nn.Embedding`` takes the embedding with
-    it. ``code``: a float32 weight that is exactly a 4- or 8-bit code's values (a dequantized GGUF)
-    is held as those codes instead (``codes.CodedLinear``, the same bits, 3.5-5x fewer bytes).
-    Returns how many layers were packed. A layer whose weight something else shares (a tie to a
-    scaled embedding, say) is left as it is."""
-    from specfree.kernels.codes import CodedConv1D, CodedEmbedding, CodedLinear, find_codes
+    it. ``coder(layer, lanes)``, where given, may return the layer held another way instead (a
+    ``codes.CodedLinear``: a weight that is exactly a 4- or 8-bit code's values), or None for
+    panels. Returns how many layers were packed. A layer whose weight something else shares (a tie
+    to a scaled embedding, say) is left as it is."""
     from specfree.kernels.swap import swap_modules
 
     shared = {}
@@ -235,10 +238,8 @@ def pack_linears(model: nn.Module, fits, lanes: int, code: bool = True) -> int:
         weight = module.weight
         holders = shared[id(weight)]
         if holders == 1 or (tied and holders == 2):
-            coded = find_codes(weight.t() if is_conv1d(module) else weight, lanes) if code else None
-            if coded is not None:
-                packed = (CodedConv1D if is_conv1d(module) else CodedLinear)(module, coded)
-            else:
+            packed = coder(module, lanes) if coder is not None else None
+            if packed is None:
                 packed = (PanelConv1D if is_conv1d(module) else PanelLinear)(module, lanes, arena)
             # The source is read once, here: its checkpoint pages need not stay resident until the
             # mapping goes (they would add the model's size again to the peak).
@@ -250,9 +251,7 @@ def pack_linears(model: nn.Module, fits, lanes: int, code: bool = True) -> int:
 
     with torch.no_grad():
         packed = swap_modules(model, convert)
-        swap_modules(model, lambda m: None if id(m) not in tied_heads else
-                     (CodedEmbedding if isinstance(tied_heads[id(m)], CodedLinear) else PanelEmbedding)(
-                         m, tied_heads[id(m)]))
+        swap_modules(model, lambda m: tied_heads[id(m)].tied_embedding(m) if id(m) in tied_heads else None)
     return packed
 
 
@@ -358,9 +357,7 @@ def _return_freed_memory() -> None:
 def unpacked(module: nn.Module, copies: dict[int, nn.Parameter]) -> nn.Module | None:
     """The stock module for a packed one (``nn.Linear``, ``nn.Embedding``), over an unpacked copy of
     its weight; ``copies`` keeps a tied head and embedding on one copy."""
-    from specfree.kernels.codes import CodedEmbedding
-
-    if isinstance(module, (PanelLinear, PanelEmbedding, CodedEmbedding)):
+    if isinstance(module, (PanelLinear, PanelEmbedding)):
         weight = copies.get(id(module.storage))
         if weight is None:
             weight = copies[id(module.storage)] = nn.Parameter(module.weight, requires_grad=False)
