@@ -169,7 +169,8 @@ def compiled_adapter(model, settings: BenchSettings, slots: int):
     where compiling cannot or did not work (it warned)."""
     if settings.compile == "false":
         return None
-    adapter = build_adapter(model, compile="true", cache_dir=settings.config.cache_dir, slots=slots)
+    adapter = build_adapter(model, compile="true", cache_dir=settings.config.cache_dir, slots=slots,
+                            linear_kernel=settings.config.model.linear_kernel)
     return adapter if adapter.compiled else None
 
 
