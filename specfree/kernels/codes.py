@@ -2,7 +2,7 @@
 
 A model loaded from a quantized GGUF file (SmolLM2's: Q4_1 layers, a Q8_0 head) is dequantized
 into float32 weights, but each block of 32 inputs of an output column still takes only the
-values of its code: ``fma(q, d, m)`` with q in 0..15 (affine4: Q4_1, Q4_0 and the like) or
+values of its code: ``fma(q, d, m)`` with q in 0..15 (affine4: Q4_1 and the like) or
 ``q * d`` with q in -128..127 (scaled8: Q8_0). ``find_codes`` recovers d, m and the codes from
 the float32 weight alone (no file format involved) and keeps them only if decoding them, with the
 kernel's own operations (``specfree::decode_panels``), gives the float32 weight back bit for bit.
@@ -138,11 +138,10 @@ def _panels(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, lanes: int
 class CodedLinear(PanelLinear):
     """A ``PanelLinear`` whose panels are held as codes; its product runs ``specfree::coded_linear``."""
 
-    def __init__(self, linear: nn.Module, coded: Codes, name: str = ""):
+    def __init__(self, linear: nn.Module, coded: Codes):
         nn.Module.__init__(self)
         rows = self._rows_of(linear.weight)
         self.out_features, self.in_features = rows.shape
-        self.name = name  # for errors
         self._hold(coded)
         self.register_parameter("bias", linear.bias)
 
