@@ -268,6 +268,17 @@ def test_compile_knob_auto_uses_packages_already_on_disk(tmp_path):
     assert list((tmp_path / "compiled").rglob("step.pt2"))
 
 
+@packages_only
+def test_compile_knob_auto_finds_the_package_from_a_model_not_yet_prepared(tmp_path):
+    """A new process's model has not switched attention or linears yet (a package's name depends on
+    both, and on which weights hold codes): auto still finds the package built before."""
+    knobs = dict(cache_dir=tmp_path, max_autotune=False, progress=False)
+    assert make_adapter(tiny_model.__wrapped__("llama_gguf"), "true", **knobs).runner.package.built == 1
+    warm = make_adapter(tiny_model.__wrapped__("llama_gguf"), "auto", **knobs)
+    assert warm.compiled and (warm.runner.package.built, warm.runner.package.loaded) == (0, 1)
+    assert "coded" in warm.linears or warm.linears == "library"
+
+
 def test_compile_knob_values():
     assert [check_compile(v) for v in (True, False, "auto", "TRUE", "false")] == ["true", "false", "auto", "true",
                                                                                  "false"]

@@ -233,11 +233,14 @@ def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, lin
 
     device = model_device(model)
     if resolve_backend(knobs.get("backend", "auto"), device) == "aoti":
-        from specfree.kernels import load_kernels, planned_linear_path
+        from specfree.adapters.hf import prepare_model
+        from specfree.kernels import linear_path
 
-        isa = load_kernels(cache_dir) if linear_kernel != "library" else None  # built at most once, ~10 s
-        linears = planned_linear_path(model, linear_kernel, isa)  # what prepare_model will give (linear_path)
-        return StepPackage(model, folder, package_options(), linears).ready()
+        # Both paths prepare the model first (the compiled one a copy sharing its modules), and the
+        # package's name depends on what that gives: the attention it runs, the linears' kernel and
+        # which weights hold codes. Preparing here costs nothing later: preparing twice is a no-op.
+        prepare_model(model, knobs.get("grouped_attention", True), linear_kernel, cache_dir)
+        return StepPackage(model, folder, package_options(), linear_path(model)).ready()
     try:
         return json.loads(marker.read_text())["warm_up_s"] <= AUTO_READY_S if marker.is_file() else False
     except (ValueError, KeyError, TypeError):

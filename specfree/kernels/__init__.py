@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.files import atomic_path, fingerprint
-from specfree.kernels.codes import CodedLinear, code_layer, find_codes
+from specfree.kernels.codes import CodedLinear, code_layer
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
 from specfree.kernels.swap import swap_modules, swapped_modules
@@ -258,25 +258,6 @@ def linear_path(model: nn.Module) -> str:
     if any(isinstance(m, FewRowLinear) for m in model.modules()):
         return f"few_row-{isa}"
     return "library"
-
-
-def planned_linear_path(model: nn.Module, backend: str, isa: str | None) -> str:
-    """What ``linear_path`` will say once ``use_few_row_linears(model, backend)`` has run on a CPU
-    with code path ``isa`` (None: the kernel cannot run), without packing anything: each layer's
-    codes judged from its first output column (a layer that codes there almost always codes
-    whole; where it does not, a compiled step's package is looked for under another name)."""
-    if isa is None or check_backend(backend) == "library":
-        return "library"
-    layers = [(name, m) for name, m in model.named_modules() if _packs(m)]
-    if not layers:  # prepared already (an earlier adapter packed it), or nothing to pack
-        return linear_path(model)
-    if isa not in LANES:
-        return f"few_row-{isa}"
-    coded = [name for name, m in layers
-             if backend == "few_row" and find_codes((m.weight.t() if is_conv1d(m) else m.weight)[:1], 1) is not None]
-    if coded:
-        return f"few_row-coded-{isa}" if len(coded) == len(layers) else f"few_row-coded{fingerprint(*coded)[:8]}-{isa}"
-    return f"few_row-panels-{isa}"
 
 
 def _stock(copies: dict):
