@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -83,20 +84,26 @@ struct Avx2 {
   }
 };
 
+// What a kernel reads: codes (decoded in registers), or float32 panels a call decoded once into a
+// buffer for its many rows (the same values, so the same sums).
+enum Format { kAffine4 = 0, kScaled8 = 1, kDecoded = 2 };
+
 // MB rows against NB adjacent panels, all of K. ``out`` is [MB, NB*P], row stride ldo.
 // Two inputs a step: affine4 decodes both from one load of P bytes.
 #define SPECFREE_CODED(ATTR, ISA)                                                                      \
-  template <int MB, int NB, bool AFFINE, bool PREFETCH>                                                \
+  template <int MB, int NB, int FORMAT, bool PREFETCH>                                                 \
   ATTR void coded_##ISA(const float* x, int64_t ldx, const uint8_t* codes, const float* scales,        \
                         const float* offsets, int64_t k, float* out, int64_t ldo) {                    \
     using V = ISA;                                                                                     \
     constexpr int P = V::P;                                                                            \
+    constexpr bool AFFINE = FORMAT == kAffine4;                                                        \
     typename V::Vec acc[MB][NB];                                                                       \
     UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::zero();     \
     const int64_t cstride = (AFFINE ? k / 2 : k) * P, sstride = k / kBlock * P;  /* one panel */       \
+    const float* decoded = reinterpret_cast<const float*>(codes);                                      \
     for (int64_t b = 0; b < k / kBlock; ++b) {                                                         \
       typename V::Vec d[NB], o[NB];                                                                    \
-      UNROLL for (int j = 0; j < NB; ++j) {                                                            \
+      if constexpr (FORMAT != kDecoded) UNROLL for (int j = 0; j < NB; ++j) {                          \
         d[j] = V::load(scales + j * sstride + b * P);                                                  \
         if constexpr (AFFINE) o[j] = V::load(offsets + j * sstride + b * P);                           \
         if constexpr (PREFETCH)                                                                        \
@@ -107,7 +114,10 @@ struct Avx2 {
         const int64_t at = b * kBlock + i;                                                             \
         typename V::Vec w0[NB], w1[NB];                                                                \
         UNROLL for (int j = 0; j < NB; ++j) {                                                          \
-          if constexpr (AFFINE) {                                                                      \
+          if constexpr (FORMAT == kDecoded) {                                                          \
+            w0[j] = V::load(decoded + j * k * P + at * P);                                             \
+            w1[j] = V::load(decoded + j * k * P + (at + 1) * P);                                       \
+          } else if constexpr (AFFINE) {                                                               \
             V::nibbles(codes + j * cstride + at / 2 * P, w0[j], w1[j]);                                \
             w0[j] = V::fma(w0[j], d[j], o[j]);                                                         \
             w1[j] = V::fma(w1[j], d[j], o[j]);                                                         \
@@ -130,33 +140,71 @@ struct Avx2 {
 SPECFREE_CODED(SPECFREE_AVX512, Avx512)
 SPECFREE_CODED(SPECFREE_AVX2, Avx2)
 
+// One panel's codes decoded into float32 [K, P], with the kernel's own instructions.
+#define SPECFREE_DECODE(ATTR, ISA)                                                                     \
+  template <bool AFFINE>                                                                               \
+  ATTR void decode_##ISA(const uint8_t* codes, const float* scales, const float* offsets, int64_t k,   \
+                         float* out) {                                                                 \
+    using V = ISA;                                                                                     \
+    constexpr int P = V::P;                                                                            \
+    for (int64_t b = 0; b < k / kBlock; ++b) {                                                         \
+      const typename V::Vec d = V::load(scales + b * P), o = AFFINE ? V::load(offsets + b * P) : V::zero(); \
+      for (int i = 0; i < kBlock; i += 2) {                                                            \
+        const int64_t at = b * kBlock + i;                                                             \
+        typename V::Vec w0, w1;                                                                        \
+        if constexpr (AFFINE) {                                                                        \
+          V::nibbles(codes + at / 2 * P, w0, w1);                                                      \
+          w0 = V::fma(w0, d, o);                                                                       \
+          w1 = V::fma(w1, d, o);                                                                       \
+        } else {                                                                                       \
+          const int8_t* c = reinterpret_cast<const int8_t*>(codes) + at * P;                           \
+          w0 = V::mul(V::bytes(c), d);                                                                 \
+          w1 = V::mul(V::bytes(c + P), d);                                                             \
+        }                                                                                              \
+        V::store(out + at * P, w0);                                                                    \
+        V::store(out + (at + 1) * P, w1);                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+  }
+
+SPECFREE_DECODE(SPECFREE_AVX512, Avx512)
+SPECFREE_DECODE(SPECFREE_AVX2, Avx2)
+
 using CodedFn = void (*)(const float*, int64_t, const uint8_t*, const float*, const float*, int64_t, float*, int64_t);
 
 // The kernel for a group of MB rows over nb panels: the group's own width, a full group's (the
 // width of a call whose later groups follow a full one), or 1 at a range's end.
-template <int MB, bool AFFINE, bool PREFETCH>
+template <int MB, int FORMAT, bool PREFETCH>
 CodedFn pick_rows(Isa isa, int nb) {
   if (isa == Isa::kAvx512) {
     constexpr int own = kWidthAvx512[MB], full = kWidthAvx512[kGroupRows];
-    return nb == own    ? coded_Avx512<MB, own, AFFINE, PREFETCH>
-           : nb == full ? coded_Avx512<MB, full, AFFINE, PREFETCH>
-                        : coded_Avx512<MB, 1, AFFINE, PREFETCH>;
+    return nb == own    ? coded_Avx512<MB, own, FORMAT, PREFETCH>
+           : nb == full ? coded_Avx512<MB, full, FORMAT, PREFETCH>
+                        : coded_Avx512<MB, 1, FORMAT, PREFETCH>;
   }
   constexpr int own = kWidthAvx2[MB], full = kWidthAvx2[kGroupRows];
-  return nb == own    ? coded_Avx2<MB, own, AFFINE, PREFETCH>
-         : nb == full ? coded_Avx2<MB, full, AFFINE, PREFETCH>
-                      : coded_Avx2<MB, 1, AFFINE, PREFETCH>;
+  return nb == own    ? coded_Avx2<MB, own, FORMAT, PREFETCH>
+         : nb == full ? coded_Avx2<MB, full, FORMAT, PREFETCH>
+                      : coded_Avx2<MB, 1, FORMAT, PREFETCH>;
 }
 
-CodedFn pick(Isa isa, int nb, int64_t mb, bool affine, bool first) {
+// Codes stream from memory (prefetched); a decoded block is read from cache.
+CodedFn pick(Isa isa, int nb, int64_t mb, Format format) {
   return specfree::for_rows(mb, [&](auto rows) {
     constexpr int r = decltype(rows)::value;
-    if (affine) return first ? pick_rows<r, true, true>(isa, nb) : pick_rows<r, true, false>(isa, nb);
-    return first ? pick_rows<r, false, true>(isa, nb) : pick_rows<r, false, false>(isa, nb);
+    return format == kAffine4   ? pick_rows<r, kAffine4, true>(isa, nb)
+           : format == kScaled8 ? pick_rows<r, kScaled8, true>(isa, nb)
+                                : pick_rows<r, kDecoded, false>(isa, nb);
   });
 }
 
-// Panels [p_begin, p_end) for all m rows into y [m, n]; later groups of rows read a block from cache.
+// Panels [p_begin, p_end) for all m rows into y [m, n]. Up to two groups of rows decode the codes
+// in registers; more rows (a prefill, a wide tree) decode each block of panels once into a buffer
+// that every group then reads from cache. (Intel VM, SmolLM2's 211 layers: decoding per group cost
+// a 300-token prefill's linears 15% over the float32 panels, the buffer 5%; at 16 rows the
+// buffer was 11% slower than decoding twice.)
+constexpr int64_t kDecodeOnceGroups = 3;
+
 void coded_range(Isa isa, const float* x, int64_t m, const uint8_t* codes, const float* scales,
                  const float* offsets, int64_t k, const float* bias, int64_t n, int64_t p_begin, int64_t p_end,
                  float* y) {
@@ -166,14 +214,29 @@ void coded_range(Isa isa, const float* x, int64_t m, const uint8_t* codes, const
   const int nb = (isa == Isa::kAvx512 ? kWidthAvx512 : kWidthAvx2)[first];
   const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
   const int64_t cstride = (affine ? k / 2 : k) * P, sstride = k / kBlock * P;
+  const bool decode_once = groups >= kDecodeOnceGroups;
+  std::vector<float> block(decode_once ? nb * k * P : 0);
   float out[kGroupRows * 4 * 16];
   const int64_t ldo = nb * P;
   for (int64_t p = p_begin; p < p_end;) {
     const int width = p + nb <= p_end ? nb : 1;
+    if (decode_once)
+      for (int j = 0; j < width; ++j) {
+        const uint8_t* c = codes + (p + j) * cstride;
+        const float *d = scales + (p + j) * sstride, *o = affine ? offsets + (p + j) * sstride : nullptr;
+        float* into = block.data() + j * k * P;
+        if (isa == Isa::kAvx512) affine ? decode_Avx512<true>(c, d, o, k, into) : decode_Avx512<false>(c, d, o, k, into);
+        else affine ? decode_Avx2<true>(c, d, o, k, into) : decode_Avx2<false>(c, d, o, k, into);
+      }
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t mb = std::min<int64_t>(kGroupRows, m - g * kGroupRows);
-      pick(isa, width, mb, affine, g == 0)(x + g * kGroupRows * k, k, codes + p * cstride, scales + p * sstride,
-                                           affine ? offsets + p * sstride : nullptr, k, out, ldo);
+      if (decode_once)
+        pick(isa, width, mb, kDecoded)(x + g * kGroupRows * k, k, reinterpret_cast<const uint8_t*>(block.data()),
+                                       nullptr, nullptr, k, out, ldo);
+      else
+        pick(isa, width, mb, affine ? kAffine4 : kScaled8)(x + g * kGroupRows * k, k, codes + p * cstride,
+                                                           scales + p * sstride,
+                                                           affine ? offsets + p * sstride : nullptr, k, out, ldo);
       for (int64_t r = 0; r < mb; ++r) {
         float* row = y + (g * kGroupRows + r) * n;
         for (int64_t c = 0; c < width * P; ++c) {
