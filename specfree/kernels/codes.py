@@ -176,22 +176,14 @@ class CodedLinear(PanelLinear):
         return torch.ops.specfree.coded_linear(x, buffers["codes"], buffers["scales"], buffers["offsets"],
                                                self._parameters["bias"], self.out_features)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        if prefix + "weight" in state_dict:
-            weight = self._rows_of(state_dict[prefix + "weight"].to(torch.float32))
-            coded = find_codes(weight, self.codes.shape[2])
-            if coded is None:
-                error_msgs.append(f"{prefix}weight is not exactly the values of a 4- or 8-bit code, which this "
-                                  "layer holds its weight as; load it into a model prepared with "
-                                  "linear_kernel=few_row_fp32")
-                return
-            self._hold(coded)
-        elif strict:
-            missing_keys.append(prefix + "weight")
-        if self.bias is not None and prefix + "bias" in state_dict:
-            with torch.no_grad():
-                self.bias.copy_(state_dict[prefix + "bias"])
+    def _load_weight(self, weight: torch.Tensor, prefix: str, error_msgs: list[str]) -> bool:
+        coded = find_codes(self._rows_of(weight.to(torch.float32)), self.codes.shape[2])
+        if coded is None:
+            error_msgs.append(f"{prefix}weight is not exactly the values of a 4- or 8-bit code, which this layer "
+                              "holds its weight as; load it into a model prepared with linear_kernel=few_row_fp32")
+            return False
+        self._hold(coded)
+        return True
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

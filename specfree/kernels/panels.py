@@ -95,14 +95,20 @@ class PanelLinear(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         if prefix + "weight" in state_dict:
-            with torch.no_grad():
-                weight = self._rows_of(state_dict[prefix + "weight"].to(self.panels.dtype))
-                self.panels.copy_(pack(weight, self.panels.shape[2]))
+            if not self._load_weight(state_dict[prefix + "weight"], prefix, error_msgs):
+                return
         elif strict:
             missing_keys.append(prefix + "weight")
         if self.bias is not None and prefix + "bias" in state_dict:
             with torch.no_grad():
                 self.bias.copy_(state_dict[prefix + "bias"])
+
+    def _load_weight(self, weight: torch.Tensor, prefix: str, error_msgs: list[str]) -> bool:
+        """Take a stock-layout ``weight`` into this layer's storage; False (with a message in
+        ``error_msgs``) where it cannot."""
+        with torch.no_grad():
+            self.panels.copy_(pack(self._rows_of(weight.to(self.panels.dtype)), self.panels.shape[2]))
+        return True
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
