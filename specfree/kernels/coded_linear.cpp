@@ -237,13 +237,7 @@ void coded_range(Isa isa, const float* x, int64_t m, const uint8_t* codes, const
         pick(isa, width, mb, affine ? kAffine4 : kScaled8)(x + g * kGroupRows * k, k, codes + p * cstride,
                                                            scales + p * sstride,
                                                            affine ? offsets + p * sstride : nullptr, k, out, ldo);
-      for (int64_t r = 0; r < mb; ++r) {
-        float* row = y + (g * kGroupRows + r) * n;
-        for (int64_t c = 0; c < width * P; ++c) {
-          const int64_t col = p * P + c;
-          if (col < n) row[col] = bias ? out[r * ldo + c] + bias[col] : out[r * ldo + c];
-        }
-      }
+      specfree::store_block(out, ldo, mb, width * P, bias, p * P, n, y + g * kGroupRows * n);
     }
     p += width;
   }
@@ -284,7 +278,7 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = n;
-  const at::Tensor x32 = x.scalar_type() == at::kFloat && x.is_contiguous() ? x : x.to(at::kFloat).contiguous();
+  const at::Tensor x32 = specfree::float_rows(x);
   at::Tensor b;
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) b = bias->scalar_type() == at::kFloat && bias->is_contiguous() ? *bias : bias->to(at::kFloat).contiguous();

@@ -63,6 +63,24 @@ SPECFREE_AVX512 inline __m512 load16(const at::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
+// ``x`` as contiguous float32 rows, converted only where it is not that already: each ATen call
+// costs microseconds, and a forward makes 211 products (Intel VM, the 211 layers from Python: 1 row
+// 23.4 -> 22.7 ms, 8 rows 26.3 -> 25.7, medians of 20).
+inline at::Tensor float_rows(const at::Tensor& x) {
+  return x.scalar_type() == at::kFloat && x.is_contiguous() ? x : x.to(at::kFloat).contiguous();
+}
+
+// One group's results for a block of columns, ``out`` [rows, cols] (row stride ldo), into the
+// rows of ``y`` [*, n] from column col0, plus the bias; columns at or past n (a last panel's
+// padding) dropped.
+template <typename B>
+inline void store_block(const float* out, int64_t ldo, int64_t rows, int64_t cols, const B* bias, int64_t col0,
+                        int64_t n, float* y) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols && col0 + c < n; ++c)
+      y[r * n + col0 + c] = bias ? out[r * ldo + c] + static_cast<float>(bias[col0 + c]) : out[r * ldo + c];
+}
+
 // ``pick(std::integral_constant<int, MB>{})`` for a group of ``rows`` (1-8, more as 8): a block
 // kernel compiled for each row count, chosen at run time.
 template <typename Pick>

@@ -161,13 +161,7 @@ void panel_range(Isa isa, int lanes, const float* x, int64_t m, const W* panels,
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t mb = std::min(group, m - g * group);
       pick<W>(isa, width, mb, g == 0)(x + g * group * k, k, panels + p * k * lanes, k, out, ldo);
-      for (int64_t r = 0; r < mb; ++r) {
-        float* row = y + (g * group + r) * n;
-        for (int64_t c = 0; c < width * lanes; ++c) {
-          const int64_t col = p * lanes + c;
-          if (col < n) row[col] = bias ? out[r * ldo + c] + static_cast<float>(bias[col]) : out[r * ldo + c];
-        }
-      }
+      specfree::store_block(out, ldo, mb, width * lanes, bias, p * lanes, n, y + g * group * n);
     }
     p += width;
   }
@@ -201,9 +195,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = n;
-  // Each ATen call costs microseconds and a forward makes 211 of these: convert only what needs it
-  // (Intel VM, the 211 layers from Python: 1 row 23.4 -> 22.7 ms, 8 rows 26.3 -> 25.7, medians of 20).
-  const at::Tensor x32 = x.scalar_type() == at::kFloat && x.is_contiguous() ? x : x.to(at::kFloat).contiguous();
+  const at::Tensor x32 = specfree::float_rows(x);
   at::Tensor b;
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias)
