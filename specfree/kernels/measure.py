@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.kernels import FewRowLinear, load_kernels
-from specfree.kernels.codes import find_codes
+from specfree.kernels.codes import CodedLinear, find_codes
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.panels import LANES, PanelLinear, pack, unpack
 
@@ -47,16 +47,21 @@ ROWS = (1, 2, 4, 8, 16)
 STREAMS = (1, 2, 4, 8)  # how many side-by-side streams a thread reads in the floor's pass
 
 
-def model_linears(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """(weight, bias) of every linear layer, the shared LM head once."""
+def linear_modules(model: nn.Module) -> list[nn.Module]:
+    """Every linear layer, the shared LM head once."""
     seen, out = set(), []
     for module in model.modules():
         key = id(module.storage) if isinstance(module, PanelLinear) else id(getattr(module, "weight", None))
         if isinstance(module, (nn.Linear, FewRowLinear, PanelLinear)) and key not in seen:
-            seen.add(key)  # a packed layer's weight is unpacked into a copy for the measurement, [N, K]
-            weight = unpack(module.panels, module.out_features) if isinstance(module, PanelLinear) else module.weight
-            out.append((weight.detach(), None if module.bias is None else module.bias.detach()))
+            seen.add(key)
+            out.append(module)
     return out
+
+
+def weight_and_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A linear layer's (weight [N, K], bias); a packed layer's weight unpacked into a copy."""
+    weight = unpack(module.panels, module.out_features) if isinstance(module, PanelLinear) else module.weight
+    return weight.detach(), None if module.bias is None else module.bias.detach()
 
 
 def _onednn(layers) -> Callable | None:
@@ -107,7 +112,8 @@ def _inductor_passes(layers, rows: Sequence[int]) -> dict[int, Callable]:
 def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5, inductor: bool = False,
                   progress: Callable[[str], None] | None = None) -> dict[str, dict[int, float]]:
     """Milliseconds per pass over the model's linear layers, per variant and row count."""
-    layers = model_linears(model)
+    modules = linear_modules(model)
+    layers = [weight_and_bias(m) for m in modules]
     variants: dict[str, Callable] = {"blas": lambda x, w, b: F.linear(x, w, b)}
     onednn = _onednn(layers)
     if onednn is not None:
@@ -138,7 +144,9 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
                 m: (lambda xs=[activations[m][w.shape[1]] for w in weights], path=path:
                     torch.ops.specfree.linear_pass(xs, weights, biases, outputs, path)) for m in rows}
     if paths:
-        coded = [find_codes(w, LANES[paths[-1]]) for w, _ in layers]
+        # the codes an engine's model holds already, else searched (a model kept as float32 panels)
+        coded = [m.coded if isinstance(m, CodedLinear) else find_codes(w, LANES[paths[-1]])
+                 for m, (w, _) in zip(modules, layers)]
         if any(c is not None for c in coded):  # each layer as an engine holds it: codes, else panels
             products = [(lambda x, c=c, b=b, n=w.shape[0]: torch.ops.specfree.coded_linear(
                 x, c.codes, c.scales, c.offsets, b, n, paths[-1])) if c is not None else
