@@ -4,18 +4,18 @@
 // A model loaded from a quantized file (SmolLM2's GGUF: Q4_1 layers, a Q8_0 head) is dequantized
 // into float32 weights that take only 16 (or 256) values per block of 32 inputs. Such a weight is
 // stored here as those codes, per block of 32 inputs and output column:
-//   affine4: w = fma(q, d, m), q in 0..15, two codes a byte  (4 bits + 8 bytes a block: 6 bits)
+//   affine4: w = fma(q, d, m), q in 0..15, eight codes a word (4 bits + 8 bytes a block: 6 bits)
 //   scaled8: w = q * d,        q in -128..127                (8 bits + 4 bytes a block: 9 bits)
 // Every code is checked at packing (``codes.py``): the decoded weight equals the float32 weight
 // bit for bit, or the layer keeps its float32 panels. A product reads 3.5-5x fewer bytes.
 //
 // The layout is the float32 panels' (``panel_linear.cpp``): panels of P output columns (P = 8
-// AVX2, 16 AVX-512), K contiguous; codes [N/P, K/2, P] (affine4: byte (k/2, c) holds input k's code
-// in its low nibble and k+1's in its high one) or [N/P, K, P] (scaled8), scales and offsets
-// [N/P, K/32, P]. Each output is one lane of one accumulator, fma over k = 0..K-1 in order, then
-// + bias: the float32 panel kernel's operations on the same weights, so a coded layer's output is
-// bit-identical to the float32 one's, whatever the number of rows (batch invariant), and AVX2 and
-// AVX-512 compute the same sums.
+// AVX2, 16 AVX-512), K contiguous; codes [N/P, K/8, P] int32 (affine4: word (g, c) holds input
+// 8g+i's code in bits 4i..4i+3, so one load of P words gives 8 inputs) or [N/P, K, P] int8
+// (scaled8), scales and offsets [N/P, K/32, P]. Each output is one lane of one accumulator, fma
+// over k = 0..K-1 in order, then + bias: the float32 panel kernel's operations on the same
+// weights, so a coded layer's output is bit-identical to the float32 one's, whatever the number
+// of rows (batch invariant), and AVX2 and AVX-512 compute the same sums.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -35,7 +35,10 @@ using specfree::Isa;
 
 constexpr int kBlock = 32;      // inputs per scale (GGUF's block)
 constexpr int kGroupRows = 8;   // rows whose accumulators share the registers; more go in groups
-constexpr int64_t kAhead = 1024;  // prefetch distance in the code stream (bytes)
+// Prefetch distance in the code stream (bytes); the scale and offset streams are prefetched as
+// many blocks ahead. Every line of a block is prefetched: with one line a block, SmolLM2's
+// one-row pass over its 211 layers took 8-13% longer (Intel VM).
+constexpr int64_t kAhead = 1024;
 
 #define UNROLL _Pragma("GCC unroll 16")
 
@@ -44,9 +47,10 @@ constexpr int64_t kAhead = 1024;  // prefetch distance in the code stream (bytes
 constexpr int kWidthAvx512[kGroupRows + 1] = {0, 4, 4, 3, 3, 2, 2, 2, 2};
 constexpr int kWidthAvx2[kGroupRows + 1] = {0, 2, 2, 2, 1, 1, 1, 1, 1};
 
-// The two ISAs differ only in vector width and how P bytes of codes widen to P int32 lanes.
+// The two ISAs differ only in vector width and how codes widen to float lanes.
 struct Avx512 {
   using Vec = __m512;
+  using Int = __m512i;
   static constexpr int P = 16;
   SPECFREE_AVX512 static Vec zero() { return _mm512_setzero_ps(); }
   SPECFREE_AVX512 static Vec load(const float* p) { return _mm512_loadu_ps(p); }
@@ -54,11 +58,16 @@ struct Avx512 {
   SPECFREE_AVX512 static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   SPECFREE_AVX512 static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
   SPECFREE_AVX512 static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-  // 16 bytes of nibble pairs -> the low and high nibbles as floats
-  SPECFREE_AVX512 static void nibbles(const uint8_t* p, Vec& lo, Vec& hi) {
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
-    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+  SPECFREE_AVX512 static Int words(const int32_t* p) { return _mm512_loadu_si512(p); }
+  SPECFREE_AVX512 static Vec scale(const void* p, int64_t i, bool half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p) + i / P))
+                : _mm512_loadu_ps(static_cast<const float*>(p) + i);
+  }
+  // Code i of each word as a float: a table lookup (vpermps reads an index's low 4 bits), one
+  // instruction where masking and converting take two. i is a constant once the loop unrolls.
+  SPECFREE_AVX512 static Vec nibble(Int v, int i) {
+    const Vec values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_permutexvar_ps(i ? _mm512_srli_epi32(v, 4 * i) : v, values);
   }
   SPECFREE_AVX512 static Vec bytes(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -67,6 +76,7 @@ struct Avx512 {
 
 struct Avx2 {
   using Vec = __m256;
+  using Int = __m256i;
   static constexpr int P = 8;
   SPECFREE_AVX2 static Vec zero() { return _mm256_setzero_ps(); }
   SPECFREE_AVX2 static Vec load(const float* p) { return _mm256_loadu_ps(p); }
@@ -74,10 +84,13 @@ struct Avx2 {
   SPECFREE_AVX2 static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
   SPECFREE_AVX2 static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
   SPECFREE_AVX2 static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-  SPECFREE_AVX2 static void nibbles(const uint8_t* p, Vec& lo, Vec& hi) {
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
-    hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+  SPECFREE_AVX2 static Int words(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  SPECFREE_AVX2 static Vec scale(const void* p, int64_t i, bool half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p) + i / P))
+                : _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  }
+  SPECFREE_AVX2 static Vec nibble(Int v, int i) {  // vpermps indexes 8 values here: mask and convert
+    return _mm256_cvtepi32_ps(_mm256_and_si256(i ? _mm256_srli_epi32(v, 4 * i) : v, _mm256_set1_epi32(15)));
   }
   SPECFREE_AVX2 static Vec bytes(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -89,48 +102,49 @@ struct Avx2 {
 enum Format { kAffine4 = 0, kScaled8 = 1, kDecoded = 2 };
 
 // MB rows against NB adjacent panels, all of K. ``out`` is [MB, NB*P], row stride ldo.
-// Two inputs a step: affine4 decodes both from one load of P bytes.
+// Inputs go 8 at a time: affine4 decodes all 8 from one load of P words.
 #define SPECFREE_CODED(ATTR, ISA)                                                                      \
   template <int MB, int NB, int FORMAT, bool PREFETCH>                                                 \
-  ATTR void coded_##ISA(const float* x, int64_t ldx, const uint8_t* codes, const float* scales,        \
-                        const float* offsets, int64_t k, float* out, int64_t ldo) {                    \
+  ATTR void coded_##ISA(const float* x, int64_t ldx, const uint8_t* codes, const void* scales,         \
+                        const void* offsets, bool half, int64_t k, float* out, int64_t ldo) {          \
     using V = ISA;                                                                                     \
+    using Vec = typename V::Vec;                                                                       \
     constexpr int P = V::P;                                                                            \
     constexpr bool AFFINE = FORMAT == kAffine4;                                                        \
-    typename V::Vec acc[MB][NB];                                                                       \
+    constexpr int64_t block_bytes = AFFINE ? kBlock * P / 2 : kBlock * P;                              \
+    Vec acc[MB][NB];                                                                                   \
     UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::zero();     \
-    const int64_t cstride = (AFFINE ? k / 2 : k) * P, sstride = k / kBlock * P;  /* one panel */       \
+    const int64_t cstride = k / kBlock * block_bytes, sstride = k / kBlock * P; /* one panel */        \
     const float* decoded = reinterpret_cast<const float*>(codes);                                      \
     for (int64_t b = 0; b < k / kBlock; ++b) {                                                         \
-      typename V::Vec d[NB], o[NB];                                                                    \
+      Vec d[NB], o[NB];                                                                                \
       if constexpr (FORMAT != kDecoded) UNROLL for (int j = 0; j < NB; ++j) {                          \
-        d[j] = V::load(scales + j * sstride + b * P);                                                  \
-        if constexpr (AFFINE) o[j] = V::load(offsets + j * sstride + b * P);                           \
-        if constexpr (PREFETCH)                                                                        \
-          _mm_prefetch(reinterpret_cast<const char*>(codes + j * cstride + (b * kBlock * P >> AFFINE) + kAhead), \
-                       _MM_HINT_T0);                                                                   \
-      }                                                                                                \
-      UNROLL for (int i = 0; i < kBlock; i += 2) {                                                     \
-        const int64_t at = b * kBlock + i;                                                             \
-        typename V::Vec w0[NB], w1[NB];                                                                \
-        UNROLL for (int j = 0; j < NB; ++j) {                                                          \
-          if constexpr (FORMAT == kDecoded) {                                                          \
-            w0[j] = V::load(decoded + j * k * P + at * P);                                             \
-            w1[j] = V::load(decoded + j * k * P + (at + 1) * P);                                       \
-          } else if constexpr (AFFINE) {                                                               \
-            V::nibbles(codes + j * cstride + at / 2 * P, w0[j], w1[j]);                                \
-            w0[j] = V::fma(w0[j], d[j], o[j]);                                                         \
-            w1[j] = V::fma(w1[j], d[j], o[j]);                                                         \
-          } else {                                                                                     \
-            const int8_t* c = reinterpret_cast<const int8_t*>(codes) + j * cstride + at * P;           \
-            w0[j] = V::mul(V::bytes(c), d[j]);                                                         \
-            w1[j] = V::mul(V::bytes(c + P), d[j]);                                                     \
-          }                                                                                            \
+        d[j] = V::scale(scales, j * sstride + b * P, half);                                            \
+        if constexpr (AFFINE) o[j] = V::scale(offsets, j * sstride + b * P, half);                     \
+        if constexpr (PREFETCH) {                                                                      \
+          const char* c = reinterpret_cast<const char*>(codes + j * cstride + b * block_bytes) + kAhead; \
+          UNROLL for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(c + line, _MM_HINT_T0); \
+          const int64_t size = half ? 2 : 4, at = (j * sstride + b * P + kAhead / block_bytes * P) * size; \
+          _mm_prefetch(static_cast<const char*>(scales) + at, _MM_HINT_T0);                            \
+          if constexpr (AFFINE) _mm_prefetch(static_cast<const char*>(offsets) + at, _MM_HINT_T0);     \
         }                                                                                              \
-        UNROLL for (int m = 0; m < MB; ++m) {                                                          \
-          const typename V::Vec x0 = V::bcast(x + m * ldx + at), x1 = V::bcast(x + m * ldx + at + 1);  \
-          UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::fma(x0, w0[j], acc[m][j]);                \
-          UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::fma(x1, w1[j], acc[m][j]);                \
+      }                                                                                                \
+      UNROLL for (int g = 0; g < kBlock; g += 8) {                                                     \
+        typename V::Int v[NB];                                                                         \
+        if constexpr (AFFINE) UNROLL for (int j = 0; j < NB; ++j)                                      \
+          v[j] = V::words(reinterpret_cast<const int32_t*>(codes + j * cstride + b * block_bytes) + g / 8 * P); \
+        UNROLL for (int i = 0; i < 8; ++i) {                                                           \
+          const int64_t at = b * kBlock + g + i;                                                       \
+          Vec w[NB];                                                                                   \
+          UNROLL for (int j = 0; j < NB; ++j) {                                                        \
+            if constexpr (FORMAT == kDecoded) w[j] = V::load(decoded + j * k * P + at * P);             \
+            else if constexpr (AFFINE) w[j] = V::fma(V::nibble(v[j], i), d[j], o[j]);                  \
+            else w[j] = V::mul(V::bytes(reinterpret_cast<const int8_t*>(codes) + j * cstride + at * P), d[j]); \
+          }                                                                                            \
+          UNROLL for (int m = 0; m < MB; ++m) {                                                        \
+            const Vec xm = V::bcast(x + m * ldx + at);                                                 \
+            UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::fma(xm, w[j], acc[m][j]);               \
+          }                                                                                            \
         }                                                                                              \
       }                                                                                                \
     }                                                                                                  \
@@ -143,26 +157,21 @@ SPECFREE_CODED(SPECFREE_AVX2, Avx2)
 // One panel's codes decoded into float32 [K, P], with the kernel's own instructions.
 #define SPECFREE_DECODE(ATTR, ISA)                                                                     \
   template <bool AFFINE>                                                                               \
-  ATTR void decode_##ISA(const uint8_t* codes, const float* scales, const float* offsets, int64_t k,   \
-                         float* out) {                                                                 \
+  ATTR void decode_##ISA(const uint8_t* codes, const void* scales, const void* offsets, bool half,     \
+                         int64_t k, float* out) {                                                      \
     using V = ISA;                                                                                     \
     constexpr int P = V::P;                                                                            \
     for (int64_t b = 0; b < k / kBlock; ++b) {                                                         \
-      const typename V::Vec d = V::load(scales + b * P), o = AFFINE ? V::load(offsets + b * P) : V::zero(); \
-      for (int i = 0; i < kBlock; i += 2) {                                                            \
-        const int64_t at = b * kBlock + i;                                                             \
-        typename V::Vec w0, w1;                                                                        \
+      const typename V::Vec d = V::scale(scales, b * P, half);                                         \
+      const typename V::Vec o = AFFINE ? V::scale(offsets, b * P, half) : V::zero();                   \
+      for (int64_t at = b * kBlock; at < (b + 1) * kBlock; at += 8) {                                  \
         if constexpr (AFFINE) {                                                                        \
-          V::nibbles(codes + at / 2 * P, w0, w1);                                                      \
-          w0 = V::fma(w0, d, o);                                                                       \
-          w1 = V::fma(w1, d, o);                                                                       \
+          const typename V::Int v = V::words(reinterpret_cast<const int32_t*>(codes) + at / 8 * P);     \
+          UNROLL for (int i = 0; i < 8; ++i) V::store(out + (at + i) * P, V::fma(V::nibble(v, i), d, o)); \
         } else {                                                                                       \
-          const int8_t* c = reinterpret_cast<const int8_t*>(codes) + at * P;                           \
-          w0 = V::mul(V::bytes(c), d);                                                                 \
-          w1 = V::mul(V::bytes(c + P), d);                                                             \
+          for (int64_t i = at; i < at + 8; ++i)                                                        \
+            V::store(out + i * P, V::mul(V::bytes(reinterpret_cast<const int8_t*>(codes) + i * P), d)); \
         }                                                                                              \
-        V::store(out + at * P, w0);                                                                    \
-        V::store(out + (at + 1) * P, w1);                                                              \
       }                                                                                                \
     }                                                                                                  \
   }
@@ -170,7 +179,8 @@ SPECFREE_CODED(SPECFREE_AVX2, Avx2)
 SPECFREE_DECODE(SPECFREE_AVX512, Avx512)
 SPECFREE_DECODE(SPECFREE_AVX2, Avx2)
 
-using CodedFn = void (*)(const float*, int64_t, const uint8_t*, const float*, const float*, int64_t, float*, int64_t);
+using CodedFn = void (*)(const float*, int64_t, const uint8_t*, const void*, const void*, bool, int64_t, float*,
+                         int64_t);
 
 // The kernel for a group of MB rows over nb panels: the group's own width, a full group's (the
 // width of a call whose later groups follow a full one), or 1 at a range's end.
@@ -205,15 +215,26 @@ CodedFn pick(Isa isa, int nb, int64_t mb, Format format) {
 // buffer was 11% slower than decoding twice.)
 constexpr int64_t kDecodeOnceGroups = 3;
 
-void coded_range(Isa isa, const float* x, int64_t m, const uint8_t* codes, const float* scales,
-                 const float* offsets, int64_t k, const float* bias, int64_t n, int64_t p_begin, int64_t p_end,
-                 float* y) {
+// A layer's codes: pointers to panel 0 and the bytes of one panel in each stream. Scales and
+// offsets are float16 where every one is a float16 value (a GGUF file's are), else float32.
+struct Stream {
+  const uint8_t* codes;
+  const uint8_t* scales;
+  const uint8_t* offsets;  // null: scaled8
+  int64_t code_bytes, scale_bytes;
+  bool half;
+  const uint8_t* codes_at(int64_t p) const { return codes + p * code_bytes; }
+  const void* scales_at(int64_t p) const { return scales + p * scale_bytes; }
+  const void* offsets_at(int64_t p) const { return offsets ? offsets + p * scale_bytes : nullptr; }
+};
+
+void coded_range(Isa isa, const float* x, int64_t m, const Stream& w, int64_t k, const float* bias, int64_t n,
+                 int64_t p_begin, int64_t p_end, float* y) {
   const int P = isa == Isa::kAvx512 ? 16 : 8;
-  const bool affine = offsets != nullptr;
+  const bool affine = w.offsets != nullptr;
   const int64_t first = std::min<int64_t>(kGroupRows, m);
   const int nb = (isa == Isa::kAvx512 ? kWidthAvx512 : kWidthAvx2)[first];
   const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-  const int64_t cstride = (affine ? k / 2 : k) * P, sstride = k / kBlock * P;
   const bool decode_once = groups >= kDecodeOnceGroups;
   std::vector<float> block(decode_once ? nb * k * P : 0);
   float out[kGroupRows * 4 * 16];
@@ -222,21 +243,18 @@ void coded_range(Isa isa, const float* x, int64_t m, const uint8_t* codes, const
     const int width = p + nb <= p_end ? nb : 1;
     if (decode_once)
       for (int j = 0; j < width; ++j) {
-        const uint8_t* c = codes + (p + j) * cstride;
-        const float *d = scales + (p + j) * sstride, *o = affine ? offsets + (p + j) * sstride : nullptr;
-        float* into = block.data() + j * k * P;
-        if (isa == Isa::kAvx512) affine ? decode_Avx512<true>(c, d, o, k, into) : decode_Avx512<false>(c, d, o, k, into);
-        else affine ? decode_Avx2<true>(c, d, o, k, into) : decode_Avx2<false>(c, d, o, k, into);
+        const auto decode = isa == Isa::kAvx512 ? (affine ? decode_Avx512<true> : decode_Avx512<false>)
+                                                : (affine ? decode_Avx2<true> : decode_Avx2<false>);
+        decode(w.codes_at(p + j), w.scales_at(p + j), w.offsets_at(p + j), w.half, k, block.data() + j * k * P);
       }
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t mb = std::min<int64_t>(kGroupRows, m - g * kGroupRows);
       if (decode_once)
         pick(isa, width, mb, kDecoded)(x + g * kGroupRows * k, k, reinterpret_cast<const uint8_t*>(block.data()),
-                                       nullptr, nullptr, k, out, ldo);
+                                       nullptr, nullptr, false, k, out, ldo);
       else
-        pick(isa, width, mb, affine ? kAffine4 : kScaled8)(x + g * kGroupRows * k, k, codes + p * cstride,
-                                                           scales + p * sstride,
-                                                           affine ? offsets + p * sstride : nullptr, k, out, ldo);
+        pick(isa, width, mb, affine ? kAffine4 : kScaled8)(x + g * kGroupRows * k, k, w.codes_at(p),
+                                                           w.scales_at(p), w.offsets_at(p), w.half, k, out, ldo);
       specfree::store_block(out, ldo, mb, width * P, bias, p * P, n, y + g * kGroupRows * n);
     }
     p += width;
@@ -251,16 +269,18 @@ std::tuple<int64_t, int64_t, bool> check_codes(const at::Tensor& codes, const at
   const bool affine = offsets.has_value() && offsets->defined();
   TORCH_CHECK(codes.device().is_cpu() && scales.device().is_cpu(), op, " runs on the CPU");
   TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && scales.dim() == 3 && scales.is_contiguous() &&
-              scales.scalar_type() == at::kFloat, op, ": codes [N/P, K/2 or K, P] and float32 scales "
-              "[N/P, K/32, P], contiguous (specfree.kernels.codes), not ", codes.sizes(), " and ", scales.sizes());
-  TORCH_CHECK(codes.scalar_type() == (affine ? at::kByte : at::kChar), op, ": ",
-              affine ? "affine4 codes are uint8 (two a byte)" : "scaled8 codes are int8");
+              (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf), op,
+              ": codes [N/P, K/8 or K, P] and float32 or float16 scales [N/P, K/32, P], contiguous "
+              "(specfree.kernels.codes), not ", codes.sizes(), " and ", scales.sizes());
+  TORCH_CHECK(codes.scalar_type() == (affine ? at::kInt : at::kChar), op, ": ",
+              affine ? "affine4 codes are int32 (eight a word)" : "scaled8 codes are int8");
   const int64_t P = codes.size(2), k = scales.size(1) * kBlock;
-  TORCH_CHECK(scales.size(0) == codes.size(0) && scales.size(2) == P && codes.size(1) == (affine ? k / 2 : k), op,
+  TORCH_CHECK(scales.size(0) == codes.size(0) && scales.size(2) == P && codes.size(1) == (affine ? k / 8 : k), op,
               ": codes ", codes.sizes(), " do not match scales ", scales.sizes());
   if (affine)
     TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->is_contiguous() &&
-                offsets->scalar_type() == at::kFloat, op, ": offsets must be float32 shaped like the scales");
+                offsets->scalar_type() == scales.scalar_type(), op,
+                ": offsets must be shaped like the scales and of their dtype");
   return {k, P, affine};
 }
 
@@ -284,11 +304,13 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   if (has_bias) b = bias->scalar_type() == at::kFloat && bias->is_contiguous() ? *bias : bias->to(at::kFloat).contiguous();
   at::Tensor y = at::empty(out_sizes, x32.options());
   if (m > 0) {
-    const auto* code_bytes = static_cast<const uint8_t*>(codes.data_ptr());
+    const auto bytes = [](const at::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); };
+    const Stream w{bytes(codes), bytes(scales), affine ? bytes(*offsets) : nullptr,
+                   codes.size(1) * P * codes.element_size(), scales.size(1) * P * scales.element_size(),
+                   scales.scalar_type() == at::kHalf};
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
-      coded_range(isa, x32.data_ptr<float>(), m, code_bytes, scales.data_ptr<float>(),
-                  affine ? offsets->data_ptr<float>() : nullptr, k, has_bias ? b.data_ptr<float>() : nullptr, n,
-                  begin, end, y.data_ptr<float>());
+      coded_range(isa, x32.data_ptr<float>(), m, w, k, has_bias ? b.data_ptr<float>() : nullptr, n, begin, end,
+                  y.data_ptr<float>());
     });
   }
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
@@ -300,9 +322,10 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
 at::Tensor decode_panels(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& offsets) {
   const auto [k, P, affine] = check_codes(codes, scales, offsets, "specfree::decode_panels");
   const int64_t count = codes.size(0);
-  at::Tensor panels = at::empty({count, k, P}, scales.options());
+  at::Tensor panels = at::empty({count, k, P}, scales.options().dtype(at::kFloat));
   const auto* c = static_cast<const uint8_t*>(codes.data_ptr());
-  const float *d = scales.data_ptr<float>(), *o = affine ? offsets->data_ptr<float>() : nullptr;
+  const at::Tensor d32 = scales.to(at::kFloat), o32 = affine ? offsets->to(at::kFloat) : at::Tensor();  // exact
+  const float *d = d32.data_ptr<float>(), *o = affine ? o32.data_ptr<float>() : nullptr;
   float* w = panels.data_ptr<float>();
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p)
@@ -311,8 +334,8 @@ at::Tensor decode_panels(const at::Tensor& codes, const at::Tensor& scales, cons
           const int64_t s = (p * (k / kBlock) + i / kBlock) * P + col;
           float q;
           if (affine) {
-            const uint8_t byte = c[(p * (k / 2) + i / 2) * P + col];
-            q = static_cast<float>(i % 2 ? byte >> 4 : byte & 15);
+            const auto word = static_cast<uint32_t>(reinterpret_cast<const int32_t*>(c)[(p * (k / 8) + i / 8) * P + col]);
+            q = static_cast<float>(word >> (4 * (i % 8)) & 15);
             w[(p * k + i) * P + col] = std::fmaf(q, d[s], o[s]);
           } else {
             q = static_cast<float>(static_cast<int8_t>(c[(p * k + i) * P + col]));

@@ -30,8 +30,9 @@ ROWS_AT_ONCE = 2048  # rows searched together (bounds the float64 temporaries)
 
 @dataclass
 class Codes:
-    """A weight's codes in panels of ``lanes`` columns: ``codes`` [N/P, K/2, P] uint8 (affine4) or
-    [N/P, K, P] int8 (scaled8), ``scales`` and ``offsets`` (affine4 only) [N/P, K/32, P] float32."""
+    """A weight's codes in panels of ``lanes`` columns: ``codes`` [N/P, K/8, P] int32 (affine4) or
+    [N/P, K, P] int8 (scaled8), ``scales`` and ``offsets`` (affine4 only) [N/P, K/32, P], float16
+    where every one is a float16 value, else float32."""
 
     codes: torch.Tensor
     scales: torch.Tensor
@@ -129,9 +130,14 @@ def _panels(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, lanes: int
         return t.reshape(-1, lanes, t.shape[1]).transpose(1, 2).contiguous()
 
     q = q.reshape(n, -1)
-    if m is not None:  # two codes a byte: input 2i in the low nibble, 2i+1 in the high one
-        q = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
-        return Codes(panels(q), panels(d), panels(m))
+    # float16 scales and offsets where all are float16 values (a GGUF file's are): fewer bytes read
+    if all(torch.equal(t.half().float(), t) for t in (d, m) if t is not None):
+        d, m = d.half(), None if m is None else m.half()
+    if m is not None:  # eight codes a word: input 8g+i in bits 4i..4i+3 of word g
+        shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+        words = (q.reshape(n, -1, 8).long() << shifts).sum(-1)
+        words = (words - (words >= 2**31).long() * 2**32).int()  # the same 32 bits as int32
+        return Codes(panels(words), panels(d), panels(m))
     return Codes(panels(q.to(torch.int8)), panels(d), None)
 
 

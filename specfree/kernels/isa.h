@@ -16,7 +16,9 @@ enum class Isa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
 inline Isa best_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  // every AVX2 CPU has F16C too (float16 scales); checked all the same
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return Isa::kAvx2;
   return Isa::kNone;
 }
 
@@ -32,8 +34,8 @@ inline Isa parse_isa(const std::string& name, const char* op) {
   return asked;
 }
 
-#define SPECFREE_AVX2 __attribute__((target("avx2,fma")))
-#define SPECFREE_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
+#define SPECFREE_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define SPECFREE_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
 
 // Horizontal sums in one fixed order: both ops reduce lanes the same way, whatever the row count.
 SPECFREE_AVX2 inline float sum8(__m256 v) {
