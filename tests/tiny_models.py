@@ -19,10 +19,15 @@ VOCAB = 128
 BOS, EOS, PAD = 1, 2, 0
 COMMON = dict(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, initializer_range=0.3)
 
+
+
+def _llama(**extra) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=512, **extra, **COMMON)
+
+
 CONFIGS = {
-    "llama": lambda: transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                              num_attention_heads=4, num_key_value_heads=2,
-                                              max_position_embeddings=512, **COMMON),
+    "llama": _llama,
     "mistral": lambda: transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                                   num_attention_heads=4, num_key_value_heads=2,
                                                   max_position_embeddings=512, sliding_window=None, **COMMON),
@@ -87,7 +92,8 @@ if hasattr(transformers, "DoryConfig"):  # transformers 5.24 on
         n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=2, **FOUR_WINDOWED, **COMMON)
 # Families whose weights are those of a quantized file, dequantized (specfree holds them as codes).
 GGUF_ROUNDED = {"llama_gguf": "llama"}
-CONFIGS["llama_gguf"] = CONFIGS["llama"]
+# tied like SmolLM2's: the embedding reads its rows from the head's codes (CodedEmbedding)
+CONFIGS["llama_gguf"] = lambda: _llama(tie_word_embeddings=True)
 FAMILIES = sorted(CONFIGS)
 
 # Families whose layers keep a recurrent state (verified one chain a step, ``adapters/recurrent.py``):

@@ -147,7 +147,7 @@ def _register_fake() -> None:
 
     @torch.library.register_fake("specfree::decode_panels")
     def _(codes, scales, offsets):
-        return scales.new_empty((codes.shape[0], scales.shape[1] * 32, codes.shape[2]))
+        return scales.new_empty((codes.shape[0], scales.shape[1] * 32, codes.shape[2]), dtype=torch.float32)
 
     @torch.library.register_fake("specfree::read_pass")
     def _(tensors, streams=1):
