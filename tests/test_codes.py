@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from specfree.adapters.hf import HFAdapter
 from specfree.kernels import library_linears, linear_path, load_kernels
-from specfree.kernels.codes import CodedEmbedding, CodedLinear, find_codes
+from specfree.kernels.codes import CodedEmbedding, CodedLinear, Codes, find_codes
 from specfree.kernels.panels import LANES, PanelLinear, pack, unpack
 from tests.tiny_models import gguf_rounded, round_like_gguf, tiny_model
 
@@ -45,6 +45,9 @@ def test_the_op_equals_the_float32_panels_bit_for_bit_and_matmul_in_float64(rows
     assert torch.equal(unpack(coded.decode(), n), weight)
     out = coded_linear(x, coded, bias, n, isa)
     assert torch.equal(out, torch.ops.specfree.panel_linear(x, pack(weight, LANES[isa]), bias, n, isa))
+    assert coded.scales.dtype == torch.float16  # a GGUF file's scales: float16 values, held as such
+    wide = Codes(coded.codes, coded.scales.float(), None if coded.offsets is None else coded.offsets.float())
+    assert torch.equal(coded_linear(x, wide, bias, n, isa), out)  # float32 scales: the same values, bits
     for row in (0, rows - 1):  # each row's bits its own
         assert torch.equal(coded_linear(x[row:row + 1], coded, bias, n, isa)[0], out[row])
     expected = x.double() @ weight.double().T + (0 if bias is None else bias.double())

@@ -94,7 +94,7 @@ def test_its_gguf_weights_are_held_as_codes_with_the_float32_bits(smollm2):
     assert len(layers) == 211 and all(isinstance(m, CodedLinear) for m in layers)
     assert model.lm_head.coded.kind == "scaled8" and {m.coded.kind for m in layers[:-1]} == {"affine4"}
     held = sum(m.coded.nbytes() for m in layers)
-    assert held < 0.21 * sum(4 * m.in_features * m.out_features for m in layers)
+    assert held < 0.185 * sum(4 * m.in_features * m.out_features for m in layers)  # float16 scales
     fp32, _ = load_model("smollm2")
     Engine.from_model(fp32, tokenizer, "autoregressive", linear_kernel="few_row_fp32", compile=False)
     assert linear_path(fp32).startswith("few_row-panels") and linear_path(model).startswith("few_row-coded")

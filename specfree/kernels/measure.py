@@ -18,7 +18,7 @@ its products. Variants:
   Intel Xeon VM: 2 ms of 18);
 - ``few_row-coded-avx512``: where the model's weights are a quantized file's, dequantized (SmolLM2's
   GGUF), the same products on those weights held as codes (``codes.py``), as an engine holds them:
-  3.5-5x fewer bytes than the panels, the same bits;
+  3.7-6x fewer bytes than the panels, the same bits;
 - ``read_pass``: the floor, one read of every weight (as panels) with the kernel's split among
   threads and no arithmetic to speak of, each thread's share read as 1, 2, 4 or 8 streams side
   by side (the fastest of these in each round: one stream a thread is not the fastest read);
