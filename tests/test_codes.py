@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from specfree.adapters.hf import HFAdapter
 from specfree.kernels import library_linears, linear_path, load_kernels
 from specfree.kernels.codes import CodedEmbedding, CodedLinear, Codes, find_codes
-from specfree.kernels.panels import LANES, PanelLinear, pack, unpack
+from specfree.kernels.panels import LANES, PanelLinear, pack, pack_linears, unpack
+from specfree.kernels.saved_codes import SavedCodes
 from tests.tiny_models import gguf_rounded, round_like_gguf, tiny_model
 
 fresh_model = tiny_model.__wrapped__
@@ -112,3 +113,45 @@ def test_a_tied_embedding_decodes_its_rows_from_the_heads_codes():
     assert not any(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel() >= 128 * 32
                    for t in model.buffers() if t is not model.lm_head.scales)  # no float32 copy of the table
     assert torch.equal(embedding(ids), stock_rows)
+
+
+def test_codes_found_once_are_loaded_after_and_only_where_they_decode_exactly(tmp_path):
+    lanes, linear = LANES[ISA], (lambda m: type(m) is torch.nn.Linear)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+
+    def packed(seed=4):  # a fresh GGUF-rounded model, packed through the saved codes
+        model = fresh_model("llama_gguf", seed=seed)
+        coder = SavedCodes.for_model(model, linear, lanes, tmp_path)
+        pack_linears(model, linear, lanes, coder)
+        coder.save()
+        with torch.no_grad():
+            return coder, model(ids).logits
+
+    reference = fresh_model("llama_gguf", seed=4)
+    pack_linears(reference, linear, lanes)  # float32 panels
+    with torch.no_grad():
+        expected = reference(ids).logits
+    first, logits = packed()
+    layers = first.searched
+    assert layers == 15 and first.loaded == 0 and first.path.is_file() and torch.equal(logits, expected)
+    second, logits = packed()
+    assert (second.loaded, second.searched) == (layers, 0) and torch.equal(logits, expected)
+
+    entries = torch.load(first.path, weights_only=True)  # one code changed: that layer searched again
+    damaged = next(key for key, parts in entries.items() if parts[0].dtype == torch.int32)  # not the head,
+    entries[damaged][0].view(-1)[0] ^= 1  # whose padding token's row is zeros, any code decoding to 0
+    torch.save(entries, first.path)
+    third, logits = packed()
+    assert (third.loaded, third.searched) == (layers - 1, 1) and torch.equal(logits, expected)
+    assert (packed()[0].loaded, packed()[0].searched) == (layers, 0)  # the file was repaired
+
+    first.path.write_bytes(first.path.read_bytes()[:100])  # truncated: every layer searched
+    truncated, logits = packed()
+    assert truncated.searched == layers and torch.equal(logits, expected)
+    assert packed(seed=5)[0].path != first.path  # other weights, another file
+
+    plain = fresh_model("llama", seed=4)  # no codes: nothing written
+    coder = SavedCodes.for_model(plain, linear, lanes, tmp_path / "plain")
+    pack_linears(plain, linear, lanes, coder)
+    coder.save()
+    assert coder.searched and not coder.codes and not (tmp_path / "plain").exists()

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.files import atomic_path, fingerprint
-from specfree.kernels.codes import CodedLinear, code_layer
+from specfree.kernels.codes import CodedLinear
+from specfree.kernels.saved_codes import SavedCodes
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
 from specfree.kernels.swap import swap_modules, swapped_modules
@@ -50,10 +51,15 @@ ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 BACKENDS = ("few_row", "few_row_fp32", "library")
 
 
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """specfree's cache folder: ``cache_dir``, else ~/.cache/specfree."""
+    return Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "specfree"
+
+
 def kernel_dir(cache_dir: str | Path | None = None) -> Path:
     """Where a build of this source for this torch lives: a new source or torch builds anew."""
-    root = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "specfree"
-    return root / "kernels" / fingerprint(*(s.read_text() for s in (*SOURCES, *HEADERS)), torch.__version__)
+    return cache_root(cache_dir) / "kernels" / fingerprint(*(s.read_text() for s in (*SOURCES, *HEADERS)),
+                                                          torch.__version__)
 
 
 def _registered() -> bool:
@@ -235,8 +241,13 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
         library_linears(model)
         return 0
     isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
-    if pack and isa in LANES and pack_linears(model, _packs, LANES[isa], code_layer if backend == "few_row" else None):
-        release_checkpoint_mapping(model)
+    if pack and isa in LANES:
+        # codes found by an earlier load of the same weights are checked, not searched again
+        coder = SavedCodes.for_model(model, _packs, LANES[isa], cache_root(cache_dir)) if backend == "few_row" else None
+        if pack_linears(model, _packs, LANES[isa], coder):
+            release_checkpoint_mapping(model)
+        if coder is not None:
+            coder.save()
     swap_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None)
     return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfree.kernels.panels import PanelConv1D, PanelEmbedding, PanelLinear, is_conv1d, unpack
+from specfree.kernels.panels import PanelConv1D, PanelEmbedding, PanelLinear, unpack
 
 BLOCK = 32  # inputs per scale
 ROWS_AT_ONCE = 2048  # rows searched together (bounds the float64 temporaries)
@@ -103,12 +103,12 @@ def find_codes(weight: torch.Tensor, lanes: int) -> Codes | None:
             continue
         q, d, m = (torch.cat(column) for column in zip(*parts))
         coded = _panels(q, d, m if affine else None, lanes)
-        if _decodes_to(coded, weight):
+        if decodes_to(coded, weight):
             return coded
     return None
 
 
-def _decodes_to(coded: Codes, weight: torch.Tensor) -> bool:
+def decodes_to(coded: Codes, weight: torch.Tensor) -> bool:
     """Whether ``coded`` decodes to ``weight`` bit for bit (a few panels at a time: no second copy
     of a large head)."""
     step = max(1, ROWS_AT_ONCE // coded.codes.shape[2])
@@ -236,11 +236,3 @@ class CodedEmbedding(PanelEmbedding):
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, tied to a CodedLinear head's codes"
 
-
-def code_layer(module: nn.Module, lanes: int) -> CodedLinear | None:
-    """``module`` (an ``nn.Linear`` or GPT-2 ``Conv1D``) held as codes, or None where its weight has
-    none (``pack_linears``' coder)."""
-    coded = find_codes(module.weight.t() if is_conv1d(module) else module.weight, lanes)
-    if coded is None:
-        return None
-    return (CodedConv1D if is_conv1d(module) else CodedLinear)(module, coded)
