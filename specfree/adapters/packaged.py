@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -150,11 +151,12 @@ class StepPackage:
         """Whether the package is on disk (loading it takes a second or two)."""
         return self.path.is_file()
 
-    def get(self, example: tuple):
-        """The runner; ``example`` inputs shape a build when none is on disk."""
+    def get(self, example: Callable[[], tuple]):
+        """The runner; ``example()`` gives the inputs that shape a build when none is on disk (asked
+        for only then: making them costs every step a few copies)."""
         if self._runner is None:
             if not self.path.is_file():
-                build_package(self.model, example, self.path, self.options)
+                build_package(self.model, example(), self.path, self.options)
                 self.built += 1
             else:
                 self.loaded += 1

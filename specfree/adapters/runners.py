@@ -150,7 +150,7 @@ class PackageRunner(StepRunner):
         rows, slots = ids.shape[1], self.slots
         inputs = (ids, positions, mask, torch.arange(slots.past, slots.past + rows, device=ids.device),
                   slots.buffers)
-        return self.package.get(_export_example(inputs))(*inputs)
+        return self.package.get(lambda: _export_example(inputs))(*inputs)
 
     @property
     def options(self) -> dict:
