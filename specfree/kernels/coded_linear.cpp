@@ -298,20 +298,15 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
               "specfree::coded_linear: shapes ", x.sizes(), " and codes for ", k, " inputs and ", n,
               " outputs do not multiply");
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
-  auto out_sizes = x.sizes().vec();
-  out_sizes.back() = n;
-  const at::Tensor x32 = specfree::float_rows(x);
-  at::Tensor b;
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) b = bias->scalar_type() == at::kFloat && bias->is_contiguous() ? *bias : bias->to(at::kFloat).contiguous();
-  at::Tensor y = at::empty(out_sizes, x32.options());
+  const at::Tensor x32 = specfree::float_rows(x), b = specfree::bias_as(bias, at::kFloat);
+  at::Tensor y = specfree::output_rows(x, n);
   if (m > 0) {
     const auto bytes = [](const at::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); };
     const Stream w{bytes(codes), bytes(scales), affine ? bytes(*offsets) : nullptr,
                    codes.size(1) * P * codes.element_size(), scales.size(1) * P * scales.element_size(),
                    scales.scalar_type() == at::kHalf};
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
-      coded_range(isa, x32.data_ptr<float>(), m, w, k, has_bias ? b.data_ptr<float>() : nullptr, n, begin, end,
+      coded_range(isa, x32.data_ptr<float>(), m, w, k, b.defined() ? b.data_ptr<float>() : nullptr, n, begin, end,
                   y.data_ptr<float>());
     });
   }

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -70,6 +71,20 @@ SPECFREE_AVX512 inline __m512 load16(const at::BFloat16* p) {
 // 23.4 -> 22.7 ms, 8 rows 26.3 -> 25.7, medians of 20).
 inline at::Tensor float_rows(const at::Tensor& x) {
   return x.scalar_type() == at::kFloat && x.is_contiguous() ? x : x.to(at::kFloat).contiguous();
+}
+
+// A product's float32 output [..., n] for rows ``x`` [..., k].
+inline at::Tensor output_rows(const at::Tensor& x, int64_t n) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return at::empty(sizes, x.options().dtype(at::kFloat));
+}
+
+// ``bias`` as a contiguous ``dtype`` tensor, converted only where it is not that already;
+// undefined where there is none.
+inline at::Tensor bias_as(const std::optional<at::Tensor>& bias, at::ScalarType dtype) {
+  if (!bias.has_value() || !bias->defined()) return at::Tensor();
+  return bias->scalar_type() == dtype && bias->is_contiguous() ? *bias : bias->to(dtype).contiguous();
 }
 
 // One group's results for a block of columns, ``out`` [rows, cols] (row stride ldo), into the

@@ -193,23 +193,16 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   TORCH_CHECK(x.size(-1) == k && n <= count * lanes && n > count * lanes - lanes, "specfree::panel_linear: shapes ",
               x.sizes(), " and panels ", panels.sizes(), " for ", n, " outputs do not multiply");
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
-  auto out_sizes = x.sizes().vec();
-  out_sizes.back() = n;
-  const at::Tensor x32 = specfree::float_rows(x);
-  at::Tensor b;
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias)
-    b = bias->scalar_type() == panels.scalar_type() && bias->is_contiguous() ? *bias
-                                                                             : bias->to(panels.scalar_type()).contiguous();
-  at::Tensor y = at::empty(out_sizes, x32.options());
+  const at::Tensor x32 = specfree::float_rows(x), b = specfree::bias_as(bias, panels.scalar_type());
+  at::Tensor y = specfree::output_rows(x, n);
   if (m > 0) {
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
       if (panels.scalar_type() == at::kFloat)
         panel_range<float>(isa, lanes, x32.data_ptr<float>(), m, panels.data_ptr<float>(), k,
-                           has_bias ? b.data_ptr<float>() : nullptr, n, begin, end, y.data_ptr<float>());
+                           b.defined() ? b.data_ptr<float>() : nullptr, n, begin, end, y.data_ptr<float>());
       else
         panel_range<at::BFloat16>(isa, lanes, x32.data_ptr<float>(), m, panels.data_ptr<at::BFloat16>(), k,
-                                  has_bias ? b.data_ptr<at::BFloat16>() : nullptr, n, begin, end,
+                                  b.defined() ? b.data_ptr<at::BFloat16>() : nullptr, n, begin, end,
                                   y.data_ptr<float>());
     });
   }
