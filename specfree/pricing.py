@@ -214,10 +214,12 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     ``chain``: the model verifies one chain, with no aux rows; with ``rollback`` a cut chain is
     priced one more forward of its kept rows (the model replays them).
     """
+    parts = proposal.aux_parts()
+    if not proposal.candidates and not parts:  # nothing offered (every plain step): the root alone
+        return Plan(DraftTree.root_only(root), [], [], 1, {})
     nodes = drafted_nodes(proposal, acceptance)  # kept in the plan: learn reads the same table
     rates = node_rates(proposal, acceptance, max_depth, nodes)
     reach = reach_probabilities({path: r for path, (r, _, _) in rates.items()})
-    parts = proposal.aux_parts()
     offered = 1 + len(rates) + sum(len(block) for _, block in parts)
     if chain:
         ranked = [(path, reach[path]) for path in best_chain(reach)]

@@ -12,12 +12,14 @@ import warnings
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfree import Engine
 from specfree.adapters.compiled import check_compile, compiled_adapter, make_adapter
 from specfree.adapters.hf import HFAdapter
+from specfree.adapters.packaged import step_leaves
 from specfree.check import check_against_baseline
 from specfree.errors import ConfigError
 from specfree.masks.bucketed import bucket_for, pad_rows, static_mask
@@ -106,7 +108,17 @@ def test_one_package_is_kept_and_loaded_by_the_next_adapter(compiled_adapters, t
     assert Engine(again, REG.make("strategy", "prompt_lookup")).generate(prompt, 30).tokens == \
         reference_greedy(model, prompt, 30)
     assert again.store.slots.capacity == 48 and (again.runner.package.built, again.runner.package.loaded) == (0, 1)  # grew 16 -> 48
-    assert again.compiled
+    assert again.compiled and again.runner.package.flat  # the steps above ran the loader's flat entry
+
+
+def test_step_leaves_follow_pytree_order():
+    """The flat list a package runs on, built by hand each step, is the one pytree's flattening of
+    the same inputs gives (for a mask tensor and for a dict of masks per layer kind)."""
+    kv = [torch.randn(1, 2, 4, 3) for _ in range(4)]
+    for mask in (torch.randn(1, 1, 2, 4), {"sliding_attention": torch.randn(1, 1, 2, 4),
+                                           "full_attention": torch.randn(1, 1, 2, 4)}):
+        inputs = (torch.tensor([[5, 6]]), torch.tensor([[3, 4]]), mask, torch.tensor([3, 4]), kv)
+        assert list(map(id, step_leaves(*inputs))) == list(map(id, pytree.tree_leaves((inputs, {}))))
 
 
 @packages_only

@@ -148,9 +148,8 @@ class PackageRunner(StepRunner):
 
     def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
         rows, slots = ids.shape[1], self.slots
-        inputs = (ids, positions, mask, torch.arange(slots.past, slots.past + rows, device=ids.device),
-                  slots.buffers)
-        return self.package.get(lambda: _export_example(inputs))(*inputs)
+        slot_index = torch.arange(slots.past, slots.past + rows, device=ids.device)
+        return self.package.run(ids, positions, mask, slot_index, slots.buffers)
 
     @property
     def options(self) -> dict:
@@ -208,17 +207,6 @@ class GraphRunner(StepRunner):
 
     def describe(self) -> str:
         return f"torch.compile ({self.backend}) graphs for {'/'.join(map(str, self.buckets))} rows"
-
-
-def _export_example(inputs: tuple) -> tuple:
-    """``inputs`` of at least two rows: export leaves a dimension of size 1 static, and the
-    package must take any row count. Only shapes matter to the export."""
-    ids, positions, mask, slot_index, kv = inputs
-    if ids.shape[1] > 1:
-        return inputs
-    masks = {kind: m.repeat(1, 1, 2, 1) for kind, m in mask.items()} if isinstance(mask, dict) \
-        else mask.repeat(1, 1, 2, 1)
-    return ids.repeat(1, 2), positions.repeat(1, 2), masks, slot_index.repeat(2), kv
 
 
 # A runner's name -> its class (``compiled.compiled_adapter`` builds the compiled ones).
