@@ -22,6 +22,7 @@ from specfree.adapters.hf import HFAdapter
 from specfree.adapters.packaged import step_leaves
 from specfree.check import check_against_baseline
 from specfree.errors import ConfigError
+from specfree.kernels.attention import LONG_ROWS
 from specfree.masks.bucketed import bucket_for, pad_rows, static_mask
 from specfree.plugins import build_plugin_manager, registry
 from tests import tiny_models
@@ -109,6 +110,20 @@ def test_one_package_is_kept_and_loaded_by_the_next_adapter(compiled_adapters, t
         reference_greedy(model, prompt, 30)
     assert again.store.slots.capacity == 48 and (again.runner.package.built, again.runner.package.loaded) == (0, 1)  # grew 16 -> 48
     assert again.compiled and again.runner.package.flat  # the steps above ran the loader's flat entry
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_long_prompt_fills_the_slots_causally_and_decodes_plainly(compiled_adapters, family):
+    """A prompt from the first slot runs over a cache of its own length (past ``LONG_ROWS``: SDPA's
+    causal path, no mask over the empty slots) and is copied into the slots: the steps after it,
+    and a second request on the same slots, decode as transformers does."""
+    adapter = compiled_adapters[family, PACKAGED]
+    model = tiny_model(family)
+    for length in (LONG_ROWS + 40, 12):
+        prompt = [(7 * i) % (tiny_models.VOCAB - 8) + 5 for i in range(length)]
+        for name in ("autoregressive", "prompt_lookup"):
+            assert engine_on(adapter, name, {}).generate(prompt, 16, ignore_eos=True).tokens == \
+                reference_greedy(model, prompt, 16, ignore_eos=True), (length, name)
 
 
 def test_step_leaves_follow_pytree_order():

@@ -26,7 +26,7 @@ import torch
 
 from specfree.adapters import recurrent
 from specfree.adapters.capabilities import Capabilities, causal, model_device
-from specfree.adapters.kv import StaticSlots, keep_rows
+from specfree.adapters.kv import StaticSlots, growing_cache, keep_rows
 from specfree.masks.bucketed import pad_rows
 
 
@@ -223,9 +223,24 @@ class SlotStore(KVStore):
         past, q = self.slots.past, ids.numel()
         self.slots.room(past + q)
         positions = torch.arange(past, past + q)
-        self.runner.eager(ids.to(self.device)[None], positions.to(self.device)[None],
-                          self._mask(causal(q), past, positions, self.slots.capacity), logits_to_keep=1)
+        if past == 0 and self.caps.cache_kind == "growing" and self.caps.windows.narrowest is None:
+            self._first_prefill(ids.to(self.device)[None], positions.to(self.device)[None])
+        else:
+            self.runner.eager(ids.to(self.device)[None], positions.to(self.device)[None],
+                              self._mask(causal(q), past, positions, self.slots.capacity), logits_to_keep=1)
         self.slots.set_length(past + q)
+
+    def _first_prefill(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """A prompt from the first slot: run over a cache exactly its length, where attention is
+        plainly causal (no mask over the empty slots after it; a long prompt takes SDPA's causal
+        path, which skips the hidden half), then its keys and values copied into the slots."""
+        cache = growing_cache()
+        self.runner.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                          **{self.runner.cache_name: cache})
+        q = ids.shape[1]
+        for grown, slot in zip(cache.layers, self.slots.cache.layers, strict=True):
+            slot.keys[:, :, :q] = grown.keys
+            slot.values[:, :, :q] = grown.values
 
     def run(self, tokens: torch.Tensor, allowed: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         q = tokens.numel()
