@@ -205,7 +205,8 @@ class RerunStore(KVStore):
 class SlotStore(KVStore):
     """Static KV slots a compiled runner (``runner.slots``) writes into: rows padded to the row
     count the runner takes, every step masked over all slots; prompts run eagerly (a graph per
-    prompt length would never be reused)."""
+    prompt length would never be reused), a first prompt over a cache of its own length whose keys
+    and values are then copied into the slots (``_first_prefill``)."""
 
     def __init__(self, model, caps: Capabilities, runner):
         super().__init__(model, caps, runner)
