@@ -150,6 +150,20 @@ def test_codes_found_once_are_loaded_after_and_only_where_they_decode_exactly(tm
     assert truncated.searched == layers and torch.equal(logits, expected)
     assert packed(seed=5)[0].path != first.path  # other weights, another file
 
+    def mixed():  # GGUF-rounded but for one layer without codes, which every load searches again
+        model = fresh_model("llama_gguf", seed=6)
+        plain_weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            model.model.layers[0].mlp.up_proj.weight.copy_(plain_weight)
+        coder = SavedCodes.for_model(model, linear, lanes, tmp_path)
+        pack_linears(model, linear, lanes, coder)
+        coder.save()
+        return coder
+
+    written = mixed().path.stat().st_mtime_ns
+    again = mixed()  # the coded layers loaded, the other searched again: nothing new to write
+    assert (again.loaded, again.searched) == (layers - 1, 1) and again.path.stat().st_mtime_ns == written
+
     plain = fresh_model("llama", seed=4)  # no codes: nothing written
     coder = SavedCodes.for_model(plain, linear, lanes, tmp_path / "plain")
     pack_linears(plain, linear, lanes, coder)

@@ -41,6 +41,7 @@ class SavedCodes:
         self.saved = self._read()
         self.codes: dict[str, Codes] = {}  # this model's, by weight digest
         self.loaded = self.searched = 0
+        self.found = 0  # searches that found codes: what the file does not hold yet
 
     @classmethod
     def for_model(cls, model: nn.Module, fits, lanes: int, root: Path) -> SavedCodes:
@@ -64,15 +65,17 @@ class SavedCodes:
         else:
             coded = find_codes(weight, lanes)
             self.searched += 1
+            self.found += coded is not None
         if coded is None:
             return None
         self.codes[key] = coded
         return (CodedConv1D if is_conv1d(module) else CodedLinear)(module, coded)
 
     def save(self) -> None:
-        """Write this model's codes if any were searched (a model without codes writes nothing),
-        keeping the newest ``KEEP`` files."""
-        if not self.codes or not self.searched:
+        """Write this model's codes if a search found some the file lacked (a model without codes,
+        or whose layers without codes were only searched again, writes nothing), keeping the newest
+        ``KEEP`` files."""
+        if not self.found:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.path) as tmp:
