@@ -88,6 +88,14 @@ class TriePool:
             if i:
                 kids[p][t] = i
         self._kids = kids
+        self._forget_tails()
+
+    def _forget_tails(self) -> None:
+        # The nodes of the last insert's shortest suffixes (lengths 1 .. branch_length - 1), with
+        # those suffixes' tokens: the next insert that continues the same text extends them instead
+        # of walking every window from the root again. Valid until node ids change or nodes go.
+        self._tails: list[int] = []
+        self._tail_tokens: tuple[int, ...] | None = None
 
     # --- learning ---------------------------------------------------------------------------
 
@@ -110,6 +118,50 @@ class TriePool:
         self._insert(toks, start, source == "input")
 
     def _insert(self, toks: list[int], start: int, is_input: bool) -> None:
+        history = tuple(toks[max(0, start - self.branch_length + 1):start])
+        if start == 0 or history == self._tail_tokens:
+            # The text continues the last insert's (or starts fresh): extend its suffixes' nodes by
+            # each new token, O(branch_length) a token rather than O(branch_length**2) a call.
+            self._extend(toks, start, is_input, self._tails if start else [])
+        else:
+            self._walk(toks, start, is_input)
+
+    def _extend(self, toks: list[int], start: int, is_input: bool, tails: list[int]) -> None:
+        """Count, for each token from ``start`` on, the n-grams ending there: each suffix node in
+        ``tails`` (lengths 1 .. branch_length - 1, shortest first) and the root gets that token as a child."""
+        kids, tok, par, depth = self._kids, self._tok, self._par, self._depth
+        tin, tout, inputs = self._in, self._out, self._inputs
+        counts = tin if is_input else tout
+        last = self.branch_length - 1  # a suffix this long cannot grow into the trie
+        for j in range(start, len(toks)):
+            t = toks[j]
+            grown = []
+            for node in (0, *tails):
+                child = kids[node].get(t)
+                if child is None:
+                    child = len(tok)
+                    kids[node][t] = child
+                    kids.append({})
+                    tok.append(t)
+                    par.append(node)
+                    depth.append(depth[node] + 1)
+                    tin.append(0)
+                    tout.append(0.0)
+                if is_input and not counts[child]:
+                    inputs.append(child)
+                counts[child] += 1
+                if depth[child] <= last:
+                    grown.append(child)
+            tails = grown
+            if len(tok) - 1 - len(self._holes) > self.max_nodes:
+                self._shrink(age=not is_input)  # renumbers: walk the rest from the root
+                self._walk(toks, j + 1, is_input)
+                return
+        self._tails = tails
+        self._tail_tokens = tuple(toks[max(0, len(toks) - last):])
+
+    def _walk(self, toks: list[int], start: int, is_input: bool) -> None:
+        """``_insert`` by walking every window that ends at ``start`` or later from the root."""
         n, cap = len(toks), self.branch_length
         for i in range(max(0, start - cap + 1), n):
             # Re-read the columns each window: _shrink below replaces them.
@@ -140,6 +192,22 @@ class TriePool:
                 node = child
             if len(tok) - 1 - len(self._holes) > self.max_nodes:
                 self._shrink(age=not is_input)
+        self._remember_tails(toks)
+
+    def _remember_tails(self, toks: list[int]) -> None:
+        """Find the nodes of ``toks``' suffixes shorter than ``branch_length`` (all exist after an insert)."""
+        last = self.branch_length - 1
+        suffix = toks[max(0, len(toks) - last):]
+        tails = []
+        for length in range(1, len(suffix) + 1):
+            node: int | None = 0
+            for t in suffix[len(suffix) - length:]:
+                node = self._kids[node].get(t)
+                if node is None:  # pruned by a shrink at the very end: nothing to extend
+                    self._forget_tails()
+                    return
+            tails.append(node)
+        self._tails, self._tail_tokens = tails, tuple(suffix)
 
     def begin_request(self, prompt: Sequence[int]) -> None:
         """Learn the prompt's windows as "input" (first dropping any unfinished request's)."""
@@ -159,6 +227,8 @@ class TriePool:
                 gone.add(i)
         for i in gone:
             kids[par[i]].pop(tok[i], None)
+        if gone:
+            self._forget_tails()
         self._holes += gone
         self._inputs = []
         if len(self._holes) > len(tok) // 2:
@@ -229,7 +299,10 @@ class TriePool:
         new_id = np.cumsum(keep) - 1
         par = par[idx]
         par[1:] = new_id[par[1:]]
+        tails, tail_tokens = self._tails, self._tail_tokens
         self._set(_np(self._tok)[idx], par, depth[idx], tin[idx], out[idx])
+        if tail_tokens is not None and all(keep[t] for t in tails):  # still there, renumbered
+            self._tails, self._tail_tokens = new_id[tails].tolist(), tail_tokens
 
     # --- drafting ---------------------------------------------------------------------------
 

@@ -59,6 +59,74 @@ def test_incremental_updates_equal_one_big_update():
     assert whole.to_dict()[(1, 2)] == (0, 4.0)
 
 
+class WalkingTriePool(TriePool):
+    """The same pool, every insert walking each window from the root (no suffix nodes carried over)."""
+
+    def _insert(self, toks, start, is_input):
+        self._walk(toks, start, is_input)
+
+
+# A drafter's calls: a request's prompt, then each step the last few committed tokens + the new ones.
+requests_of_steps = st.lists(st.tuples(small, st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5),
+                                                       max_size=8), st.booleans()), min_size=1, max_size=4)
+
+
+def drafter_calls(prompt, steps, ends, branch):
+    """The calls a drafter makes over one request, and the request's whole text."""
+    calls, text, seen = [("begin", prompt)], list(prompt), len(prompt)
+    for new in steps:
+        text += new
+        lo = max(0, seen - (branch - 1))
+        calls.append(("update", text[lo:], seen - lo))
+        seen = len(text)
+    return calls + ([("end",)] if ends else []), text
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 5), requests_of_steps, small, st.integers(0, 12), st.integers(0, 6))
+def test_steps_that_continue_the_text_extend_its_suffix_nodes_as_walking_would(branch, requests, ctx, nodes, depth):
+    # The pool extends the nodes of the last insert's suffixes when the next insert continues the
+    # same text: the same trie as walking every window from the root, and exactly the naive counts.
+    fast, walking, ref = TriePool(branch_length=branch), WalkingTriePool(branch_length=branch), NaiveTrie(branch)
+    for prompt, steps, ends in requests:
+        calls, text = drafter_calls(prompt, steps, ends, branch)
+        for op in calls:
+            apply(fast, op)
+            apply(walking, op)
+            assert fast.to_dict() == walking.to_dict()
+            assert fast.lookup(ctx, nodes, depth) == walking.lookup(ctx, nodes, depth)
+        if any(v[0] for v in ref.counts.values()):
+            ref.end_request()
+        ref.update(prompt, "input")
+        ref.update(text, "output", len(prompt))
+        if ends:
+            ref.end_request()
+        assert fast.to_dict() == {p: tuple(v) for p, v in ref.counts.items()}
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 30), requests_of_steps, small, st.integers(0, 12), st.integers(0, 6))
+def test_extending_suffix_nodes_under_a_cap_loses_counts_never_invents_them(branch, cap, requests, ctx, nodes, depth):
+    # A shrink in the middle of an insert renumbers the nodes: the rest of it walks from the root.
+    pool, ref = TriePool(max_nodes=cap, branch_length=branch), NaiveTrie(branch)
+    for prompt, steps, ends in requests:
+        calls, text = drafter_calls(prompt, steps, ends, branch)
+        for op in calls:
+            apply(pool, op)
+            got = pool.to_dict()
+            assert len(pool) <= cap and all(p[:-1] in got for p in got if len(p) > 1)
+        if any(v[0] for v in ref.counts.values()):
+            ref.end_request()
+        ref.update(prompt, "input")
+        ref.update(text, "output", len(prompt))
+        if ends:
+            ref.end_request()
+        for p, (i, o) in pool.to_dict().items():
+            assert i <= ref.counts[p][0] and o <= ref.counts[p][1]
+        cands = pool.lookup(ctx, nodes, depth)
+        assert cands == naive_trie_lookup(pool.to_dict(), ctx, pool.max_query_length, nodes, depth)
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 30), ops, small, st.integers(0, 12), st.integers(0, 6))
 def test_memory_cap_and_lookup_under_pruning(branch, cap, workload, ctx, nodes, depth):
