@@ -251,8 +251,21 @@ def test_a_soft_capped_family_leaves_eager_for_the_operator_and_keeps_its_cap_on
         assert not torch.allclose(model(ids[:, :20]).logits, short, rtol=1e-4, atol=1e-4)
 
 
-def test_a_bf16_model_keeps_sdpa():
-    model = tiny_model("llama", seed=32).to(torch.bfloat16)
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3", "gemma2"])
+def test_a_bf16_model_runs_the_operator_and_every_verify_row_equals_the_one_row_forward(family):
+    """bf16 widened exactly to float32 for the operator, its output rounded once: a verify row keeps
+    the one-row forward's bits, as in fp32 (and its linears, AMX tiles or panels, are batch invariant)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adapter = HFAdapter(tiny_model.__wrapped__(family, seed=31).to(torch.bfloat16), check_tree_mask=False)
+    assert attention_path(adapter.model) == "tree_attention"
+    chain, tree, alone = chain_and_tree_against_one_row(adapter, CONTEXT, CONTINUATION)
+    assert chain.dtype == torch.bfloat16
+    assert torch.equal(chain, alone) and torch.equal(tree, alone)
+
+
+def test_a_float16_model_keeps_sdpa():
+    model = tiny_model.__wrapped__("llama", seed=32).to(torch.float16)
     HFAdapter(model, check_tree_mask=False)
     assert attention_path(model) == "grouped_sdpa"
 

@@ -9,12 +9,14 @@ both, with bit-identical results; at 1024 tokens of context the copy is about a 
 The function is registered under ``GROUPED_SDPA`` through transformers' own extension points
 (``AttentionInterface`` and ``AttentionMaskInterface``), and a model opts in by name.
 
-``TREE_ATTENTION`` goes further for fp32 models on the CPU: specfree's own operator
+``TREE_ATTENTION`` goes further for fp32 and bf16 models on the CPU: specfree's own operator
 (``specfree.kernels.attention``), which reads only the keys some row sees and gives each row the
 same bits whatever else is in the step, so a verify row equals the one-row forward bit for bit.
 It also computes Gemma 2's logit soft-capping, which SDPA cannot (those families run transformers'
-eager attention otherwise). Calls it does not cover (attention sinks, position biases, dropout,
-other dtypes) run the grouped SDPA above.
+eager attention otherwise). A bf16 model's call runs the same float32 operator on its query, keys
+and values widened exactly, and rounds the output once: still one fixed sequence of operations per
+row. Calls it does not cover (attention sinks, position biases, dropout, other dtypes) run the
+grouped SDPA above.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from specfree.errors import UnsupportedModelError
 from specfree.loading import ignores_custom_masks
 
 GROUPED_SDPA = "specfree_grouped_sdpa"
+TREE_DTYPES = (torch.float32, torch.bfloat16)  # the operator's float32 math, bf16 widened exactly first
 TREE_ATTENTION = "specfree_tree_attention"
 # Attention features the operator does not compute: a call that carries one runs SDPA instead.
 UNCOVERED_KWARGS = ("s_aux", "sinks", "position_bias", "cache", "head_mask")
@@ -67,7 +70,8 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]  # as transformers' SDPA does
     covered = (query.shape[-2] <= LONG_ROWS  # a long prefill: SDPA is faster there
-               and query.device.type == "cpu" and query.dtype == key.dtype == value.dtype == torch.float32
+               and query.device.type == "cpu" and query.dtype == key.dtype == value.dtype
+               and query.dtype in TREE_DTYPES
                and not dropout and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)
                and (kwargs.get("softcap") or 0) >= 0
                and getattr(module, "sinks", None) is None
@@ -86,11 +90,16 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     if not covered:
         return grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    if query.dtype != torch.float32:  # bf16: exactly widened, one rounding of the result
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()  # bf16's lowest stays below the op's "hidden" line
+        out = tree_attention(query.float(), key.float(), value.float(), attention_mask, scale, softcap=softcap)
+        return out.to(query.dtype), None
     return tree_attention(query, key, value, attention_mask, scale, softcap=softcap), None
 
 
 def tree_attention_covers(model, cache_dir=None) -> bool:
-    """Whether ``model`` can run ``TREE_ATTENTION``: transformers' SDPA, fp32 on the CPU, none of the
+    """Whether ``model`` can run ``TREE_ATTENTION``: transformers' SDPA, fp32 or bf16 on the CPU, none of the
     attention features the operator leaves out, and the operator built for this CPU (under
     ``cache_dir``; a failed build says so once, from the linear layers' swap)."""
     import warnings
@@ -101,7 +110,7 @@ def tree_attention_covers(model, cache_dir=None) -> bool:
     softcapped_eager = config._attn_implementation == "eager" and getattr(config, SOFTCAP_CONFIG, None)
     if ((config._attn_implementation not in ("sdpa", GROUPED_SDPA) and not softcapped_eager)
             or model.device.type != "cpu"
-            or model.dtype != torch.float32
+            or model.dtype not in TREE_DTYPES
             or any(getattr(config, name, None) not in (None, False) for name in UNCOVERED_CONFIG)):
         return False
     with warnings.catch_warnings():

@@ -8,7 +8,9 @@ than one read for 2 to 16 rows. Two ops, one library:
   (``panels.py``): one sequential stream per thread; what an engine's model runs
   (``use_few_row_linears``, ``PanelLinear``);
 - ``specfree::linear`` (``few_row_linear.cpp``) on the model's own ``[N, K]`` tensors, for models
-  specfree borrows (``few_row_linears``) and heads tied to a layer it cannot repack.
+  specfree borrows (``few_row_linears``) and heads tied to a layer it cannot repack;
+- ``specfree::tile_linear`` (``tile_linear.cpp``) on bfloat16 weights packed into AMX tiles
+  (``tiles.py``), where the CPU has AMX: a bfloat16 model's products.
 
 Both give each output row the same bits whatever the number of rows in the call. The same library
 holds ``specfree::tree_attention`` (``tree_attention.cpp``, the step's attention) and
@@ -38,12 +40,14 @@ from specfree.kernels.saved_codes import SavedCodes
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
 from specfree.kernels.swap import swap_modules, swapped_modules
+from specfree.kernels.tiles import TileLinear, tiles_fit
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
 SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
            Path(__file__).with_name("panel_linear.cpp"),
            Path(__file__).with_name("top_ids.cpp"),
-           Path(__file__).with_name("coded_linear.cpp"))  # one library, one compiler call
+           Path(__file__).with_name("coded_linear.cpp"),
+           Path(__file__).with_name("tile_linear.cpp"))  # one library, one compiler call
 HEADERS = (Path(__file__).with_name("isa.h"),)  # included by both sources
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 # "few_row": specfree's kernels, weights that are exactly a 4- or 8-bit code's values held as codes;
@@ -132,6 +136,12 @@ def load_kernels(cache_dir: str | Path | None = None, progress: bool = True) -> 
     return ISA_NAMES[int(torch.ops.specfree.best_isa())] if _registered() else None
 
 
+def has_amx() -> bool:
+    """Whether a bfloat16 model's linears run on AMX tiles here (``load_kernels`` first): the CPU has
+    AMX (Intel Sapphire Rapids and later), the OS lets this process use it, and the op was built."""
+    return has_op("has_amx") and bool(torch.ops.specfree.has_amx())
+
+
 def _cpu_has_avx2() -> bool:
     capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
     return capability in ("AVX2", "AVX512")
@@ -145,6 +155,10 @@ def _register_fake() -> None:
 
     @torch.library.register_fake("specfree::panel_linear")
     def _(x, panels, bias, n, isa="auto"):
+        return x.new_empty((*x.shape[:-1], n))
+
+    @torch.library.register_fake("specfree::tile_linear")
+    def _(x, tiles, bias, n):
         return x.new_empty((*x.shape[:-1], n))
 
     @torch.library.register_fake("specfree::coded_linear")
@@ -244,7 +258,14 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
     if pack and isa in LANES:
         # codes found by an earlier load of the same weights are checked, not searched again
         coder = SavedCodes.for_model(model, _packs, LANES[isa], cache_root(cache_dir)) if backend == "few_row" else None
-        if pack_linears(model, _packs, LANES[isa], coder):
+        tiles = backend == "few_row" and has_amx()
+
+        def hold(module: nn.Module, lanes: int) -> nn.Module | None:
+            # codes where a weight is exactly a code's values, AMX tiles for bfloat16, else panels (None)
+            held = coder(module, lanes) if coder is not None else None
+            return TileLinear(module) if held is None and tiles and tiles_fit(module) else held
+
+        if pack_linears(model, _packs, LANES[isa], hold):
             release_checkpoint_mapping(model)
         if coder is not None:
             coder.save()
@@ -264,6 +285,8 @@ def linear_path(model: nn.Module) -> str:
     if coded:  # which layers hold codes is part of what a compiled step calls
         every = all(not isinstance(m, PanelLinear) or isinstance(m, CodedLinear) for m in model.modules())
         return f"few_row-coded-{isa}" if every else f"few_row-coded{fingerprint(*coded)[:8]}-{isa}"
+    if any(isinstance(m, TileLinear) for m in model.modules()):  # bfloat16 weights on AMX tiles
+        return f"few_row-tiles-{isa}"
     if any(isinstance(m, PanelLinear) for m in model.modules()):
         return f"few_row-panels-{isa}"
     if any(isinstance(m, FewRowLinear) for m in model.modules()):

@@ -129,9 +129,8 @@ class TriePool:
     def _extend(self, toks: list[int], start: int, is_input: bool, tails: list[int]) -> None:
         """Count, for each token from ``start`` on, the n-grams ending there: each suffix node in
         ``tails`` (lengths 1 .. branch_length - 1, shortest first) and the root gets that token as a child."""
-        kids, tok, par, depth = self._kids, self._tok, self._par, self._depth
-        tin, tout, inputs = self._in, self._out, self._inputs
-        counts = tin if is_input else tout
+        kids, tok, depth, inputs = self._kids, self._tok, self._depth, self._inputs
+        counts = self._in if is_input else self._out
         last = self.branch_length - 1  # a suffix this long cannot grow into the trie
         for j in range(start, len(toks)):
             t = toks[j]
@@ -139,14 +138,7 @@ class TriePool:
             for node in (0, *tails):
                 child = kids[node].get(t)
                 if child is None:
-                    child = len(tok)
-                    kids[node][t] = child
-                    kids.append({})
-                    tok.append(t)
-                    par.append(node)
-                    depth.append(depth[node] + 1)
-                    tin.append(0)
-                    tout.append(0.0)
+                    child = self._new_child(node, t)
                 if is_input and not counts[child]:
                     inputs.append(child)
                 counts[child] += 1
@@ -160,28 +152,31 @@ class TriePool:
         self._tails = tails
         self._tail_tokens = tuple(toks[max(0, len(toks) - last):])
 
+    def _new_child(self, node: int, t: int) -> int:
+        """Add token ``t`` below ``node``, counts zero; its id."""
+        child = len(self._tok)
+        self._kids[node][t] = child
+        self._kids.append({})
+        self._tok.append(t)
+        self._par.append(node)
+        self._depth.append(self._depth[node] + 1)
+        self._in.append(0)
+        self._out.append(0.0)
+        return child
+
     def _walk(self, toks: list[int], start: int, is_input: bool) -> None:
         """``_insert`` by walking every window that ends at ``start`` or later from the root."""
         n, cap = len(toks), self.branch_length
         for i in range(max(0, start - cap + 1), n):
             # Re-read the columns each window: _shrink below replaces them.
-            kids, tok, par, depth = self._kids, self._tok, self._par, self._depth
-            tin, tout = self._in, self._out
-            counts = tin if is_input else tout
-            inputs = self._inputs
+            kids, tok, inputs = self._kids, self._tok, self._inputs
+            counts = self._in if is_input else self._out
             node = 0
             for j in range(i, min(i + cap, n)):
                 t = toks[j]
                 child = kids[node].get(t)
                 if child is None:
-                    child = len(tok)
-                    kids[node][t] = child
-                    kids.append({})
-                    tok.append(t)
-                    par.append(node)
-                    depth.append(j - i + 1)
-                    tin.append(0)
-                    tout.append(0.0)
+                    child = self._new_child(node, t)
                     counts[child] += 1
                     if is_input:
                         inputs.append(child)

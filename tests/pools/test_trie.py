@@ -82,6 +82,16 @@ def drafter_calls(prompt, steps, ends, branch):
     return calls + ([("end",)] if ends else []), text
 
 
+def naive_request(ref, prompt, text, ends):
+    """The same request on the naive trie: its prompt as input, the rest of its text as output."""
+    if any(v[0] for v in ref.counts.values()):
+        ref.end_request()  # begin_request first drops an unfinished request
+    ref.update(prompt, "input")
+    ref.update(text, "output", len(prompt))
+    if ends:
+        ref.end_request()
+
+
 @settings(max_examples=120, deadline=None)
 @given(st.integers(1, 5), requests_of_steps, small, st.integers(0, 12), st.integers(0, 6))
 def test_steps_that_continue_the_text_extend_its_suffix_nodes_as_walking_would(branch, requests, ctx, nodes, depth):
@@ -95,12 +105,7 @@ def test_steps_that_continue_the_text_extend_its_suffix_nodes_as_walking_would(b
             apply(walking, op)
             assert fast.to_dict() == walking.to_dict()
             assert fast.lookup(ctx, nodes, depth) == walking.lookup(ctx, nodes, depth)
-        if any(v[0] for v in ref.counts.values()):
-            ref.end_request()
-        ref.update(prompt, "input")
-        ref.update(text, "output", len(prompt))
-        if ends:
-            ref.end_request()
+        naive_request(ref, prompt, text, ends)
         assert fast.to_dict() == {p: tuple(v) for p, v in ref.counts.items()}
 
 
@@ -115,12 +120,7 @@ def test_extending_suffix_nodes_under_a_cap_loses_counts_never_invents_them(bran
             apply(pool, op)
             got = pool.to_dict()
             assert len(pool) <= cap and all(p[:-1] in got for p in got if len(p) > 1)
-        if any(v[0] for v in ref.counts.values()):
-            ref.end_request()
-        ref.update(prompt, "input")
-        ref.update(text, "output", len(prompt))
-        if ends:
-            ref.end_request()
+        naive_request(ref, prompt, text, ends)
         for p, (i, o) in pool.to_dict().items():
             assert i <= ref.counts[p][0] and o <= ref.counts[p][1]
         cands = pool.lookup(ctx, nodes, depth)
