@@ -110,6 +110,22 @@ def test_the_op_equals_attention_in_float64(step, backend):
 
 
 @settings(max_examples=30, deadline=None)
+@given(step=steps(), isa=st.sampled_from(ISAS))
+def test_bf16_inputs_give_the_float32_result_on_their_exact_widening_rounded_once(step, isa):
+    g = torch.Generator().manual_seed(step["seed"])
+    rows, past, d = step["rows"], step["past"], step["head_dim"]
+    slots = past + rows + step["empty"]
+    heads = step["kv_heads"] * step["groups"]
+    query = torch.randn(1, rows, heads, d, generator=g).transpose(1, 2).bfloat16()
+    key, value = (torch.randn(1, step["kv_heads"], slots, d, generator=g).bfloat16() for _ in range(2))
+    mask = step_mask(past, step["allowed"], slots, step["window"], past + step["depth"], step["as_bool"])
+    scale = d ** -0.5
+    out = tree_attention(query, key, value, mask, scale, isa=isa, softcap=step["softcap"])
+    wide = tree_attention(query.float(), key.float(), value.float(), mask, scale, isa=isa, softcap=step["softcap"])
+    assert out.dtype == torch.bfloat16 and torch.equal(out, wide.bfloat16())
+
+
+@settings(max_examples=30, deadline=None)
 @given(rows=st.integers(2, 32), past=st.integers(0, 100), groups=st.integers(1, 8), isa=st.sampled_from(ISAS),
        softcap=st.sampled_from([0.0, 1.0, 50.0]), seed=st.integers(0, 99))
 def test_a_row_has_the_same_bits_alone_in_a_tree_and_wherever_its_keys_sit(rows, past, groups, isa, softcap, seed):
@@ -158,6 +174,10 @@ def test_bad_inputs_are_refused_by_the_op_with_a_message():
         tree_attention(torch.randn(1, 2, 2, 8), kv, kv, None, 1.0, isa="sse")
     with pytest.raises(RuntimeError, match="softcap must be 0 .none. or positive"):
         tree_attention(torch.randn(1, 2, 2, 8), kv, kv, None, 1.0, softcap=-1.0)
+    with pytest.raises(RuntimeError, match="must all be float32 or all bfloat16"):
+        tree_attention(torch.randn(1, 2, 2, 8).bfloat16(), kv, kv, None, 1.0)
+    with pytest.raises(RuntimeError, match="must all be float32 or all bfloat16"):
+        tree_attention(torch.randn(1, 2, 2, 8).half(), kv.half(), kv.half(), None, 1.0)
 
 
 def chain_and_tree_against_one_row(adapter, context: torch.Tensor, continuation: torch.Tensor):

@@ -13,9 +13,9 @@ The function is registered under ``GROUPED_SDPA`` through transformers' own exte
 (``specfree.kernels.attention``), which reads only the keys some row sees and gives each row the
 same bits whatever else is in the step, so a verify row equals the one-row forward bit for bit.
 It also computes Gemma 2's logit soft-capping, which SDPA cannot (those families run transformers'
-eager attention otherwise). A bf16 model's call runs the same float32 operator on its query, keys
-and values widened exactly, and rounds the output once: still one fixed sequence of operations per
-row. Calls it does not cover (attention sinks, position biases, dropout, other dtypes) run the
+eager attention otherwise). A bf16 model's call runs the same float32 arithmetic, the operator
+widening its query, keys and values exactly as it reads them and rounding the output once: still
+one fixed sequence of operations per row. Calls it does not cover (attention sinks, position biases, dropout, other dtypes) run the
 grouped SDPA above.
 """
 
@@ -90,11 +90,6 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     if not covered:
         return grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    if query.dtype != torch.float32:  # bf16: exactly widened, one rounding of the result
-        if attention_mask is not None and attention_mask.is_floating_point():
-            attention_mask = attention_mask.float()  # bf16's lowest stays below the op's "hidden" line
-        out = tree_attention(query.float(), key.float(), value.float(), attention_mask, scale, softcap=softcap)
-        return out.to(query.dtype), None
     return tree_attention(query, key, value, attention_mask, scale, softcap=softcap), None
 
 

@@ -19,6 +19,8 @@ its products. Variants:
 - ``few_row-coded-avx512``: where the model's weights are a quantized file's, dequantized (SmolLM2's
   GGUF), the same products on those weights held as codes (``codes.py``), as an engine holds them:
   3.7-6x fewer bytes than the panels, the same bits;
+- ``few_row-tiles-amx``: a bfloat16 model's weights on AMX tiles (``tiles.py``), where the CPU has
+  AMX (every variant's activations are in the weights' dtype, as the model's forward passes them);
 - ``read_pass``: the floor, one read of every weight (as panels) with the kernel's split among
   threads and no arithmetic to speak of, each thread's share read as 1, 2, 4 or 8 streams side
   by side (the fastest of these in each round: one stream a thread is not the fastest read);
@@ -38,10 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfree.kernels import FewRowLinear, load_kernels
+from specfree.kernels import FewRowLinear, has_amx, load_kernels
 from specfree.kernels.codes import CodedLinear, find_codes
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.panels import LANES, PanelLinear, pack, unpack
+from specfree.kernels.tiles import TileLinear, pack_tiles
 
 ROWS = (1, 2, 4, 8, 16)
 STREAMS = (1, 2, 4, 8)  # how many side-by-side streams a thread reads in the floor's pass
@@ -60,7 +63,10 @@ def linear_modules(model: nn.Module) -> list[nn.Module]:
 
 def weight_and_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A linear layer's (weight [N, K], bias); a packed layer's weight unpacked into a copy."""
-    weight = unpack(module.panels, module.out_features) if isinstance(module, PanelLinear) else module.weight
+    if isinstance(module, TileLinear):
+        weight = module.weight  # [N, K] from the tiles
+    else:  # panels unpacked as [N, K] (a packed Conv1D's .weight is [K, N])
+        weight = unpack(module.panels, module.out_features) if isinstance(module, PanelLinear) else module.weight
     return weight.detach(), None if module.bias is None else module.bias.detach()
 
 
@@ -69,9 +75,10 @@ def _onednn(layers) -> Callable | None:
     if reorder is None or not torch.backends.mkldnn.is_available():
         return None
     try:
-        packed = {id(w): reorder(w.float()) for w, _ in layers}
+        packed = {id(w): reorder(w) for w, _ in layers}  # in the weights' dtype, as the activations
         probe_w, probe_b = layers[0]
-        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, probe_w.shape[1]), packed[id(probe_w)], probe_b,
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, probe_w.shape[1], dtype=probe_w.dtype),
+                                           packed[id(probe_w)], probe_b,
                                            "none", [], "")
     except RuntimeError:
         return None
@@ -122,7 +129,8 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
     paths = ["avx2", "avx512"] if isa == "avx512" else ["avx2"] if isa else []
     for path in paths:
         variants[f"few_row-{path}"] = lambda x, w, b, path=path: torch.ops.specfree.linear(x, w, b, path)
-    activations = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, _ in layers} for m in rows}
+    dtype = layers[0][0].dtype  # activations as the model's forward passes them (a bf16 model's are bf16)
+    activations = {m: {w.shape[1]: torch.randn(m, w.shape[1], dtype=dtype) for w, _ in layers} for m in rows}
     passes: dict[str, dict[int, Callable]] = {}
     for name, fn in variants.items():
         passes[name] = {m: (lambda fn=fn, xs=activations[m]: [fn(xs[w.shape[1]], w, b) for w, b in layers])
@@ -155,6 +163,12 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
             passes[f"few_row-coded-{paths[-1]}"] = {
                 m: (lambda xs=activations[m]: [f(xs[w.shape[1]]) for f, (w, _) in zip(products, layers)])
                 for m in rows}
+    if has_amx() and all(w.dtype == torch.bfloat16 for w, _ in layers):  # as a bf16 engine's model runs them
+        tiles = [(pack_tiles(w), b, w.shape[0]) for w, b in layers]
+        passes["few_row-tiles-amx"] = {
+            m: (lambda xs=activations[m]:
+                [torch.ops.specfree.tile_linear(xs[w.shape[1]], t, b, n) for (t, b, n), (w, _) in zip(tiles, layers)])
+            for m in rows}
     if inductor:
         if progress:
             progress("compiling Inductor's C++ GEMM for each row count")

@@ -22,7 +22,8 @@
 // value that some row sees once, for all the query rows of its chunk (Q * H/Hkv rows make a
 // group); keys no row sees (empty static slots, keys outside every row's window) are never read.
 // Two code paths chosen at run time (AVX-512, AVX2); they round differently from each other;
-// within one process one path is used.
+// within one process one path is used. float32 or bfloat16 (a bf16 model's query, keys and values
+// are widened exactly as they are read, every sum is float32, and the output is rounded once).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -119,7 +120,8 @@ SPECFREE_AVX2 inline __m256 softcap8(__m256 x, float cap) {
 SPECFREE_AVX2 inline float softcap1(float x, float cap) { return _mm256_cvtss_f32(softcap8(_mm256_set1_ps(x), cap)); }
 
 #define SPECFREE_PIECES(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, STORE, SET1, FMA, MAX, SUM, EXP)          \
-  ATTR void scores_##SUFFIX(const float* q, int64_t rows, int64_t d, const float* k, float* out,           \
+  template <typename T>                                                                                  \
+  ATTR void scores_##SUFFIX(const float* q, int64_t rows, int64_t d, const T* k, float* out,               \
                             int64_t stride, float scale) {                                                \
     const int64_t full = d - d % LANES;                                                                  \
     for (int64_t r = 0; r < rows; ++r) {                                                                 \
@@ -127,12 +129,13 @@ SPECFREE_AVX2 inline float softcap1(float x, float cap) { return _mm256_cvtss_f3
       VEC acc = ZERO();                                                                                  \
       for (int64_t i = 0; i < full; i += LANES) acc = FMA(LOAD(qr + i), LOAD(k + i), acc);               \
       float dot = SUM(acc);                                                                              \
-      for (int64_t i = full; i < d; ++i) dot += qr[i] * k[i];                                            \
+      for (int64_t i = full; i < d; ++i) dot += qr[i] * static_cast<float>(k[i]);                        \
       out[r * stride] = dot * scale;                                                                     \
     }                                                                                                    \
   }                                                                                                      \
+  template <typename T>                                                                                  \
   ATTR void accumulate_##SUFFIX(float* acc, const float* p, int64_t stride, const uint8_t* seen,          \
-                                int64_t rows, int64_t d, const float* v, float* l) {                     \
+                                int64_t rows, int64_t d, const T* v, float* l) {                         \
     const int64_t full = d - d % LANES;                                                                  \
     for (int64_t r = 0; r < rows; ++r) {                                                                 \
       if (!seen[r]) continue;                                                                            \
@@ -140,7 +143,7 @@ SPECFREE_AVX2 inline float softcap1(float x, float cap) { return _mm256_cvtss_f3
       const VEC pv = SET1(pr);                                                                           \
       float* ar = acc + r * d;                                                                           \
       for (int64_t i = 0; i < full; i += LANES) STORE(ar + i, FMA(pv, LOAD(v + i), LOAD(ar + i)));       \
-      for (int64_t i = full; i < d; ++i) ar[i] += pr * v[i];                                             \
+      for (int64_t i = full; i < d; ++i) ar[i] += pr * static_cast<float>(v[i]);                         \
       l[r] += pr;                                                                                        \
     }                                                                                                    \
   }                                                                                                      \
@@ -159,9 +162,10 @@ SPECFREE_AVX2 inline float softcap1(float x, float cap) { return _mm256_cvtss_f3
 SPECFREE_AVX2 inline __m256 _avx2_sub(__m256 a, __m256 b) { return _mm256_sub_ps(a, b); }
 SPECFREE_AVX512 inline __m512 _avx512_sub(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
 
-SPECFREE_PIECES(SPECFREE_AVX2, avx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+// LOAD widens bf16 keys and values exactly (specfree::load8/load16); float32 loads as it is.
+SPECFREE_PIECES(SPECFREE_AVX2, avx2, __m256, 8, _mm256_setzero_ps, specfree::load8, _mm256_storeu_ps,
                 _mm256_set1_ps, _mm256_fmadd_ps, _mm256_max_ps, sum8, exp8)
-SPECFREE_PIECES(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+SPECFREE_PIECES(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, specfree::load16, _mm512_storeu_ps,
                 _mm512_set1_ps, _mm512_fmadd_ps, _mm512_max_ps, sum16, exp16)
 
 // A block of up to kBlock keys for every row, with the head dim a whole number ND of vectors: a
@@ -185,8 +189,8 @@ struct Block {
 
 // AVX-512 only: AVX2 scores a block with scores_block8_avx2 below.
 #define SPECFREE_SCORES_BLOCK(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, FMA, SUM)                          \
-  template <int ND>                                                                                   \
-  ATTR void scores_block_##SUFFIX(const Block& b, const float* q, int64_t rows, const float* k,         \
+  template <int ND, typename T>                                                                       \
+  ATTR void scores_block_##SUFFIX(const Block& b, const float* q, int64_t rows, const T* k,             \
                                   int64_t ks, float* out, int64_t stride, float scale) {               \
     for (int64_t r = 0; r < rows; ++r) {                                                              \
       VEC qv[ND];                                                                                     \
@@ -194,7 +198,7 @@ struct Block {
       const int64_t qi = b.qrow[r];                                                                   \
       for (int j = 0; j < b.count; ++j) {                                                             \
         const int64_t s = b.keys[j];                                                                  \
-        const float* kj = k + s * ks;                                                                 \
+        const T* kj = k + s * ks;                                                                     \
         VEC acc = ZERO();                                                                             \
         for (int i = 0; i < ND; ++i) acc = FMA(qv[i], LOAD(kj + i * LANES), acc);                     \
         const float raw = SUM(acc) * scale;                                                           \
@@ -214,9 +218,9 @@ inline bool all_seen(const uint8_t* flags) {
 static_assert(kBlock == 8, "all_seen reads one byte per key of a block");
 
 #define SPECFREE_ACCUMULATE_BLOCK(ATTR, SUFFIX, VEC, LANES, LOAD, STORE, SET1, FMA)                    \
-  template <int ND>                                                                                   \
+  template <int ND, typename T>                                                                       \
   ATTR void accumulate_block_##SUFFIX(const Block& b, float* acc, const float* p, int64_t stride,     \
-                                      int64_t rows, const float* v, int64_t vs, float* l) {            \
+                                      int64_t rows, const T* v, int64_t vs, float* l) {                \
     for (int64_t r = 0; r < rows; ++r) {                                                              \
       VEC a[ND];                                                                                      \
       float* ar = acc + r * ND * LANES;                                                               \
@@ -225,7 +229,7 @@ static_assert(kBlock == 8, "all_seen reads one byte per key of a block");
       const int64_t qi = b.qrow[r];                                                                   \
       if (b.run && all_seen(b.seen + qi * b.width + b.keys[0])) { /* the same sums, no test per key */ \
         const float* pr = p + r * stride + b.keys[0];                                                 \
-        const float* vj = v + b.keys[0] * vs;                                                         \
+        const T* vj = v + b.keys[0] * vs;                                                             \
         for (int j = 0; j < kBlock; ++j, vj += vs) {                                                  \
           const VEC pv = SET1(pr[j]);                                                                 \
           for (int i = 0; i < ND; ++i) a[i] = FMA(pv, LOAD(vj + i * LANES), a[i]);                    \
@@ -237,7 +241,7 @@ static_assert(kBlock == 8, "all_seen reads one byte per key of a block");
           if (!b.seen_t[s * b.q_len + qi]) continue;                                                  \
           const float pr = p[r * stride + s];                                                         \
           const VEC pv = SET1(pr);                                                                    \
-          const float* vj = v + s * vs;                                                               \
+          const T* vj = v + s * vs;                                                                   \
           for (int i = 0; i < ND; ++i) a[i] = FMA(pv, LOAD(vj + i * LANES), a[i]);                    \
           lr += pr;                                                                                   \
         }                                                                                             \
@@ -247,11 +251,11 @@ static_assert(kBlock == 8, "all_seen reads one byte per key of a block");
     }                                                                                                 \
   }
 
-SPECFREE_SCORES_BLOCK(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_fmadd_ps,
+SPECFREE_SCORES_BLOCK(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, specfree::load16, _mm512_fmadd_ps,
                       sum16)
-SPECFREE_ACCUMULATE_BLOCK(SPECFREE_AVX2, avx2, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
+SPECFREE_ACCUMULATE_BLOCK(SPECFREE_AVX2, avx2, __m256, 8, specfree::load8, _mm256_storeu_ps, _mm256_set1_ps,
                           _mm256_fmadd_ps)
-SPECFREE_ACCUMULATE_BLOCK(SPECFREE_AVX512, avx512, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
+SPECFREE_ACCUMULATE_BLOCK(SPECFREE_AVX512, avx512, __m512, 16, specfree::load16, _mm512_storeu_ps, _mm512_set1_ps,
                           _mm512_fmadd_ps)
 
 // Lane j of the result is sum8(a[j]) bit for bit (the same additions, in the same tree), for eight
@@ -271,11 +275,11 @@ SPECFREE_AVX2 inline __m256 sum8x8(const __m256 a[8]) {
 
 // A block's scores on AVX2: per (row, key) the FMAs of scores_block_avx512 over 8-lane vectors,
 // then the eight keys' sums reduced together (sum8x8): the same bits as one sum8 per key.
-template <int ND>
-SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t rows, const float* k, int64_t ks,
+template <int ND, typename T>
+SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t rows, const T* k, int64_t ks,
                                       float* out, int64_t stride, float scale) {
-  alignas(32) static const float zeros[ND * 8] = {};
-  const float* kj[kBlock];  // a block's missing keys read zeros (their scores are not stored)
+  alignas(32) static const T zeros[ND * 8] = {};
+  const T* kj[kBlock];  // a block's missing keys read zeros (their scores are not stored)
   for (int j = 0; j < kBlock; ++j) kj[j] = j < b.count ? k + b.keys[j] * ks : zeros;
   const __m256 scale8 = _mm256_set1_ps(scale);
   const __m256 hidden = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -288,7 +292,7 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
     for (int i = 0; i < ND; ++i) {  // per key, the dims in the order scores_avx2 takes them
       const __m256 qi = _mm256_loadu_ps(qr + i * 8);
 #pragma GCC unroll 8
-      for (int j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kj[j] + i * 8), acc[j]);
+      for (int j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qi, specfree::load8(kj[j] + i * 8), acc[j]);
     }
     const __m256 scaled = _mm256_mul_ps(sum8x8(acc), scale8);
     const __m256 scores = b.softcap > 0 ? softcap8(scaled, b.softcap) : scaled;
@@ -310,29 +314,29 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
   }
 }
 
-using ScoresBlock = void (*)(const Block&, const float*, int64_t, const float*, int64_t, float*, int64_t, float);
-using AccumulateBlock = void (*)(const Block&, float*, const float*, int64_t, int64_t, const float*, int64_t,
-                                 float*);
-
+// T: the keys' and values' element type (float32, or bf16 widened exactly as it is loaded).
+template <typename T>
 struct Pieces {
-  void (*scores)(const float*, int64_t, int64_t, const float*, float*, int64_t, float);
-  void (*accumulate)(float*, const float*, int64_t, const uint8_t*, int64_t, int64_t, const float*, float*);
+  void (*scores)(const float*, int64_t, int64_t, const T*, float*, int64_t, float);
+  void (*accumulate)(float*, const float*, int64_t, const uint8_t*, int64_t, int64_t, const T*, float*);
   float (*max)(const float*, int64_t);
   void (*exp_shifted)(float*, int64_t, float);
-  ScoresBlock scores_block;  // null: the head dim has no block path (the generic pieces run)
-  AccumulateBlock accumulate_block;
+  // null: the head dim has no block path (the generic pieces run)
+  void (*scores_block)(const Block&, const float*, int64_t, const T*, int64_t, float*, int64_t, float);
+  void (*accumulate_block)(const Block&, float*, const float*, int64_t, int64_t, const T*, int64_t, float*);
 };
 
 // Head dims 64 and 128 (most models) get the block path.
-Pieces pieces(Isa isa, int64_t d) {
+template <typename T>
+Pieces<T> pieces(Isa isa, int64_t d) {
   if (isa == Isa::kAvx512) {
-    Pieces f{scores_avx512, accumulate_avx512, max_avx512, exp_shifted_avx512, nullptr, nullptr};
-    if (d == 64) f.scores_block = scores_block_avx512<4>, f.accumulate_block = accumulate_block_avx512<4>;
-    if (d == 128) f.scores_block = scores_block_avx512<8>, f.accumulate_block = accumulate_block_avx512<8>;
+    Pieces<T> f{scores_avx512<T>, accumulate_avx512<T>, max_avx512, exp_shifted_avx512, nullptr, nullptr};
+    if (d == 64) f.scores_block = scores_block_avx512<4, T>, f.accumulate_block = accumulate_block_avx512<4, T>;
+    if (d == 128) f.scores_block = scores_block_avx512<8, T>, f.accumulate_block = accumulate_block_avx512<8, T>;
     return f;
   }
-  Pieces f{scores_avx2, accumulate_avx2, max_avx2, exp_shifted_avx2, nullptr, nullptr};
-  if (d == 64) f.scores_block = scores_block8_avx2<8>, f.accumulate_block = accumulate_block_avx2<8>;
+  Pieces<T> f{scores_avx2<T>, accumulate_avx2<T>, max_avx2, exp_shifted_avx2, nullptr, nullptr};
+  if (d == 64) f.scores_block = scores_block8_avx2<8, T>, f.accumulate_block = accumulate_block_avx2<8, T>;
   return f;  // 128 would need 16 accumulators plus the query: more than AVX2's 16 registers
 }
 
@@ -421,10 +425,11 @@ Visibility visibility(const std::optional<at::Tensor>& mask, int64_t b, int64_t 
 // Where one (batch, key/value head)'s rows live: row r = q * G + g is query head h * G + g at
 // position q, read from the query and written to the output through their strides (no reshaped
 // copies of either: at a few rows those ATen calls cost more than the arithmetic).
+template <typename T>
 struct HeadRows {
-  const float* q;  // [b, h * G, 0, 0]
+  const T* q;  // [b, h * G, 0, 0]
   int64_t q_head, q_pos;
-  float* out;      // [b, 0, h * G, 0] of the [B, Q, H, D] result
+  T* out;      // [b, 0, h * G, 0] of the [B, Q, H, D] result
   int64_t out_head, out_pos;
   int64_t groups;
 };
@@ -432,15 +437,16 @@ struct HeadRows {
 // Rows [row0, row0 + rows) of one (batch, key/value head). A row's arithmetic does not depend on
 // which other rows run beside it, so the rows of a group can be split into chunks that run in
 // parallel (SmolLM2 has 3 key/value heads: 3 tasks would keep one of 2 threads idle half the time).
-void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, const float* k, const float* v,
+template <typename T>
+void head_group(const Pieces<T>& f, const Visibility& vis, const HeadRows<T>& place, const T* k, const T* v,
                 int64_t ks, int64_t vs, int64_t q_len, int64_t row0, int64_t rows, int64_t d,
                 float scale, float softcap) {
   std::vector<int64_t> qrow(rows);
   std::vector<float> q(rows * d);  // the chunk's query rows side by side, [rows, D]
   for (int64_t r = 0; r < rows; ++r) {
     qrow[r] = (row0 + r) / place.groups;
-    const float* src = place.q + (row0 + r) % place.groups * place.q_head + qrow[r] * place.q_pos;
-    std::copy(src, src + d, q.data() + r * d);
+    const T* src = place.q + (row0 + r) % place.groups * place.q_head + qrow[r] * place.q_pos;
+    std::copy(src, src + d, q.data() + r * d);  // bf16 widened exactly
   }
   // Score rows span the keys up to the last one some row sees, not every slot: over static slots
   // (2304 for SmolLM2's package) the max and exp passes would otherwise run over the empty ones.
@@ -488,8 +494,8 @@ void head_group(const Pieces& f, const Visibility& vis, const HeadRows& place, c
   }
   for (int64_t r = 0; r < rows; ++r) {  // a row that sees nothing gets zeros
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    float* out = place.out + (row0 + r) % place.groups * place.out_head + qrow[r] * place.out_pos;
-    for (int64_t i = 0; i < d; ++i) out[i] = acc[r * d + i] * inv;
+    T* out = place.out + (row0 + r) % place.groups * place.out_head + qrow[r] * place.out_pos;
+    for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(acc[r * d + i] * inv);  // bf16: rounded once
   }
 }
 
@@ -502,8 +508,9 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
               "specfree::tree_attention runs on the CPU");
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
               "specfree::tree_attention: query, key and value must be [B, heads, rows, head_dim]");
-  TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
-                  value.scalar_type() == at::kFloat, "specfree::tree_attention: float32 only");
+  TORCH_CHECK((query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16) &&
+                  key.scalar_type() == query.scalar_type() && value.scalar_type() == query.scalar_type(),
+              "specfree::tree_attention: query, key and value must all be float32 or all bfloat16");
   const int64_t batch = query.size(0), heads = query.size(1), q_len = query.size(2), d = query.size(3);
   const int64_t kv_heads = key.size(1), s_len = key.size(2);
   TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == batch && key.size(3) == d,
@@ -515,7 +522,7 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
                     mask->size(2) == q_len && mask->size(3) == s_len,
                 "specfree::tree_attention: the mask must be [B or 1, 1, rows, keys], not ", mask->sizes());
   TORCH_CHECK(softcap >= 0, "specfree::tree_attention: softcap must be 0 (none) or positive, not ", softcap);
-  const Pieces f = pieces(parse_isa(std::string(isa_name)), d);
+  const Isa isa = parse_isa(std::string(isa_name));
   const int64_t groups = heads / kv_heads;
   const at::Tensor q = query.stride(3) == 1 ? query : query.contiguous();
   const at::Tensor k = key.stride(3) == 1 ? key : key.contiguous();
@@ -536,19 +543,28 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
   const int64_t chunks = std::max<int64_t>(1, std::min(rows / kMinChunkRows,
                                                        (4 * at::get_num_threads() + heads_total - 1) / heads_total));
   const int64_t chunk = (rows + chunks - 1) / chunks;
-  at::parallel_for(0, heads_total * chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t group = task / chunks, row0 = task % chunks * chunk;
-      const int64_t n = std::min(chunk, rows - row0);
-      if (n <= 0) continue;
-      const int64_t b = group / kv_heads, h = group % kv_heads;
-      const HeadRows place{q.data_ptr<float>() + b * q.stride(0) + h * groups * q.stride(1), q.stride(1), q.stride(2),
-                        out.data_ptr<float>() + b * out.stride(0) + h * groups * d, d, heads * d, groups};
-      head_group(f, vis[b], place, k.data_ptr<float>() + b * k.stride(0) + h * k.stride(1),
-                 v.data_ptr<float>() + b * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2), q_len, row0, n,
-                 d, static_cast<float>(scale), static_cast<float>(softcap));
-    }
-  });
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const Pieces<T> f = pieces<T>(isa, d);
+    at::parallel_for(0, heads_total * chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t group = task / chunks, row0 = task % chunks * chunk;
+        const int64_t n = std::min(chunk, rows - row0);
+        if (n <= 0) continue;
+        const int64_t b = group / kv_heads, h = group % kv_heads;
+        const HeadRows<T> place{q.data_ptr<T>() + b * q.stride(0) + h * groups * q.stride(1), q.stride(1),
+                                q.stride(2), out.data_ptr<T>() + b * out.stride(0) + h * groups * d, d, heads * d,
+                                groups};
+        head_group<T>(f, vis[b], place, k.data_ptr<T>() + b * k.stride(0) + h * k.stride(1),
+                      v.data_ptr<T>() + b * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2), q_len, row0,
+                      n, d, static_cast<float>(scale), static_cast<float>(softcap));
+      }
+    });
+  };
+  if (query.scalar_type() == at::kFloat)
+    run(0.0f);
+  else
+    run(at::BFloat16());
   return out;
 }
 
