@@ -40,7 +40,8 @@ from specfree.kernels.saved_codes import SavedCodes
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
 from specfree.kernels.swap import swap_modules, swapped_modules
-from specfree.kernels.tiles import TileLinear, tiles_fit
+from specfree.kernels.hugepages import HugePageArena
+from specfree.kernels.tiles import TileLinear, tile_bytes, tiles_fit
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
 SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
@@ -258,12 +259,14 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
     if pack and isa in LANES:
         # codes found by an earlier load of the same weights are checked, not searched again
         coder = SavedCodes.for_model(model, _packs, LANES[isa], cache_root(cache_dir)) if backend == "few_row" else None
-        tiles = backend == "few_row" and has_amx()
+        tiles = HugePageArena() if backend == "few_row" and has_amx() else None  # on huge pages, as panels
+        if tiles is not None:
+            tiles.reserve([tile_bytes(m) for m in model.modules() if _packs(m) and tiles_fit(m)])
 
         def hold(module: nn.Module, lanes: int) -> nn.Module | None:
             # codes where a weight is exactly a code's values, AMX tiles for bfloat16, else panels (None)
             held = coder(module, lanes) if coder is not None else None
-            return TileLinear(module) if held is None and tiles and tiles_fit(module) else held
+            return TileLinear(module, tiles) if held is None and tiles is not None and tiles_fit(module) else held
 
         if pack_linears(model, _packs, LANES[isa], hold):
             release_checkpoint_mapping(model)

@@ -16,19 +16,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.panels import PanelEmbedding, PanelLinear
 
 COLUMNS, BLOCK = 16, 32  # output columns per panel, inputs per tile
 
 
-def pack_tiles(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> tiles [ceil(N / 16), ceil(K / 32), 16, 32], zeros past N and K."""
+def pack_tiles(weight: torch.Tensor, arena: HugePageArena | None = None) -> torch.Tensor:
+    """[N, K] -> tiles [ceil(N / 16), ceil(K / 32), 16, 32], zeros past N and K; in ``arena``'s memory if given."""
     n, k = weight.shape
     padded = F.pad(weight.detach(), (0, (-k) % BLOCK, 0, (-n) % COLUMNS))
     panels, blocks = padded.shape[0] // COLUMNS, padded.shape[1] // BLOCK
     # [panel, column, block, pair, 2] -> [panel, block, pair, column, 2]
     tiles = padded.reshape(panels, COLUMNS, blocks, BLOCK // 2, 2).permute(0, 2, 3, 1, 4)
-    return tiles.reshape(panels, blocks, BLOCK // 2, COLUMNS * 2).contiguous()
+    tiles = tiles.reshape(panels, blocks, BLOCK // 2, COLUMNS * 2)
+    return tiles.contiguous() if arena is None else arena.empty(tiles.shape, weight.dtype).copy_(tiles)
+
+
+def tile_bytes(module: nn.Module) -> int:
+    """The bytes ``TileLinear`` packs this layer's weight into."""
+    n, k = module.weight.shape
+    return -(-n // COLUMNS) * COLUMNS * -(-k // BLOCK) * BLOCK * module.weight.element_size()
 
 
 def unpack_tiles(tiles: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -48,10 +56,10 @@ class TileLinear(PanelLinear):
     everything that handles a ``PanelLinear``'s storage handles these); its product runs
     ``specfree::tile_linear``."""
 
-    def __init__(self, linear: nn.Module):
+    def __init__(self, linear: nn.Module, arena: HugePageArena | None = None):
         nn.Module.__init__(self)
         self.out_features, self.in_features = linear.weight.shape
-        self.panels = nn.Parameter(pack_tiles(linear.weight), requires_grad=False)
+        self.panels = nn.Parameter(pack_tiles(linear.weight, arena), requires_grad=False)
         self.register_parameter("bias", linear.bias)
 
     @property
