@@ -164,7 +164,8 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
                 m: (lambda xs=activations[m]: [f(xs[w.shape[1]]) for f, (w, _) in zip(products, layers)])
                 for m in rows}
     if has_amx() and all(w.dtype == torch.bfloat16 for w, _ in layers):  # as a bf16 engine's model runs them
-        tiles = [(pack_tiles(w), b, w.shape[0]) for w, b in layers]
+        arena = HugePageArena()  # as an engine's model holds them
+        tiles = [(pack_tiles(w, arena), b, w.shape[0]) for w, b in layers]
         passes["few_row-tiles-amx"] = {
             m: (lambda xs=activations[m]:
                 [torch.ops.specfree.tile_linear(xs[w.shape[1]], t, b, n) for (t, b, n), (w, _) in zip(tiles, layers)])
