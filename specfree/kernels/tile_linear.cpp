@@ -24,6 +24,8 @@
 #include <torch/library.h>
 #include <unistd.h>
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -46,8 +48,10 @@ constexpr int64_t kPanelCols = 16, kBlockK = 32, kTileRows = 16, kPanelsPerBlock
 // for XFEATURE_XTILEDATA); a CPU without it, or a kernel that refuses, runs the panels instead.
 bool amx_ready() {
   static const bool ready = [] {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+    // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 22 AMX-BF16 (read directly: not every compiler's
+    // __builtin_cpu_supports knows the AMX names)
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 24)) || !(edx & (1u << 22))) return false;
 #if defined(__linux__) && defined(SYS_arch_prctl)
     constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
