@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -83,6 +87,26 @@ def test_seeded_sampling_equals_autoregressive_sampling(family, prompt, spec, se
     speculative = Engine.from_model(model, None, name, **knobs, **sampling).generate(prompt, 30)
     plain = Engine.from_model(model, None, "autoregressive", **sampling).generate(prompt, 30)
     assert speculative.tokens == plain.tokens
+
+
+@functools.cache
+def bf16_model(family: str):
+    """A bf16 copy of a tiny family (its own: ``tiny_model`` is shared by every test)."""
+    return copy.deepcopy(tiny_model(family)).to(torch.bfloat16)
+
+
+@SETTINGS
+@given(family=st.sampled_from(["llama", "gpt2", "qwen3"]), prompt=prompts(), spec=strategy_specs(),
+       max_new=st.integers(1, 30), seed=st.integers(0, 2**31))
+def test_a_bf16_model_speculates_its_own_one_row_decoding(family, prompt, spec, max_new, seed):
+    """bf16 on the CPU: tree attention and batch-invariant linears (AMX tiles where the CPU has them),
+    so every strategy gives the tokens of the same model's one-row loop, greedy and seeded sampling."""
+    model = bf16_model(family)
+    name, knobs = spec
+    for sampling in ({}, dict(do_sample=True, seed=seed, temperature=0.9, top_k=20)):
+        speculative = Engine.from_model(model, None, name, **knobs, **sampling).generate(prompt, max_new)
+        plain = Engine.from_model(model, None, "autoregressive", **sampling).generate(prompt, max_new)
+        assert speculative.tokens == plain.tokens
 
 
 STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "retrieval", "recycling", "hybrid", "sam", "logit_spec", "suffix"]
