@@ -10,8 +10,8 @@
 // W is packed once into tiles [N/16, Kp/32, 16, 32] (tiles.py): for 16 output columns and 32
 // inputs, 16 rows of pairs (k, k+1) x 16 columns, the layout tdpbf16ps reads; Kp is K rounded up
 // to 32, the padding zeros, and so are the columns past N. A thread takes a run of 16-column
-// panels, four at a time (four accumulator tiles), and every group of 16 rows meets a block of
-// four panels before the next block is read (later groups from cache).
+// panels, six at a time (six accumulator tiles), and every group of 16 rows meets a block of
+// six panels before the next block is read (later groups from cache).
 //
 // An output (m, n) is one element of one accumulator tile, built by tdpbf16ps over the 32-input
 // blocks in order: it depends on row m of x and column n of W alone, never on the other rows of
@@ -42,7 +42,10 @@ namespace {
 
 #define SPECFREE_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
 
-constexpr int64_t kPanelCols = 16, kBlockK = 32, kTileRows = 16, kPanelsPerBlock = 4;
+// Six panels a block: more weight streams in flight (SmolLM2's 211 layers in bf16, one row: 11.1
+// against 11.5 ms with four).
+constexpr int64_t kPanelsPerBlock = 6;
+constexpr int64_t kPanelCols = 16, kBlockK = 32, kTileRows = 16;
 
 // AMX needs the kernel's permission once per process (Linux 5.16+: arch_prctl ARCH_REQ_XCOMP_PERM
 // for XFEATURE_XTILEDATA); a CPU without it, or a kernel that refuses, runs the panels instead.
@@ -68,15 +71,16 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-3: accumulators (rows x 16 floats); 4: activations (rows x 32 bfloat16); 5, 6: weights.
+// Tiles 0-5: accumulators (rows x 16 floats); 6: activations (rows x 32 bfloat16); 7: weights (one
+// tile register for all six panels measured 1-3% faster than two alternating with four accumulators).
 SPECFREE_AMX void configure(int rows) {
   TileConfig config;
-  for (int t = 0; t < 5; ++t) config.bytes_per_row[t] = 64, config.rows[t] = rows;
-  for (int t = 5; t < 7; ++t) config.bytes_per_row[t] = 64, config.rows[t] = kTileRows;
+  for (int t = 0; t < 7; ++t) config.bytes_per_row[t] = 64, config.rows[t] = rows;
+  config.bytes_per_row[7] = 64, config.rows[7] = kTileRows;
   _tile_loadconfig(&config);
 }
 
-// Tile numbers are immediates: one block of NP panels (1-4) for one group of rows.
+// Tile numbers are immediates: one block of NP panels (1-6) for one group of rows.
 template <int NP>
 SPECFREE_AMX void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* tiles, int64_t blocks,
                         float* out /* [16, NP * 16] */) {
@@ -84,21 +88,26 @@ SPECFREE_AMX void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* 
   if constexpr (NP > 1) _tile_zero(1);
   if constexpr (NP > 2) _tile_zero(2);
   if constexpr (NP > 3) _tile_zero(3);
-  const int64_t panel = blocks * kTileRows * kBlockK;  // elements per panel
+  if constexpr (NP > 4) _tile_zero(4);
+  if constexpr (NP > 5) _tile_zero(5);
+  const int64_t panel = blocks * kTileRows * kBlockK;
   for (int64_t b = 0; b < blocks; ++b) {
     const at::BFloat16* w = tiles + b * kTileRows * kBlockK;
-    _tile_loadd(4, x + b * kBlockK, ldx * 2);
-    _tile_loadd(5, w, 64);
-    _tile_dpbf16ps(0, 4, 5);
-    if constexpr (NP > 1) { _tile_loadd(6, w + panel, 64); _tile_dpbf16ps(1, 4, 6); }
-    if constexpr (NP > 2) { _tile_loadd(5, w + 2 * panel, 64); _tile_dpbf16ps(2, 4, 5); }
-    if constexpr (NP > 3) { _tile_loadd(6, w + 3 * panel, 64); _tile_dpbf16ps(3, 4, 6); }
+    _tile_loadd(6, x + b * kBlockK, ldx * 2);
+    _tile_loadd(7, w, 64); _tile_dpbf16ps(0, 6, 7);
+    if constexpr (NP > 1) { _tile_loadd(7, w + panel, 64); _tile_dpbf16ps(1, 6, 7); }
+    if constexpr (NP > 2) { _tile_loadd(7, w + 2 * panel, 64); _tile_dpbf16ps(2, 6, 7); }
+    if constexpr (NP > 3) { _tile_loadd(7, w + 3 * panel, 64); _tile_dpbf16ps(3, 6, 7); }
+    if constexpr (NP > 4) { _tile_loadd(7, w + 4 * panel, 64); _tile_dpbf16ps(4, 6, 7); }
+    if constexpr (NP > 5) { _tile_loadd(7, w + 5 * panel, 64); _tile_dpbf16ps(5, 6, 7); }
   }
-  constexpr int64_t ldo = NP * kPanelCols * 4;  // bytes
+  constexpr int64_t ldo = NP * kPanelCols * 4;
   _tile_stored(0, out, ldo);
   if constexpr (NP > 1) _tile_stored(1, out + kPanelCols, ldo);
   if constexpr (NP > 2) _tile_stored(2, out + 2 * kPanelCols, ldo);
   if constexpr (NP > 3) _tile_stored(3, out + 3 * kPanelCols, ldo);
+  if constexpr (NP > 4) _tile_stored(4, out + 4 * kPanelCols, ldo);
+  if constexpr (NP > 5) _tile_stored(5, out + 5 * kPanelCols, ldo);
 }
 
 // Panels [p_begin, p_end) for the rows of x ([groups * 16 or m rows, Kp], row stride ldx) into y [m, n].
@@ -115,6 +124,8 @@ SPECFREE_AMX void tile_range(const at::BFloat16* x, int64_t ldx, int64_t m, cons
       const at::BFloat16* xg = x + g * kTileRows * ldx;
       const at::BFloat16* w = tiles + p * panel;
       switch (np) {
+        case 6: block<6>(xg, ldx, w, blocks, out); break;
+        case 5: block<5>(xg, ldx, w, blocks, out); break;
         case 4: block<4>(xg, ldx, w, blocks, out); break;
         case 3: block<3>(xg, ldx, w, blocks, out); break;
         case 2: block<2>(xg, ldx, w, blocks, out); break;
@@ -135,7 +146,7 @@ SPECFREE_AMX void tile_range(const at::BFloat16* x, int64_t ldx, int64_t m, cons
 bool amx_ready() { return false; }
 void tile_range(const at::BFloat16*, int64_t, int64_t, const at::BFloat16*, int64_t, const at::BFloat16*, int64_t,
                 int64_t, int64_t, float*) {}
-constexpr int64_t kPanelCols = 16, kBlockK = 32, kTileRows = 16, kPanelsPerBlock = 4;
+constexpr int64_t kPanelCols = 16, kBlockK = 32, kTileRows = 16, kPanelsPerBlock = 6;
 #endif
 
 at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& bias,
