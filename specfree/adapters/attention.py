@@ -15,8 +15,8 @@ same bits whatever else is in the step, so a verify row equals the one-row forwa
 It also computes Gemma 2's logit soft-capping, which SDPA cannot (those families run transformers'
 eager attention otherwise). A bf16 model's call runs the same float32 arithmetic, the operator
 widening its query, keys and values exactly as it reads them and rounding the output once: still
-one fixed sequence of operations per row. Calls it does not cover (attention sinks, position biases, dropout, other dtypes) run the
-grouped SDPA above.
+one fixed sequence of operations per row. Calls it does not cover (attention sinks, position
+biases, dropout, other dtypes) run the grouped SDPA above.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from specfree.errors import UnsupportedModelError
 from specfree.loading import ignores_custom_masks
 
 GROUPED_SDPA = "specfree_grouped_sdpa"
-TREE_DTYPES = (torch.float32, torch.bfloat16)  # the operator's float32 math, bf16 widened exactly first
+TREE_DTYPES = (torch.float32, torch.bfloat16)  # the operator's float32 math; bf16 widened as it is read
 TREE_ATTENTION = "specfree_tree_attention"
 # Attention features the operator does not compute: a call that carries one runs SDPA instead.
 UNCOVERED_KWARGS = ("s_aux", "sinks", "position_bias", "cache", "head_mask")

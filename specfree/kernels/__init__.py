@@ -36,11 +36,11 @@ from torch import nn
 
 from specfree.files import atomic_path, fingerprint
 from specfree.kernels.codes import CodedLinear
+from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.saved_codes import SavedCodes
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
 from specfree.kernels.swap import swap_modules, swapped_modules
-from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.tiles import TileLinear, tile_bytes, tiles_fit
 
 SOURCE = Path(__file__).with_name("few_row_linear.cpp")
