@@ -43,8 +43,8 @@ from torch import nn
 from specfree.kernels import FewRowLinear, has_amx, load_kernels
 from specfree.kernels.codes import CodedLinear, find_codes
 from specfree.kernels.hugepages import HugePageArena
-from specfree.kernels.panels import LANES, PanelLinear, pack, unpack
-from specfree.kernels.tiles import TileLinear, pack_tiles
+from specfree.kernels.panels import LANES, PanelLinear, pack
+from specfree.kernels.tiles import pack_tiles
 
 ROWS = (1, 2, 4, 8, 16)
 STREAMS = (1, 2, 4, 8)  # how many side-by-side streams a thread reads in the floor's pass
@@ -63,10 +63,7 @@ def linear_modules(model: nn.Module) -> list[nn.Module]:
 
 def weight_and_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A linear layer's (weight [N, K], bias); a packed layer's weight unpacked into a copy."""
-    if isinstance(module, TileLinear):
-        weight = module.weight  # [N, K] from the tiles
-    else:  # panels unpacked as [N, K] (a packed Conv1D's .weight is [K, N])
-        weight = unpack(module.panels, module.out_features) if isinstance(module, PanelLinear) else module.weight
+    weight = module.rows() if isinstance(module, PanelLinear) else module.weight  # a packed Conv1D's .weight is [K, N]
     return weight.detach(), None if module.bias is None else module.bias.detach()
 
 

@@ -56,6 +56,10 @@ class PanelLinear(nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The weight as ``nn.Linear`` holds it: a new tensor each call (the panels are the storage)."""
+        return self.rows()
+
+    def rows(self) -> torch.Tensor:
+        """The weight as [N, K] (what ``pack`` took), a new tensor, whatever the stock layout."""
         return unpack(self.panels, self.out_features)
 
     @property
@@ -125,7 +129,7 @@ class PanelConv1D(PanelLinear):
 
     @property
     def weight(self) -> torch.Tensor:
-        return unpack(self.panels, self.out_features).t().contiguous()
+        return self.rows().t().contiguous()
 
     def _rows_of(self, weight: torch.Tensor) -> torch.Tensor:
         return weight.t()

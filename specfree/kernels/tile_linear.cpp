@@ -29,6 +29,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "isa.h"
+
 // Compilers without AMX intrinsics (GCC < 11, Clang < 12) build the op without its tiles.
 #if defined(__has_include)
 #if __has_include(<amxtileintrin.h>)
@@ -38,14 +40,14 @@
 
 namespace {
 
-#ifdef SPECFREE_HAS_AMX
-
-#define SPECFREE_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
-
 // Six panels a block: more weight streams in flight (SmolLM2's 211 layers in bf16, one row: 11.1
 // against 11.5 ms with four).
 constexpr int64_t kPanelsPerBlock = 6;
 constexpr int64_t kPanelCols = 16, kBlockK = 32, kTileRows = 16;
+
+#ifdef SPECFREE_HAS_AMX
+
+#define SPECFREE_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
 
 // AMX needs the kernel's permission once per process (Linux 5.16+: arch_prctl ARCH_REQ_XCOMP_PERM
 // for XFEATURE_XTILEDATA); a CPU without it, or a kernel that refuses, runs the panels instead.
@@ -131,12 +133,9 @@ SPECFREE_AMX void tile_range(const at::BFloat16* x, int64_t ldx, int64_t m, cons
         case 2: block<2>(xg, ldx, w, blocks, out); break;
         default: block<1>(xg, ldx, w, blocks, out); break;
       }
-      const int64_t cols = np * kPanelCols, col0 = p * kPanelCols;
-      for (int64_t r = 0; r < std::min(kTileRows, m - g * kTileRows); ++r)
-        for (int64_t c = 0; c < cols && col0 + c < n; ++c) {
-          const float v = out[r * cols + c];
-          y[(g * kTileRows + r) * n + col0 + c] = bias ? v + static_cast<float>(bias[col0 + c]) : v;
-        }
+      const int64_t cols = np * kPanelCols;
+      specfree::store_block(out, cols, std::min(kTileRows, m - g * kTileRows), cols, bias, p * kPanelCols, n,
+                            y + g * kTileRows * n);
     }
   }
   _tile_release();
@@ -146,7 +145,6 @@ SPECFREE_AMX void tile_range(const at::BFloat16* x, int64_t ldx, int64_t m, cons
 bool amx_ready() { return false; }
 void tile_range(const at::BFloat16*, int64_t, int64_t, const at::BFloat16*, int64_t, const at::BFloat16*, int64_t,
                 int64_t, int64_t, float*) {}
-constexpr int64_t kPanelCols = 16, kBlockK = 32, kTileRows = 16, kPanelsPerBlock = 6;
 #endif
 
 at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& bias,
@@ -174,11 +172,8 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& tiles, const std::
   } else {
     xs = xs.contiguous();
   }
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) b = bias->to(at::kBFloat16).contiguous();
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  at::Tensor y = at::empty(sizes, x.options().dtype(at::kFloat));
+  const at::Tensor b = specfree::bias_as(bias, at::kBFloat16);
+  at::Tensor y = specfree::output_rows(x, n);
   if (m > 0) {
     at::parallel_for(0, count, kPanelsPerBlock, [&](int64_t begin, int64_t end) {
       tile_range(xs.data_ptr<at::BFloat16>(), kp, m, tiles.data_ptr<at::BFloat16>(), blocks,

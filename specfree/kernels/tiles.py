@@ -62,9 +62,8 @@ class TileLinear(PanelLinear):
         self.panels = nn.Parameter(pack_tiles(linear.weight, arena), requires_grad=False)
         self.register_parameter("bias", linear.bias)
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """The weight as ``nn.Linear`` holds it: a new tensor each call (the tiles are the storage)."""
+    def rows(self) -> torch.Tensor:
+        """The weight as [N, K], a new tensor each call (the tiles are the storage)."""
         return unpack_tiles(self.panels, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
