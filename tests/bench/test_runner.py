@@ -131,7 +131,7 @@ def test_system_labels_name_only_the_knobs_that_differ_from_the_defaults():
         return SpecfreeSystem.build(tiny_model("llama"), None, strategy, knobs).label
 
     # a config gives lists where the factory's default is a tuple: still the default
-    assert label("hybrid", {"drafters": ["prompt_lookup", "trie", "recycling"]}) == "hybrid"
+    assert label("hybrid", {"drafters": ["prompt_lookup", "suffix"]}) == "hybrid"
     assert label("hybrid", {"drafters": ["prompt_lookup"]}) == "hybrid(drafters=['prompt_lookup'])"
     assert label("prompt_lookup", {"draft_len": 4}) == "prompt_lookup(draft_len=4)"
 
