@@ -207,8 +207,11 @@ def best_chain(reach: dict[Path, float]) -> list[Path]:
 
 
 def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Callable[[int], float] | None, *,
-          max_depth: int, chain: bool = False, rollback: bool = False) -> Plan:
+          max_depth: int, chain: bool = False, rollback: bool = False, shared_tokens: float = 0.0) -> Plan:
     """The rows of ``proposal`` that maximise expected tokens per second, as a plan.
+
+    ``shared_tokens``: tokens that other requests emit from the same step (a batch shares one
+    forward), so a row is worth its cost to all of them, not to this request alone.
 
     ``cost(rows)`` is a forward's time (None: rows are free); ``proposal.max_rows`` caps the rows.
     ``chain``: the model verifies one chain, with no aux rows; with ``rollback`` a cut chain is
@@ -250,8 +253,8 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
         return float(rates_per_k[k]), k
 
     kept_windows: list[int] = []
-    rows, tokens = 0, 0.0
-    score, k = best(0, 0.0)
+    rows, tokens = 0, float(shared_tokens)
+    score, k = best(0, tokens)
     for index, (owner, block) in enumerate(parts):
         value = acceptance.window_value(owner)
         with_window = best(rows + len(block), tokens + value)

@@ -63,6 +63,16 @@ def test_nodes_are_kept_best_first_while_tokens_per_second_rise():
     assert plan.tree.sources[1:] == ["drafter"] * 3
 
 
+def test_a_row_is_weighed_against_every_token_the_shared_step_emits():
+    # A batch's requests share one forward: a row that delays it delays the others' tokens too,
+    # so what pays for one request alone does not pay when three others share the step.
+    acceptance = trained(1, 1)  # half the drafts land
+    chain = Proposal([[1, 2, 3, 4]], "drafter")
+    alone = price(0, chain, acceptance, CPU, max_depth=8, chain=True)
+    shared = price(0, chain, acceptance, CPU, max_depth=8, chain=True, shared_tokens=3 * 1.5)
+    assert len(alone.tree) > len(shared.tree) >= 1
+
+
 def test_drafts_that_rarely_land_are_not_verified():
     proposal = Proposal([[8, 9, 5, 6, 7]], "prompt_lookup", labels=["n2"])
     rarely = price(0, proposal, trained(1, 30, "prompt_lookup", "n2"), CPU, max_depth=8)

@@ -252,3 +252,26 @@ def test_running_requests_draft_from_each_others_output_as_it_is_written(live):
     batch.grow(1, [7, 8])  # row 1 has just emitted what row 0 wrote after 7, while row 0 still runs
     drafts = propose(proposer, batch, [[13], [7, 8]])
     assert drafts[1] == ([9, 10] if live else [])
+
+
+def test_before_two_token_counts_are_timed_each_token_costs_the_prior_slope():
+    from specfree.integrations.vllm import StepClock
+
+    clock = StepClock(min_samples=1, prior_slope=0.05)
+    assert clock.curve()(11) / clock.curve()(1) == pytest.approx(1.5)  # nothing timed: the prior alone
+    clock.started(52, 0.0)
+    clock.finished(0.153, timed=True)  # one count timed: the prior, anchored on it
+    assert clock.curve()(52) == pytest.approx(0.153)
+    assert clock.curve()(1) == pytest.approx(0.153 / (1 + 0.05 * 51))
+
+
+def test_the_learned_step_curve_keeps_its_slope_below_the_fewest_tokens_timed():
+    from specfree.integrations.vllm import StepClock
+
+    clock = StepClock(min_samples=1)
+    for tokens, seconds in ((13, 0.080), (52, 0.158)):  # 2 ms a token
+        clock.started(tokens, 0.0)
+        clock.finished(seconds, timed=True)
+    curve = clock.curve()
+    assert curve(52) == pytest.approx(0.158) and curve(13) == pytest.approx(0.080)
+    assert curve(5) == pytest.approx(0.064)  # not held at 13 tokens' time, which made them free

@@ -228,11 +228,15 @@ class StepClock:
     Only decode steps whose rows all continued from the step before are timed (a new request's
     prefill, or the idle time between ``generate`` calls, would read as a slow step). Each token
     count keeps its last ``window`` times; the curve is their medians, once ``min_sizes`` counts
-    have ``min_samples`` each.
+    have ``min_samples`` each, extended below the fewest tokens timed by the slope of the first two.
+    Until then each token costs ``prior_slope`` of a one-token step (vLLM's CPU runner: 2-4 ms on a
+    55-65 ms step), anchored on the one count timed so far. Pricing every draft as free instead made
+    the four rows of a batch send full chains every step, so no second count was ever timed.
     """
 
-    def __init__(self, window: int = 16, min_samples: int = 3, min_sizes: int = 2):
+    def __init__(self, window: int = 16, min_samples: int = 3, min_sizes: int = 2, prior_slope: float = 0.03):
         self.window, self.min_samples, self.min_sizes = window, min_samples, min_sizes
+        self.prior_slope = prior_slope
         self.samples: defaultdict[int, deque[float]] = defaultdict(lambda: deque(maxlen=window))
         self.medians: dict[int, float] = {}  # token counts with min_samples times: their median
         self._curve: CostModel | None = None  # built from the medians when one of them changes
@@ -253,10 +257,18 @@ class StepClock:
                 self._curve = None
         self.tokens = None
 
-    def curve(self) -> CostModel | None:
-        if self._curve is None and len(self.medians) >= self.min_sizes:
+    def curve(self) -> CostModel:
+        if self._curve is None:
             sizes = sorted(self.medians)
-            self._curve = CostModel(sizes, [self.medians[n] for n in sizes])
+            times = [self.medians[n] for n in sizes]
+            if len(sizes) < max(2, self.min_sizes):
+                at, anchor = (sizes[0], times[0]) if sizes else (1, 1.0)
+                one = anchor / (1 + self.prior_slope * (at - 1))
+                sizes, times = [1, 2], [one, one * (1 + self.prior_slope)]  # linear beyond
+            elif sizes[0] > 1:  # interpolation would hold the curve flat below: those tokens free
+                slope = (times[1] - times[0]) / (sizes[1] - sizes[0])
+                sizes, times = [1, *sizes], [max(times[0] - slope * (sizes[0] - 1), 0.5 * times[0]), *times]
+            self._curve = CostModel(sizes, times)
         return self._curve
 
 
@@ -301,6 +313,9 @@ class SpecfreeProposer:
         make, priced = load_strategy_factory(extra.get(CONFIG_KEY) if isinstance(extra, Mapping) else None)
         self.pricer = Pricer(None) if priced else None  # acceptance learned across all requests
         self.clock, self.steps = clock, StepClock()  # rows priced on vLLM's own step time
+        # Tokens a request emits a step, on average: what each of a batch's other rows gains from
+        # the step a request's drafts lengthen (pricing weighs a row against the whole batch's tokens).
+        self.emitted_per_step = 1.0
         max_seqs = int(getattr(vllm_config.scheduler_config, "max_num_seqs", 256) or 256)
         self.drafters = Drafters(make, int(model_config.get_vocab_size()), self.max_model_len, max_seqs)
 
@@ -324,13 +339,15 @@ class SpecfreeProposer:
         curve = self.steps.curve() if self.pricer is not None else None
         sent = [len(d.plan.tree.tokens) if d.plan is not None else 1 for d in live]  # last step's tokens
         others = sum(sent)
-        drafts = [self._draft(d, c, None if curve is None else Shifted(curve, others - n))
+        shared = (len(live) - 1) * self.emitted_per_step
+        drafts = [self._draft(d, c, None if curve is None else Shifted(curve, others - n), shared)
                   for d, c, n in zip(live, [c for c in contexts if c is not None], sent)]
         self.steps.started(sum(1 + len(d) for d in drafts), self.clock())
         out = iter(drafts)
         return [next(out) if d is not None else [] for d in drafters]
 
-    def _draft(self, drafting: Drafting, context: np.ndarray, cost: Shifted | None) -> list[int]:
+    def _draft(self, drafting: Drafting, context: np.ndarray, cost: Shifted | None,
+               shared_tokens: float = 0.0) -> list[int]:
         if drafting.plan is not None and len(context) > len(drafting.context):
             self._observe(drafting, context)
         drafting.context = context.copy()
@@ -341,7 +358,8 @@ class SpecfreeProposer:
         proposal = drafting.strategy.propose(drafting.context, max_depth=depth)
         root = int(context[-1])
         if self.pricer is not None:
-            plan = price(root, proposal, self.pricer.acceptance, cost, max_depth=depth, chain=True)
+            plan = price(root, proposal, self.pricer.acceptance, cost, max_depth=depth, chain=True,
+                         shared_tokens=shared_tokens)
         else:
             plan = as_proposed(root, proposal, max_depth=depth, budget=depth, chain=True, max_chain=depth)
         drafting.proposal, drafting.plan = proposal, plan
@@ -355,6 +373,7 @@ class SpecfreeProposer:
         while accepted < min(len(drafted), len(emitted) - 1) and drafted[accepted] == emitted[accepted]:
             accepted += 1
         verdict = Verdict(emitted, list(range(1, accepted + 1)))
+        self.emitted_per_step += 0.1 * (len(emitted) - self.emitted_per_step)
         # vLLM keeps no logits for the drafter: strategies that learn from them (recycling,
         # lookahead's window) learn from the accepted ids alone.
         drafting.strategy.observe(Outcome(drafting.plan.tree, verdict, context, None))
