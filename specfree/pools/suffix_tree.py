@@ -53,38 +53,31 @@ class Draft:
 class SuffixTrie:
     """Counted suffix trie of depth ``max_tree_depth`` over one or more token sequences.
 
-    Layout as in ``TriePool``: node columns in Python lists, one children dict per node; ids of
-    removed nodes are reused (``_free``), so the lists never outgrow the largest trie held.
+    Two node columns in Python lists, a children dict (token -> node) and a count; ids of removed
+    nodes are reused (``_free``), so the lists never outgrow the largest trie held.
     """
 
     def __init__(self, max_tree_depth: int = 24):
         self.max_tree_depth = check_int(f"{_NAME}.max_tree_depth", max_tree_depth, low=1)
         self._kids: list[dict[int, int]] = [{}]  # node 0 is the root
         self._count: list[int] = [0]
-        self._parent: list[int] = [-1]
-        self._token: list[int] = [-1]
         self._free: list[int] = []
         self._size = 0
-        self._open: list[tuple[int, int]] = []  # (node, depth) of suffixes still growing (``append``)
+        self._open: list[tuple[int, int]] = []  # (node, length) of the suffixes of what ``append`` grew
 
     def __len__(self) -> int:
         """Nodes held, the root excluded."""
         return self._size
 
     def _child(self, node: int, token: int) -> int:
-        child = self._kids[node].get(token)
-        if child is not None:
-            return child
+        """A new child of ``node`` for ``token``, its count 0."""
         if self._free:
             child = self._free.pop()
             self._kids[child], self._count[child] = {}, 0
-            self._parent[child], self._token[child] = node, token
         else:
             child = len(self._count)
             self._kids.append({})
             self._count.append(0)
-            self._parent.append(node)
-            self._token.append(token)
         self._kids[node][token] = child
         self._size += 1
         return child
@@ -128,22 +121,39 @@ class SuffixTrie:
         """Extend the one sequence this trie grows token by token (a request's prompt and output)."""
         self._open = self.grow(self._open, tokens)
 
+    def own_matches(self) -> list[int]:
+        """``matches`` of the sequence ``append`` grew, without a search: its own suffixes."""
+        return [node for node, _ in reversed(self._open)]
+
     def grow(self, open_: list[tuple[int, int]], tokens: Sequence[int]) -> list[tuple[int, int]]:
-        """Extend a sequence whose still-growing suffixes are ``open_`` (``[]`` for a new one); returns
-        them after ``tokens``. Each new token extends every suffix still shorter than the depth and
-        starts one: O(depth) per token, the same counts as ``insert`` of the whole sequence, so
-        several sequences can grow in one trie side by side, each with its own list."""
-        kids_of, count, depth = self._kids, self._count, self.max_tree_depth
+        """Extend a sequence whose suffixes are ``open_`` ((node, length), longest first; ``[]`` for a
+        new one); returns them after ``tokens``. Each new token extends every suffix shorter than
+        the depth and starts one: O(depth) per token, the same counts as ``insert`` of the whole
+        sequence, so several sequences can grow in one trie side by side, each with its own list."""
+        kids_of, count, free = self._kids, self._count, self._free
+        depth, created = self.max_tree_depth, 0
         for t in as_tokens(tokens):
             grown = []
             for node, d in [*open_, (0, 0)]:
-                child = kids_of[node].get(t)
-                if child is None:
-                    child = self._child(node, t)
-                count[child] += 1
-                if d + 1 < depth:
-                    grown.append((child, d + 1))
+                if d == depth:
+                    continue
+                kids = kids_of[node]
+                child = kids.get(t)
+                if child is None:  # `_child`, inlined: this loop is the drafter's hottest
+                    created += 1
+                    if free:
+                        child = free.pop()
+                        kids_of[child], count[child] = {}, 1
+                    else:
+                        child = len(count)
+                        kids_of.append({})
+                        count.append(1)
+                    kids[t] = child
+                else:
+                    count[child] += 1
+                grown.append((child, d + 1))
             open_ = grown
+        self._size += created
         return open_
 
     # --- queries ------------------------------------------------------------------------------
@@ -169,32 +179,43 @@ class SuffixTrie:
 
     def longest_match(self, context: Sequence[int]) -> int:
         """Length of the longest suffix of ``context`` (at most the depth) that occurs."""
-        ctx = as_tokens(context)
-        best = 0
-        for m in range(1, min(len(ctx), self.max_tree_depth) + 1):
-            if self.find(ctx[len(ctx) - m :]) is None:
+        return len(self.matches(context))
+
+    def matches(self, context: Sequence[int], known: Sequence[int] = ()) -> list[int]:
+        """The nodes of the suffixes of ``context`` (at most the depth long) that occur, shortest
+        first: ``[m - 1]`` is the m-token suffix's. ``known``: the first of them, already found
+        (``own_matches``, a streamed response's suffixes); the rest are searched from the root."""
+        ctx = as_tokens(context[max(0, len(context) - self.max_tree_depth) :])
+        nodes = list(known[: len(ctx)])
+        for m in range(len(nodes) + 1, len(ctx) + 1):
+            node = self.find(ctx[len(ctx) - m :])
+            if node is None:
                 break  # a longer suffix contains this one, so it does not occur either
-            best = m
-        return best
+            nodes.append(node)
+        return nodes
 
     def speculate(self, context: Sequence[int], max_spec_tokens: int, max_spec_factor: float,
-                  max_spec_offset: float, min_token_prob: float, max_depth: int) -> Draft:
+                  max_spec_offset: float, min_token_prob: float, max_depth: int,
+                  matches: Sequence[int] | None = None) -> Draft:
         """The paper's speculation: for every suffix of ``context`` that occurs (length m), a tree
         grown greedily by path probability, at most ``min(max_spec_tokens, max_spec_factor * m +
         max_spec_offset)`` nodes, none below ``min_token_prob``; the tree with the highest score
-        wins (a longer match on a tie)."""
-        ctx = as_tokens(context[max(0, len(context) - self.max_tree_depth) :])
+        wins (a longer match on a tie). ``matches``: ``self.matches(context)`` when the caller
+        has it cheaper."""
+        nodes = self.matches(context) if matches is None else matches
         best = Draft()
-        for m in range(1, len(ctx) + 1):
-            node = self.find(ctx[len(ctx) - m :])
-            if node is None:
-                break
+        # Longest match first: a tree of `size` nodes scores at most `size` (every probability is at
+        # most 1) and sizes shrink with m, so once one scores `size` no shorter match can win.
+        for m in range(len(nodes), 0, -1):
             size = min(max_spec_tokens, int(m * max_spec_factor + max_spec_offset + 1e-6))
-            if size <= 0 or not self._kids[node]:
+            if size <= 0 or (best.tokens and size <= best.score):
+                break
+            node = nodes[m - 1]
+            if not self._kids[node]:
                 continue
             draft = self._grow(node, size, min_token_prob, max_depth)
             draft.match_len = m
-            if draft.tokens and draft.score >= best.score:
+            if draft.tokens and draft.score > best.score:
                 best = draft
         return best
 
@@ -202,7 +223,7 @@ class SuffixTrie:
         kids, count = self._kids, self._count
         draft = Draft()
         order = 0  # ties: the earlier pushed first, so the result does not depend on heap internals
-        heap: list[tuple[float, int, int, int, int]] = []  # (-prob, order, node, parent index, depth)
+        heap: list[tuple[float, int, int, int, int, int]] = []  # (-prob, order, node, token, parent index, depth)
 
         # The product of child / parent counts down a path telescopes to count(node) / count(match):
         # computed that way, a probability exactly at min_token_prob is not lost to rounding.
@@ -210,16 +231,16 @@ class SuffixTrie:
 
         def push(node: int, at: int, depth: int) -> None:
             nonlocal order
-            for child in kids[node].values():
+            for token, child in kids[node].items():
                 p = count[child] / total
                 if p >= min_prob:
-                    heapq.heappush(heap, (-p, order, child, at, depth))
+                    heapq.heappush(heap, (-p, order, child, token, at, depth))
                     order += 1
 
         push(match, -1, 1)
         while heap and len(draft.tokens) < size:
-            neg, _, node, parent, depth = heapq.heappop(heap)
-            draft.tokens.append(self._token[node])
+            neg, _, node, token, parent, depth = heapq.heappop(heap)
+            draft.tokens.append(token)
             draft.parents.append(parent)
             draft.probs.append(-neg)
             if depth < max_depth:
@@ -288,6 +309,11 @@ class SuffixTreePool:
             new = as_tokens(tokens)
             toks += new
             self.live[handle] = (toks, self.trie.grow(open_, new))
+
+    def response_matches(self, handle: int | None) -> list[int]:
+        """The nodes of an open response's own suffixes, shortest first (``SuffixTrie.matches``'s
+        ``known``): they occur, since the response is in the trie."""
+        return [node for node, _ in reversed(self.live[handle][1])] if handle in self.live else []
 
     def close_response(self, handle: int) -> None:
         """The response is complete: it becomes a cached request (and may evict older ones)."""

@@ -100,9 +100,12 @@ class SuffixDecoding(Strategy):
             return Proposal(source=self.name)
         knobs = (self.num_speculative_tokens, self.max_spec_factor, self.max_spec_offset, self.min_token_prob,
                  max_depth)
-        best, where = self.local.speculate(context, *knobs), "r"
+        # Every suffix of what the tries grew occurs: only the global trie's longer ones are searched.
+        mine = len(context) == self._seen
+        best, where = self.local.speculate(context, *knobs, matches=self.local.own_matches() if mine else None), "r"
         if len(self.pool):
-            shared = self.pool.trie.speculate(context, *knobs)
+            known = self.pool.response_matches(self._response) if mine else ()
+            shared = self.pool.trie.speculate(context, *knobs, matches=self.pool.trie.matches(context, known))
             if shared.score > best.score:
                 best, where = shared, "g"
         return self._proposal(best, where)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from specfree.errors import ConfigError
@@ -100,6 +100,71 @@ def test_speculation_takes_the_likeliest_paths_of_the_best_match(seqs, context, 
     assert len(draft.tokens) <= min(cap, int(draft.match_len * factor + offset + 1e-6))
     assert all(p >= min_prob for p in draft.probs)
     check_contract(draft.candidates(), len(draft.tokens), max_depth)
+
+
+def every_match_draft(trie: SuffixTrie, context, cap, factor, offset, min_prob, max_depth):
+    """The paper's search without shortcuts: a tree for every matching suffix, shortest first, the
+    best score kept (a longer match on a tie)."""
+    ctx = list(context)[max(0, len(context) - trie.max_tree_depth) :]
+    best = None
+    for m in range(1, len(ctx) + 1):
+        node = trie.find(ctx[len(ctx) - m :])
+        if node is None:
+            break
+        size = min(cap, int(m * factor + offset + 1e-6))
+        if size > 0:
+            draft = trie._grow(node, size, min_prob, max_depth)
+            if draft.tokens and (best is None or draft.score >= best.score):
+                best, best.match_len = draft, m
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(seqs=texts, context=st.lists(st.integers(0, 3), min_size=1, max_size=9), depth=st.integers(2, 7),
+       cap=st.integers(1, 8), factor=st.sampled_from([0.0, 0.5, 1.0, 2.0]), offset=st.sampled_from([-2.0, 0.0, 1.0]),
+       min_prob=st.sampled_from([0.0, 0.1, 0.4]), max_depth=st.integers(1, 6))
+# A tie between two match lengths (the longer wins), and a shorter match whose tree beats the longer's.
+@example(seqs=[[0, 1, 2], [0, 1, 3]], context=[0, 1], depth=3, cap=8, factor=2.0, offset=0.0, min_prob=0.0,
+         max_depth=1)
+@example(seqs=[[0, 1, 2], [1, 3, 3], [1, 3, 3], [1, 3, 3]], context=[0, 1], depth=4, cap=8, factor=2.0, offset=0.0,
+         min_prob=0.0, max_depth=3)
+def test_the_longest_first_search_drafts_what_trying_every_match_drafts(seqs, context, depth, cap, factor, offset,
+                                                                       min_prob, max_depth):
+    """Speculation tries the longest match first and stops once no shorter one can score more:
+    the same tree, node for node, and the same match length as growing one for every match."""
+    trie = SuffixTrie(depth)
+    for s in seqs:
+        trie.insert(s)
+    draft = trie.speculate(context, cap, factor, offset, min_prob, max_depth)
+    reference = every_match_draft(trie, context, cap, factor, offset, min_prob, max_depth)
+    if reference is None:
+        assert not draft.tokens
+    else:
+        assert (draft.tokens, draft.parents, draft.probs, draft.match_len) == \
+            (reference.tokens, reference.parents, reference.probs, reference.match_len)
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompt=st.lists(st.integers(0, 3), min_size=1, max_size=12), pieces=st.lists(
+    st.lists(st.integers(0, 3), min_size=1, max_size=4), max_size=6), others=texts, depth=st.integers(1, 6))
+def test_the_suffixes_a_trie_grew_are_its_matches_without_a_search(prompt, pieces, others, depth):
+    """A request's own trie knows its context's suffix nodes; the global store knows those of a
+    response it streams (the longer ones, reaching into the prompt, are searched)."""
+    local, pool = SuffixTrie(depth), SuffixTreePool(max_tree_depth=depth)
+    for other in others:
+        pool.add_request(other)
+    local.append(prompt)
+    handle, context, output = pool.open_response(), list(prompt), []
+    for piece in pieces:
+        local.append(piece)
+        pool.extend_response(handle, piece)
+        context += piece
+        output += piece
+        assert local.own_matches() == local.matches(context)
+        known = pool.response_matches(handle)
+        assert known == pool.trie.matches(output)
+        assert pool.trie.matches(context, known) == pool.trie.matches(context)
+    assert pool.response_matches(None) == []
 
 
 @settings(max_examples=40, deadline=None)
