@@ -57,10 +57,10 @@ class AcceptanceModel:
         return source, label or "", min(depth, MAX_DEPTH_BUCKET)
 
     def rate(self, source: str, label: str | None, depth: int) -> float:
-        key = self.key(source, label, depth)
-        accepted, rejected = self.counts.get(key, (0.0, 0.0))
+        depth = min(depth, MAX_DEPTH_BUCKET)  # ``key``, inlined: pricing asks for every drafted node
+        accepted, rejected = self.counts.get((source, label or "", depth), (0.0, 0.0))
         a, r = self.prior
-        pooled_accepted, pooled_rejected = self.pooled.get((source, key[2]), (0.0, 0.0))
+        pooled_accepted, pooled_rejected = self.pooled.get((source, depth), (0.0, 0.0))
         mean = (pooled_accepted + a) / (pooled_accepted + pooled_rejected + a + r)
         return (accepted + (a + r) * mean) / (accepted + rejected + a + r)
 
@@ -137,7 +137,7 @@ def reach_probabilities(rate: dict[Path, float]) -> dict[Path, float]:
 AGREED = "agreed"  # the source of nodes several drafters propose (label: which ones, and the best one's kind)
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
     """A distinct drafted node: the best rate of any candidate proposing it, that candidate's
     source and label, and every drafter proposing it."""
@@ -152,15 +152,16 @@ def drafted_nodes(proposal: Proposal, acceptance: AcceptanceModel) -> dict[Path,
     """Every distinct drafted node, in one pass over the candidates (parents before children)."""
     nodes: dict[Path, Node] = {}
     labels = proposal.labels or [None] * len(proposal.candidates)
-    learned: dict[tuple[str, str | None, int], float] = {}  # looked up once a step
+    learned: dict[tuple[str, str | None, int], float] = {}  # looked up once a step, by depth bucket
     for candidate, source, label in zip(proposal.candidates, proposal.candidate_sources(), labels):
         prefix: Path = ()
         tokens = candidate.tolist() if isinstance(candidate, np.ndarray) else candidate
         for depth, token in enumerate(tokens, 1):
             prefix += (int(token),)
-            r = learned.get((source, label, depth))
+            bucket = min(depth, MAX_DEPTH_BUCKET)
+            r = learned.get((source, label, bucket))
             if r is None:
-                r = learned[source, label, depth] = acceptance.rate(source, label, depth)
+                r = learned[source, label, bucket] = acceptance.rate(source, label, bucket)
             node = nodes.get(prefix)
             if node is None:
                 nodes[prefix] = Node(r, source, label, {source})
