@@ -187,28 +187,6 @@ struct Block {
   float softcap;        // > 0: scores soft-capped (softcap8) before the mask's values are added
 };
 
-// AVX-512 only: AVX2 scores a block with scores_block8_avx2 below.
-#define SPECFREE_SCORES_BLOCK(ATTR, SUFFIX, VEC, LANES, ZERO, LOAD, FMA, SUM)                          \
-  template <int ND, typename T>                                                                       \
-  ATTR void scores_block_##SUFFIX(const Block& b, const float* q, int64_t rows, const T* k,             \
-                                  int64_t ks, float* out, int64_t stride, float scale) {               \
-    for (int64_t r = 0; r < rows; ++r) {                                                              \
-      VEC qv[ND];                                                                                     \
-      for (int i = 0; i < ND; ++i) qv[i] = LOAD(q + r * ND * LANES + i * LANES);                      \
-      const int64_t qi = b.qrow[r];                                                                   \
-      for (int j = 0; j < b.count; ++j) {                                                             \
-        const int64_t s = b.keys[j];                                                                  \
-        const T* kj = k + s * ks;                                                                     \
-        VEC acc = ZERO();                                                                             \
-        for (int i = 0; i < ND; ++i) acc = FMA(qv[i], LOAD(kj + i * LANES), acc);                     \
-        const float raw = SUM(acc) * scale;                                                           \
-        const float x = b.softcap > 0 ? softcap1(raw, b.softcap) : raw;                               \
-        out[r * stride + s] = !b.seen_t[s * b.q_len + qi] ? -std::numeric_limits<float>::infinity()  \
-                              : b.bias ? x + b.bias[qi * b.width + s] : x;                            \
-      }                                                                                               \
-    }                                                                                                 \
-  }
-
 // Whether a row sees all kBlock keys of a run (its kBlock visibility bytes are all 1).
 inline bool all_seen(const uint8_t* flags) {
   uint64_t word;
@@ -221,7 +199,37 @@ static_assert(kBlock == 8, "all_seen reads one byte per key of a block");
   template <int ND, typename T>                                                                       \
   ATTR void accumulate_block_##SUFFIX(const Block& b, float* acc, const float* p, int64_t stride,     \
                                       int64_t rows, const T* v, int64_t vs, float* l) {                \
-    for (int64_t r = 0; r < rows; ++r) {                                                              \
+    /* Two rows that see the whole run share each value's loads, and their accumulators make twice \
+       the independent FMA chains; per row and dim the same FMAs in the same key order. */           \
+    constexpr bool kPairs = 3 * ND + 2 <= (LANES == 16 ? 32 : 16); /* accumulators, values, p */      \
+    int64_t r = 0;                                                                                    \
+    for (; kPairs && b.run && r + 1 < rows; r += 2) {                                                 \
+      if (!all_seen(b.seen + b.qrow[r] * b.width + b.keys[0]) ||                                      \
+          !all_seen(b.seen + b.qrow[r + 1] * b.width + b.keys[0]))                                    \
+        break;                                                                                        \
+      VEC a0[ND], a1[ND];                                                                             \
+      float* ar0 = acc + r * ND * LANES;                                                              \
+      float* ar1 = ar0 + ND * LANES;                                                                  \
+      for (int i = 0; i < ND; ++i) a0[i] = LOAD(ar0 + i * LANES), a1[i] = LOAD(ar1 + i * LANES);      \
+      float l0 = l[r], l1 = l[r + 1];                                                                 \
+      const float* p0 = p + r * stride + b.keys[0];                                                   \
+      const float* p1 = p0 + stride;                                                                  \
+      const T* vj = v + b.keys[0] * vs;                                                               \
+      for (int j = 0; j < kBlock; ++j, vj += vs) {                                                    \
+        const VEC pv0 = SET1(p0[j]), pv1 = SET1(p1[j]);                                               \
+        for (int i = 0; i < ND; ++i) {                                                                \
+          const VEC vv = LOAD(vj + i * LANES);                                                        \
+          a0[i] = FMA(pv0, vv, a0[i]);                                                                \
+          a1[i] = FMA(pv1, vv, a1[i]);                                                                \
+        }                                                                                             \
+        l0 += p0[j];                                                                                  \
+        l1 += p1[j];                                                                                  \
+      }                                                                                               \
+      for (int i = 0; i < ND; ++i) STORE(ar0 + i * LANES, a0[i]), STORE(ar1 + i * LANES, a1[i]);      \
+      l[r] = l0;                                                                                      \
+      l[r + 1] = l1;                                                                                  \
+    }                                                                                                 \
+    for (; r < rows; ++r) {                                                                           \
       VEC a[ND];                                                                                      \
       float* ar = acc + r * ND * LANES;                                                               \
       for (int i = 0; i < ND; ++i) a[i] = LOAD(ar + i * LANES);                                       \
@@ -251,8 +259,6 @@ static_assert(kBlock == 8, "all_seen reads one byte per key of a block");
     }                                                                                                 \
   }
 
-SPECFREE_SCORES_BLOCK(SPECFREE_AVX512, avx512, __m512, 16, _mm512_setzero_ps, specfree::load16, _mm512_fmadd_ps,
-                      sum16)
 SPECFREE_ACCUMULATE_BLOCK(SPECFREE_AVX2, avx2, __m256, 8, specfree::load8, _mm256_storeu_ps, _mm256_set1_ps,
                           _mm256_fmadd_ps)
 SPECFREE_ACCUMULATE_BLOCK(SPECFREE_AVX512, avx512, __m512, 16, specfree::load16, _mm512_storeu_ps, _mm512_set1_ps,
@@ -273,17 +279,39 @@ SPECFREE_AVX2 inline __m256 sum8x8(const __m256 a[8]) {
                        _mm256_shuffle_ps(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// A block's scores on AVX2: per (row, key) the FMAs of scores_block_avx512 over 8-lane vectors,
-// then the eight keys' sums reduced together (sum8x8): the same bits as one sum8 per key.
+// A block's eight scores of one row, ``sums`` (lane j: key j's dot product), scaled, soft-capped
+// and masked into the row's scores: hidden keys -inf, mask values added.
+SPECFREE_AVX2 inline void store_block_scores(const Block& b, int64_t r, __m256 sums, float* out, int64_t stride,
+                                             float scale) {
+  const __m256 scaled = _mm256_mul_ps(sums, _mm256_set1_ps(scale));
+  const __m256 scores = b.softcap > 0 ? softcap8(scaled, b.softcap) : scaled;
+  const int64_t qrow = b.qrow[r];
+  if (b.run) {  // the eight scores (+ mask values) stored at once, hidden keys -inf as below
+    const int64_t s0 = b.keys[0];
+    const __m128i flags = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.seen + qrow * b.width + s0));
+    const __m256 shown = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(flags), _mm256_setzero_si256()));
+    const __m256 value = b.bias ? _mm256_add_ps(scores, _mm256_loadu_ps(b.bias + qrow * b.width + s0)) : scores;
+    const __m256 hidden = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    _mm256_storeu_ps(out + r * stride + s0, _mm256_blendv_ps(hidden, value, shown));
+    return;
+  }
+  alignas(32) float x[kBlock];
+  _mm256_store_ps(x, scores);
+  for (int j = 0; j < b.count; ++j) {
+    const int64_t s = b.keys[j];
+    out[r * stride + s] = !b.seen_t[s * b.q_len + qrow] ? -std::numeric_limits<float>::infinity()
+                          : b.bias ? x[j] + b.bias[qrow * b.width + s] : x[j];
+  }
+}
+
+// A block's scores on AVX2: per (row, key) the FMAs of scores_avx2 over 8-lane vectors, then the
+// eight keys' sums reduced together (sum8x8): the same bits as one sum8 per key.
 template <int ND, typename T>
 SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t rows, const T* k, int64_t ks,
                                       float* out, int64_t stride, float scale) {
   alignas(32) static const T zeros[ND * 8] = {};
   const T* kj[kBlock];  // a block's missing keys read zeros (their scores are not stored)
   for (int j = 0; j < kBlock; ++j) kj[j] = j < b.count ? k + b.keys[j] * ks : zeros;
-  const __m256 scale8 = _mm256_set1_ps(scale);
-  const __m256 hidden = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  alignas(32) float x[kBlock];
   for (int64_t r = 0; r < rows; ++r) {
     const float* qr = q + r * ND * 8;
     __m256 acc[kBlock];
@@ -294,23 +322,35 @@ SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t ro
 #pragma GCC unroll 8
       for (int j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qi, specfree::load8(kj[j] + i * 8), acc[j]);
     }
-    const __m256 scaled = _mm256_mul_ps(sum8x8(acc), scale8);
-    const __m256 scores = b.softcap > 0 ? softcap8(scaled, b.softcap) : scaled;
-    const int64_t qrow = b.qrow[r];
-    if (b.run) {  // the eight scores (+ mask values) stored at once, hidden keys -inf as below
-      const int64_t s0 = b.keys[0];
-      const __m128i flags = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.seen + qrow * b.width + s0));
-      const __m256 shown = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(flags), _mm256_setzero_si256()));
-      const __m256 value = b.bias ? _mm256_add_ps(scores, _mm256_loadu_ps(b.bias + qrow * b.width + s0)) : scores;
-      _mm256_storeu_ps(out + r * stride + s0, _mm256_blendv_ps(hidden, value, shown));
-      continue;
+    store_block_scores(b, r, sum8x8(acc), out, stride, scale);
+  }
+}
+
+// The same on AVX-512: per (row, key) the FMAs of scores_avx512, eight keys' accumulators side by
+// side (independent chains), each folded to 8 lanes as sum16 folds it, then sum8x8: the bits of
+// one sum16 per key, without a horizontal sum per key (which cost more than the key's FMAs).
+template <int ND, typename T>
+SPECFREE_AVX512 void scores_block16_avx512(const Block& b, const float* q, int64_t rows, const T* k, int64_t ks,
+                                           float* out, int64_t stride, float scale) {
+  alignas(64) static const T zeros[ND * 16] = {};
+  const T* kj[kBlock];
+  for (int j = 0; j < kBlock; ++j) kj[j] = j < b.count ? k + b.keys[j] * ks : zeros;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* qr = q + r * ND * 16;
+    __m512 acc[kBlock];
+#pragma GCC unroll 8
+    for (int j = 0; j < kBlock; ++j) acc[j] = _mm512_setzero_ps();
+    for (int i = 0; i < ND; ++i) {
+      const __m512 qi = _mm512_loadu_ps(qr + i * 16);
+#pragma GCC unroll 8
+      for (int j = 0; j < kBlock; ++j) acc[j] = _mm512_fmadd_ps(qi, specfree::load16(kj[j] + i * 16), acc[j]);
     }
-    _mm256_store_ps(x, scores);
-    for (int j = 0; j < b.count; ++j) {
-      const int64_t s = b.keys[j];
-      out[r * stride + s] = !b.seen_t[s * b.q_len + qrow] ? -std::numeric_limits<float>::infinity()
-                            : b.bias ? x[j] + b.bias[qrow * b.width + s] : x[j];
-    }
+    __m256 halves[kBlock];  // sum16's first step: low 8 lanes + high 8 lanes
+#pragma GCC unroll 8
+    for (int j = 0; j < kBlock; ++j)
+      halves[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[j]),
+                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1)));
+    store_block_scores(b, r, sum8x8(halves), out, stride, scale);
   }
 }
 
@@ -331,8 +371,8 @@ template <typename T>
 Pieces<T> pieces(Isa isa, int64_t d) {
   if (isa == Isa::kAvx512) {
     Pieces<T> f{scores_avx512<T>, accumulate_avx512<T>, max_avx512, exp_shifted_avx512, nullptr, nullptr};
-    if (d == 64) f.scores_block = scores_block_avx512<4, T>, f.accumulate_block = accumulate_block_avx512<4, T>;
-    if (d == 128) f.scores_block = scores_block_avx512<8, T>, f.accumulate_block = accumulate_block_avx512<8, T>;
+    if (d == 64) f.scores_block = scores_block16_avx512<4, T>, f.accumulate_block = accumulate_block_avx512<4, T>;
+    if (d == 128) f.scores_block = scores_block16_avx512<8, T>, f.accumulate_block = accumulate_block_avx512<8, T>;
     return f;
   }
   Pieces<T> f{scores_avx2<T>, accumulate_avx2<T>, max_avx2, exp_shifted_avx2, nullptr, nullptr};
@@ -434,6 +474,19 @@ struct HeadRows {
   int64_t groups;
 };
 
+// The rows (keys or values) of the block of keys starting at keys[first], asked for ahead of use:
+// a one-row step streams each head's keys and values once, and waits on memory without it.
+constexpr int64_t kAheadKeys = 4 * kBlock;
+template <typename T>
+inline void prefetch_rows(const T* base, int64_t stride, int64_t bytes, const int64_t* keys, int64_t first,
+                          int64_t n_keys) {
+  const int64_t last = std::min(first + kBlock, n_keys);
+  for (int64_t j = first; j < last; ++j) {
+    const char* row = reinterpret_cast<const char*>(base + keys[j] * stride);
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+  }
+}
+
 // Rows [row0, row0 + rows) of one (batch, key/value head). A row's arithmetic does not depend on
 // which other rows run beside it, so the rows of a group can be split into chunks that run in
 // parallel (SmolLM2 has 3 key/value heads: 3 tasks would keep one of 2 threads idle half the time).
@@ -463,8 +516,11 @@ void head_group(const Pieces<T>& f, const Visibility& vis, const HeadRows<T>& pl
                  vis.bias.empty() ? nullptr : vis.bias.data(), q_len, vis.width, qrow.data(), softcap};
   };
   if (f.scores_block) {  // pass 1: every row's score on each key some row sees
-    for (int64_t j = 0; j < n_keys; j += kBlock)
+    for (int64_t j = 0; j < kAheadKeys; j += kBlock) prefetch_rows(k, ks, d * sizeof(T), vis.keys.data(), j, n_keys);
+    for (int64_t j = 0; j < n_keys; j += kBlock) {
+      prefetch_rows(k, ks, d * sizeof(T), vis.keys.data(), j + kAheadKeys, n_keys);
       f.scores_block(block(j), q.data(), rows, k, ks, score.data(), width, scale);
+    }
   } else {
     for (const int64_t s : vis.keys) {
       f.scores(q.data(), rows, d, k + s * ks, score.data() + s, width, scale);
@@ -484,8 +540,11 @@ void head_group(const Pieces<T>& f, const Visibility& vis, const HeadRows<T>& pl
   }
   std::vector<float> acc(rows * d, 0.0f), l(rows, 0.0f);
   if (f.accumulate_block) {  // pass 2: values, in key order for every row
-    for (int64_t j = 0; j < n_keys; j += kBlock)
+    for (int64_t j = 0; j < kAheadKeys; j += kBlock) prefetch_rows(v, vs, d * sizeof(T), vis.keys.data(), j, n_keys);
+    for (int64_t j = 0; j < n_keys; j += kBlock) {
+      prefetch_rows(v, vs, d * sizeof(T), vis.keys.data(), j + kAheadKeys, n_keys);
       f.accumulate_block(block(j), acc.data(), score.data(), width, rows, v, vs, l.data());
+    }
   } else {
     for (const int64_t s : vis.keys) {
       for (int64_t r = 0; r < rows; ++r) seen[r] = vis.seen_t[s * q_len + qrow[r]];
@@ -534,14 +593,16 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
   std::vector<Visibility> vis;
   for (int64_t b = 0; b < batch; ++b) vis.push_back(visibility(m, b, q_len, s_len));
   const int64_t rows = q_len * groups;
-  // Tasks: (batch, key/value head, chunk of its rows), up to 4 per thread. A chunk has at least
+  // Tasks: (batch, key/value head, chunk of its rows), up to 2 per thread. A chunk has at least
   // kMinChunkRows rows: each chunk reads its group's keys and values again (a one-row step over
   // 1536 tokens of SmolLM2 was 10-30% slower split into its 3 rows, 4 rows 20-28% faster split).
-  // (A task count the threads share evenly, 12 tasks for SmolLM2's 8 rows instead of 9, measured
-  // level on Zen 3 with 2 threads.)
+  // Up to 4 per thread read them twice as often: on the Intel Xeon VM, 2 threads, SmolLM2's 30
+  // layers over 512-1536 tokens, 4 rows took 2.1-2.2 / 4.3 / 6.7-7.2 ms with 2 a thread against
+  // 2.3-2.4 / 4.7-5.1 / 7.4-8.5 ms with 4, 8 rows 3.2-3.7 / 6.6-6.9 / 10.0-11.7 against 3.9-4.0 /
+  // 7.3-7.9 / 11.0-12.6. (A task count the threads share evenly measured level on Zen 3.)
   const int64_t heads_total = batch * kv_heads;
   const int64_t chunks = std::max<int64_t>(1, std::min(rows / kMinChunkRows,
-                                                       (4 * at::get_num_threads() + heads_total - 1) / heads_total));
+                                                       (2 * at::get_num_threads() + heads_total - 1) / heads_total));
   const int64_t chunk = (rows + chunks - 1) / chunks;
   auto run = [&](auto zero) {
     using T = decltype(zero);
