@@ -304,55 +304,39 @@ SPECFREE_AVX2 inline void store_block_scores(const Block& b, int64_t r, __m256 s
   }
 }
 
-// A block's scores on AVX2: per (row, key) the FMAs of scores_avx2 over 8-lane vectors, then the
-// eight keys' sums reduced together (sum8x8): the same bits as one sum8 per key.
-template <int ND, typename T>
-SPECFREE_AVX2 void scores_block8_avx2(const Block& b, const float* q, int64_t rows, const T* k, int64_t ks,
-                                      float* out, int64_t stride, float scale) {
-  alignas(32) static const T zeros[ND * 8] = {};
-  const T* kj[kBlock];  // a block's missing keys read zeros (their scores are not stored)
-  for (int j = 0; j < kBlock; ++j) kj[j] = j < b.count ? k + b.keys[j] * ks : zeros;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* qr = q + r * ND * 8;
-    __m256 acc[kBlock];
-#pragma GCC unroll 8
-    for (int j = 0; j < kBlock; ++j) acc[j] = _mm256_setzero_ps();
-    for (int i = 0; i < ND; ++i) {  // per key, the dims in the order scores_avx2 takes them
-      const __m256 qi = _mm256_loadu_ps(qr + i * 8);
-#pragma GCC unroll 8
-      for (int j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qi, specfree::load8(kj[j] + i * 8), acc[j]);
-    }
-    store_block_scores(b, r, sum8x8(acc), out, stride, scale);
+// A block's scores: per (row, key) the FMAs of scores_avx2 / scores_avx512, eight keys'
+// accumulators side by side (independent chains), each folded to 8 lanes as sum16 folds it (AVX-512;
+// AVX2's are 8 already), then the eight reduced together by sum8x8: the bits of one sum8 / sum16 per
+// key, without a horizontal sum per key (which cost more than the key's FMAs).
+#define SPECFREE_SCORES_BLOCK(ATTR, NAME, VEC, LANES, ZERO, LOAD, FMA, FOLD)                           \
+  template <int ND, typename T>                                                                        \
+  ATTR void NAME(const Block& b, const float* q, int64_t rows, const T* k, int64_t ks, float* out,     \
+                 int64_t stride, float scale) {                                                        \
+    alignas(64) static const T zeros[ND * LANES] = {};                                                 \
+    const T* kj[kBlock]; /* a block's missing keys read zeros (their scores are not stored) */         \
+    for (int j = 0; j < kBlock; ++j) kj[j] = j < b.count ? k + b.keys[j] * ks : zeros;                \
+    for (int64_t r = 0; r < rows; ++r) {                                                               \
+      const float* qr = q + r * ND * LANES;                                                            \
+      VEC acc[kBlock];                                                                                 \
+      _Pragma("GCC unroll 8") for (int j = 0; j < kBlock; ++j) acc[j] = ZERO();                        \
+      for (int i = 0; i < ND; ++i) { /* per key, the dims in the order the per-key piece takes them */ \
+        const VEC qi = LOAD(qr + i * LANES);                                                           \
+        _Pragma("GCC unroll 8") for (int j = 0; j < kBlock; ++j) acc[j] = FMA(qi, LOAD(kj[j] + i * LANES), acc[j]); \
+      }                                                                                                \
+      __m256 folded[kBlock];                                                                           \
+      _Pragma("GCC unroll 8") for (int j = 0; j < kBlock; ++j) folded[j] = FOLD(acc[j]);               \
+      store_block_scores(b, r, sum8x8(folded), out, stride, scale);                                    \
+    }                                                                                                  \
   }
-}
 
-// The same on AVX-512: per (row, key) the FMAs of scores_avx512, eight keys' accumulators side by
-// side (independent chains), each folded to 8 lanes as sum16 folds it, then sum8x8: the bits of
-// one sum16 per key, without a horizontal sum per key (which cost more than the key's FMAs).
-template <int ND, typename T>
-SPECFREE_AVX512 void scores_block16_avx512(const Block& b, const float* q, int64_t rows, const T* k, int64_t ks,
-                                           float* out, int64_t stride, float scale) {
-  alignas(64) static const T zeros[ND * 16] = {};
-  const T* kj[kBlock];
-  for (int j = 0; j < kBlock; ++j) kj[j] = j < b.count ? k + b.keys[j] * ks : zeros;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* qr = q + r * ND * 16;
-    __m512 acc[kBlock];
-#pragma GCC unroll 8
-    for (int j = 0; j < kBlock; ++j) acc[j] = _mm512_setzero_ps();
-    for (int i = 0; i < ND; ++i) {
-      const __m512 qi = _mm512_loadu_ps(qr + i * 16);
-#pragma GCC unroll 8
-      for (int j = 0; j < kBlock; ++j) acc[j] = _mm512_fmadd_ps(qi, specfree::load16(kj[j] + i * 16), acc[j]);
-    }
-    __m256 halves[kBlock];  // sum16's first step: low 8 lanes + high 8 lanes
-#pragma GCC unroll 8
-    for (int j = 0; j < kBlock; ++j)
-      halves[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[j]),
-                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1)));
-    store_block_scores(b, r, sum8x8(halves), out, stride, scale);
-  }
+SPECFREE_AVX2 inline __m256 fold8(__m256 v) { return v; }
+SPECFREE_AVX512 inline __m256 fold16(__m512 v) {  // sum16's first step: low 8 lanes + high 8 lanes
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
+SPECFREE_SCORES_BLOCK(SPECFREE_AVX2, scores_block8_avx2, __m256, 8, _mm256_setzero_ps, specfree::load8,
+                      _mm256_fmadd_ps, fold8)
+SPECFREE_SCORES_BLOCK(SPECFREE_AVX512, scores_block16_avx512, __m512, 16, _mm512_setzero_ps, specfree::load16,
+                      _mm512_fmadd_ps, fold16)
 
 // T: the keys' and values' element type (float32, or bf16 widened exactly as it is loaded).
 template <typename T>
