@@ -69,29 +69,9 @@ class SuffixTrie:
         """Nodes held, the root excluded."""
         return self._size
 
-    def _child(self, node: int, token: int) -> int:
-        """A new child of ``node`` for ``token``, its count 0."""
-        if self._free:
-            child = self._free.pop()
-            self._kids[child], self._count[child] = {}, 0
-        else:
-            child = len(self._count)
-            self._kids.append({})
-            self._count.append(0)
-        self._kids[node][token] = child
-        self._size += 1
-        return child
-
     def insert(self, tokens: Sequence[int]) -> None:
         """Count every suffix of ``tokens`` (cut to the depth) as a sequence of its own."""
-        toks, depth = as_tokens(tokens), self.max_tree_depth
-        kids, count = self._kids, self._count
-        for i in range(len(toks)):
-            node = 0
-            for t in toks[i : i + depth]:
-                child = kids[node].get(t)
-                node = self._child(node, t) if child is None else child
-                count[node] += 1
+        self.grow([], tokens)
 
     def remove(self, tokens: Sequence[int]) -> None:
         """Undo ``insert(tokens)``: nodes whose count falls to zero go."""
@@ -123,7 +103,7 @@ class SuffixTrie:
 
     def own_matches(self) -> list[int]:
         """``matches`` of the sequence ``append`` grew, without a search: its own suffixes."""
-        return [node for node, _ in reversed(self._open)]
+        return suffix_nodes(self._open)
 
     def grow(self, open_: list[tuple[int, int]], tokens: Sequence[int]) -> list[tuple[int, int]]:
         """Extend a sequence whose suffixes are ``open_`` ((node, length), longest first; ``[]`` for a
@@ -139,7 +119,7 @@ class SuffixTrie:
                     continue
                 kids = kids_of[node]
                 child = kids.get(t)
-                if child is None:  # `_child`, inlined: this loop is the drafter's hottest
+                if child is None:  # a new node, inline: this loop is the drafter's hottest
                     created += 1
                     if free:
                         child = free.pop()
@@ -248,6 +228,12 @@ class SuffixTrie:
         return draft
 
 
+def suffix_nodes(open_: list[tuple[int, int]]) -> list[int]:
+    """A grown sequence's suffixes (``grow``'s list, longest first) as ``matches`` lists them: nodes,
+    shortest first."""
+    return [node for node, _ in reversed(open_)]
+
+
 # --- the global store -------------------------------------------------------------------------
 
 _MAGIC = b"SPECFREE-SUFFIX\x00"
@@ -313,7 +299,7 @@ class SuffixTreePool:
     def response_matches(self, handle: int | None) -> list[int]:
         """The nodes of an open response's own suffixes, shortest first (``SuffixTrie.matches``'s
         ``known``): they occur, since the response is in the trie."""
-        return [node for node, _ in reversed(self.live[handle][1])] if handle in self.live else []
+        return suffix_nodes(self.live[handle][1]) if handle in self.live else []
 
     def close_response(self, handle: int) -> None:
         """The response is complete: it becomes a cached request (and may evict older ones)."""
