@@ -53,11 +53,7 @@ class CostModel:
         if self.growth is None or context == self.context:
             return self
         seconds = np.maximum(self.seconds + self.growth * (context - self.context), 0.1 * self.seconds)
-        # `at` runs every step: the rows are sorted already, so only the smoothing of __init__ is redone.
-        curve = object.__new__(CostModel)
-        curve.rows, curve.growth, curve.context = self.rows, self.growth, int(context)
-        curve.seconds = np.maximum.accumulate(seconds)
-        return curve
+        return CostModel(self.rows, seconds, context, self.growth)
 
     def __call__(self, rows: int) -> float:
         return float(self.many(np.array([rows]))[0])

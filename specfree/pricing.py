@@ -57,10 +57,10 @@ class AcceptanceModel:
         return source, label or "", min(depth, MAX_DEPTH_BUCKET)
 
     def rate(self, source: str, label: str | None, depth: int) -> float:
-        depth = min(depth, MAX_DEPTH_BUCKET)  # ``key``, inlined: pricing asks for every drafted node
-        accepted, rejected = self.counts.get((source, label or "", depth), (0.0, 0.0))
+        key = self.key(source, label, depth)
+        accepted, rejected = self.counts.get(key, (0.0, 0.0))
         a, r = self.prior
-        pooled_accepted, pooled_rejected = self.pooled.get((source, depth), (0.0, 0.0))
+        pooled_accepted, pooled_rejected = self.pooled.get((source, key[2]), (0.0, 0.0))
         mean = (pooled_accepted + a) / (pooled_accepted + pooled_rejected + a + r)
         return (accepted + (a + r) * mean) / (accepted + rejected + a + r)
 
