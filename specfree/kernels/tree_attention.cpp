@@ -500,7 +500,6 @@ void head_group(const Pieces<T>& f, const Visibility& vis, const HeadRows<T>& pl
                  vis.bias.empty() ? nullptr : vis.bias.data(), q_len, vis.width, qrow.data(), softcap};
   };
   if (f.scores_block) {  // pass 1: every row's score on each key some row sees
-    for (int64_t j = 0; j < kAheadKeys; j += kBlock) prefetch_rows(k, ks, d * sizeof(T), vis.keys.data(), j, n_keys);
     for (int64_t j = 0; j < n_keys; j += kBlock) {
       prefetch_rows(k, ks, d * sizeof(T), vis.keys.data(), j + kAheadKeys, n_keys);
       f.scores_block(block(j), q.data(), rows, k, ks, score.data(), width, scale);
@@ -524,7 +523,6 @@ void head_group(const Pieces<T>& f, const Visibility& vis, const HeadRows<T>& pl
   }
   std::vector<float> acc(rows * d, 0.0f), l(rows, 0.0f);
   if (f.accumulate_block) {  // pass 2: values, in key order for every row
-    for (int64_t j = 0; j < kAheadKeys; j += kBlock) prefetch_rows(v, vs, d * sizeof(T), vis.keys.data(), j, n_keys);
     for (int64_t j = 0; j < n_keys; j += kBlock) {
       prefetch_rows(v, vs, d * sizeof(T), vis.keys.data(), j + kAheadKeys, n_keys);
       f.accumulate_block(block(j), acc.data(), score.data(), width, rows, v, vs, l.data());
