@@ -5,6 +5,7 @@ same bits whatever the row count; the library fallback; the layers swapped in an
 from __future__ import annotations
 
 import contextlib
+import shutil
 
 import pytest
 import torch
@@ -193,6 +194,38 @@ def test_without_a_compiler_one_warning_and_the_library_path(tmp_path):
                          env={**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(root)})
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
+
+
+needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("c++", "g++", "clang++")),
+                                    reason="no C++ compiler here")
+
+
+@needs_compiler
+def test_the_sources_compile_side_by_side_into_one_library(tmp_path):
+    import ctypes
+
+    from specfree import kernels
+
+    sources = []
+    for name, value in (("a", 1), ("b", 2), ("c", 3)):
+        sources.append(tmp_path / f"{name}.cpp")
+        sources[-1].write_text(f'extern "C" int specfree_test_{name}() {{ return {value}; }}\n')
+    library = kernels._build(tmp_path / "build", progress=False, sources=tuple(sources))
+    loaded = ctypes.CDLL(str(library))
+    assert [loaded.specfree_test_a(), loaded.specfree_test_b(), loaded.specfree_test_c()] == [1, 2, 3]
+    assert [p.name for p in (tmp_path / "build").iterdir()] == [kernels.LIBRARY]  # no objects left
+
+
+@needs_compiler
+def test_a_source_that_does_not_compile_names_its_error_and_leaves_nothing(tmp_path):
+    from specfree import kernels
+
+    good, broken = tmp_path / "good.cpp", tmp_path / "broken.cpp"
+    good.write_text("int specfree_good() { return 1; }\n")
+    broken.write_text("int specfree_broken() { return undeclared_name; }\n")
+    with pytest.raises(RuntimeError, match="failed: .*undeclared_name"):
+        kernels._build(tmp_path / "build", progress=False, sources=(good, broken))
+    assert list((tmp_path / "build").iterdir()) == []
 
 
 def test_a_model_with_no_cpu_linear_never_asks_for_the_kernel():
