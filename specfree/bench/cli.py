@@ -14,7 +14,7 @@ import platform
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ class BenchSettings:
     strategies: list[SystemSpec]  # the main strategy first
     baselines: list[SystemSpec]
     compile: str  # auto/true: strategies on the compiled forward, beside the eager baseline
+    decoding: dict[str, Any]  # every specfree system's verifier knobs ({}: plain greedy; ``decoding_knobs``)
 
     @property
     def bench(self) -> BenchConfig:
@@ -90,7 +91,8 @@ class BenchSettings:
         check_int("bench.max_new_tokens", bench.max_new_tokens, low=1)
         check_int("bench.repeats", bench.repeats, low=1)
         check_int("bench.warmup", bench.warmup, low=0)
-        _check_greedy(config.verifier)
+        baselines = [_spec(b, "bench.baselines") for b in bench.baselines]
+        decoding = decoding_knobs(config.verifier, baselines)
         main = _spec(config.strategy or BASELINE, "strategy")
         if config.pool:  # the pool group feeds the main strategy
             main.knobs["pool"] = config.pool
@@ -99,8 +101,7 @@ class BenchSettings:
             raise ConfigError("bench.out is not set and no Hydra run folder exists: set bench.out=DIR")
         return cls(config, prompts=_prompts_path(bench.prompts), out=user_path(out).resolve(),
                    strategies=[main, *(_spec(s, "bench.strategies") for s in bench.strategies)],
-                   baselines=[_spec(b, "bench.baselines") for b in bench.baselines],
-                   compile=check_compile(config.compile))
+                   baselines=baselines, compile=check_compile(config.compile), decoding=decoding)
 
     def meta(self) -> dict[str, Any]:
         bench, config = self.bench, self.config
@@ -108,6 +109,7 @@ class BenchSettings:
                 "limit": bench.limit, "per_category": bench.per_category, "max_new_tokens": bench.max_new_tokens,
                 "repeats": bench.repeats, "warmup": bench.warmup, "chat": bench.chat, "device": config.device,
                 "dtype": config.dtype, "threads": config.threads, "seed": config.seed, "baseline": BASELINE,
+                "decoding": self.decoding or "greedy",
                 "linear_kernel": config.model.linear_kernel, "compile": self.compile,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu": cpu_name(),
                 "versions": versions()}
@@ -205,7 +207,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
     compiled = compiled_adapter(model, settings, slots)
     systems = build_systems(model, tokenizer, settings.strategies,
                             [b for b in settings.baselines if b.name not in llama_rows.BASELINES],
-                            settings.config.seed, settings.config.model.linear_kernel, compiled)
+                            settings.config.seed, settings.config.model.linear_kernel, compiled, settings.decoding)
     if llama:
         built, skipped = llama_rows.build(llama, llama_rows.source_gguf(settings.model), settings.config.dtype,
                                           llama_rows.cache_folder(settings.config.cache_dir), torch.get_num_threads(),
@@ -303,6 +305,18 @@ def progress_line(record: dict) -> str:
             f"({tokens / wall if wall else 0:.1f} tok/s), {same}")
 
 
+def decoding_title(meta: dict) -> str:
+    """`` · sampling (temperature=0.7), seed 0`` for a run that did not decode plain greedy; ''."""
+    decoding = meta.get("decoding")
+    if not isinstance(decoding, Mapping):  # "greedy", or a run from before this was recorded
+        return ""
+    knobs = ", ".join(f"{k}={v}" for k, v in decoding.items() if k not in ("do_sample", "seed"))
+    line = f" · {'sampling' if decoding.get('do_sample') else 'greedy'}" + (f" ({knobs})" if knobs else "")
+    if decoding.get("do_sample"):  # the run's seed wins over the verifier's (SpecfreeSystem.run)
+        line += f", seed {meta['seed'] if meta.get('seed') is not None else decoding.get('seed', 0)}"
+    return line
+
+
 def report(folder: str | Path, console: Console | None = None, as_markdown: bool = False) -> int:
     """Summarize a records folder: print the table, write ``report.md`` and the plots beside it."""
     console = console or wide_console()
@@ -312,6 +326,7 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
     rows = summarize(doc["records"], doc["meta"].get("baseline", BASELINE), order)
     meta = doc["meta"]
     title = f"{meta.get('model')} · {meta.get('device')}/{meta.get('dtype')} · {meta.get('max_new_tokens')} new tokens"
+    title += decoding_title(meta)
     failures: dict[tuple[str, str], list[str]] = {}
     for r in doc["records"]:
         if r.get("error"):
@@ -359,15 +374,31 @@ def _spec(value: Any, where: str) -> SystemSpec:
     raise ConfigError(f"{where}: each entry must be a name or a mapping with 'name' and knobs, got {value!r}")
 
 
-def _check_greedy(verifier: Any) -> None:
-    """Token identity against transformers' greedy generate() only means something for greedy decoding."""
+SAMPLING_KNOBS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed")
+
+
+def decoding_knobs(verifier: Any, baselines: Sequence[SystemSpec]) -> dict[str, Any]:
+    """The verifier knobs every specfree system decodes with: {} for plain greedy (the default),
+    else ``do_sample`` and the verifier's knobs. Seeded sampling is compared token for token with
+    specfree's own sampling loop, so it runs without outside baselines: transformers and llama.cpp
+    draw their own random numbers (and their rows run plain greedy)."""
     if verifier is None:
-        return
+        return {}
     name = verifier if isinstance(verifier, str) else verifier.get("name")
-    penalty = verifier.get("repetition_penalty", 1.0) if isinstance(verifier, Mapping) else 1.0
-    if name != "greedy" or penalty not in (None, 1, 1.0):
-        raise ConfigError("bench measures greedy decoding (it checks outputs token for token against "
-                          "transformers' greedy generate): use verifier=greedy without repetition_penalty")
+    given = {k: v for k, v in verifier.items() if k != "name" and v is not None} if isinstance(verifier, Mapping) else {}
+    if name not in ("greedy", "sampling"):
+        raise ConfigError(f"bench decodes with verifier=greedy or verifier=sampling, not {name!r}")
+    unknown = sorted(set(given) - set(SAMPLING_KNOBS))
+    if unknown:
+        raise ConfigError(f"bench: verifier.{unknown[0]} cannot be set in a bench run; it takes "
+                          f"{', '.join(SAMPLING_KNOBS)}")
+    if name == "greedy" and given.get("repetition_penalty", 1.0) == 1.0:
+        return {}
+    if baselines:
+        raise ConfigError(f"verifier={name} with {', '.join(k for k in given) or 'its defaults'}: set "
+                          "'bench.baselines=[]'. Outside baselines decode plain greedy with their own code, "
+                          "so they cannot be compared token for token with this run")
+    return {"do_sample": name == "sampling", **given}
 
 
 def _hydra_output_dir() -> str | None:

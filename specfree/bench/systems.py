@@ -80,19 +80,22 @@ class SpecfreeSystem:
     def build(cls, model, tokenizer, strategy: str, knobs: dict[str, Any] | None = None,
               seed: int | None = None, reg: Registry | None = None,
               linear_kernel: str = "few_row", adapter=None, suffix: str = "",
-              costs: CostModel | None = None) -> SpecfreeSystem:
+              costs: CostModel | None = None, decoding: dict[str, Any] | None = None) -> SpecfreeSystem:
         """``knobs`` may hold ``pool`` as a pool config node ``{name, knobs...}`` (or a pool name).
         ``adapter``: a compiled adapter shared by the compiled systems (None: an eager one of its
         own); ``suffix`` is added to the label (`` (compiled)``); ``costs``: the forward-cost curve
-        to price on (None: the engine reads or measures its own)."""
+        to price on (None: the engine reads or measures its own); ``decoding``: verifier knobs
+        (``do_sample``, ``temperature``...; None: plain greedy)."""
         reg = reg or registry(build_plugin_manager())
         knobs = dict(knobs or {})
         component = reg.get("strategy", strategy)
         # A pool spec in knobs is built by Registry.make, like a hybrid member's.
-        # generation="plain": bench times plain greedy decoding, as its transformers baselines run it.
+        # generation="plain": bench times plain greedy decoding, as its transformers baselines run it,
+        # or the decoding the run names (then with specfree's systems alone).
         engine = Engine.from_model(model, tokenizer, strategy, linear_kernel=linear_kernel, compile="false",
                                    adapter=adapter, generation="plain",
-                                   costs=None if costs is None else CostModel.from_dict(costs.as_dict()), **knobs)
+                                   costs=None if costs is None else CostModel.from_dict(costs.as_dict()),
+                                   **(decoding or {}), **knobs)
         # The step knobs (priced...) are documented defaults too: `{name: trie, priced: false}` is
         # labelled trie(priced=False), beside the priced trie, in one report.
         documented = {k: default for k, (_, default) in STEP_KNOBS.items()}

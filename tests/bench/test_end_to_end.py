@@ -129,6 +129,26 @@ def test_sweep_plot_and_compare(tiny_model_dir, prompts, tmp_path):
     assert (tmp_path / "cmp" / "compare.md").is_file() and (tmp_path / "cmp" / "sweep.png").is_file()
 
 
+def test_seeded_sampling_is_compared_with_specfrees_own_sampling_loop(tiny_model_dir, prompts, tmp_path):
+    """verifier=sampling: every system samples with the run's seed, and each output must equal the
+    eager sampling loop's, token for token (lossless sampling), not greedy decoding's."""
+    greedy_out, sampled_out = tmp_path / "greedy", tmp_path / "sampled"
+    assert cli.run(config(tiny_model_dir, prompts, greedy_out, limit=2, baselines=[]), quiet()) == 0
+    sampling = config(tiny_model_dir, prompts, sampled_out, limit=2, baselines=[])
+    sampling.verifier = {"name": "sampling", "temperature": 5.0}
+    assert cli.run(sampling, quiet()) == 0
+    sampled = records(sampled_out)
+    assert sorted({r["system"] for r in sampled}) == ["autoregressive", "prompt_lookup(draft_len=4)"]
+    assert all(r["error"] is None and r["identical"] is True for r in sampled)
+
+    def tokens(rs):
+        return [t["tokens"] for r in rs if r["system"] == "autoregressive" for t in r["turns"]]
+
+    assert tokens(sampled) != tokens(records(greedy_out))  # it sampled: near-uniform at temperature 5
+    assert "new tokens · sampling (temperature=5.0), seed 0" in (sampled_out / "report.md").read_text()
+    assert "sampling" not in (greedy_out / "report.md").read_text().splitlines()[0]
+
+
 def test_bad_bench_configs_are_config_errors(tmp_path):
     from specfree.errors import ConfigError
 
@@ -137,9 +157,22 @@ def test_bad_bench_configs_are_config_errors(tmp_path):
         cli.BenchSettings.from_config({"model": model, "bench": {"prompts": None, "out": str(tmp_path)}})
     with pytest.raises(ConfigError, match="needs a bench config"):
         cli.BenchSettings.from_config({"model": model})
-    with pytest.raises(ConfigError, match="verifier=greedy"):
-        cli.BenchSettings.from_config({"model": model, "verifier": {"name": "sampling"},
-                                       "bench": {"prompts": "p.jsonl", "out": str(tmp_path)}})
+    with pytest.raises(ConfigError, match=r"verifier=sampling with temperature: set 'bench.baselines=\[\]'"):
+        cli.BenchSettings.from_config({"model": model, "verifier": {"name": "sampling", "temperature": 0.7},
+                                       "bench": {"prompts": "p.jsonl", "out": str(tmp_path),
+                                                 "baselines": ["hf_generate"]}})
+    with pytest.raises(ConfigError, match="verifier=greedy or verifier=sampling, not 'mine'"):
+        cli.BenchSettings.from_config({"model": model, "verifier": {"name": "mine"},
+                                       "bench": {"prompts": "p.jsonl", "out": str(tmp_path), "baselines": []}})
+    with pytest.raises(ConfigError, match="verifier.logits_processors cannot be set in a bench run"):
+        cli.BenchSettings.from_config({"model": model, "verifier": {"name": "sampling", "logits_processors": [1]},
+                                       "bench": {"prompts": "p.jsonl", "out": str(tmp_path), "baselines": []}})
+    sampled = cli.BenchSettings.from_config({"model": model, "verifier": {"name": "sampling", "top_k": 5},
+                                             "bench": {"prompts": "p.jsonl", "out": str(tmp_path), "baselines": []}})
+    assert sampled.decoding == {"do_sample": True, "top_k": 5}
+    greedy = cli.BenchSettings.from_config({"model": model, "verifier": {"name": "greedy"},
+                                            "bench": {"prompts": "p.jsonl", "out": str(tmp_path)}})
+    assert greedy.decoding == {} and greedy.meta()["decoding"] == "greedy"
     with pytest.raises(ConfigError, match="bench.strategies: each entry must be a name"):
         cli.BenchSettings.from_config({"model": model, "bench": {"prompts": "p.jsonl", "out": str(tmp_path),
                                                                  "strategies": [3]}})
