@@ -34,6 +34,7 @@ from specfree.adapters.compiled import check_compile
 from specfree.conf.schema import BenchConfig, SpecfreeConfig
 from specfree.errors import ConfigError, check_int
 from specfree.files import user_path
+from specfree.generation import VERIFIER_KNOBS
 from specfree.parts import build_adapter
 from specfree.progress import progress_bar
 from specfree.runinfo import cpu_name, versions
@@ -374,7 +375,7 @@ def _spec(value: Any, where: str) -> SystemSpec:
     raise ConfigError(f"{where}: each entry must be a name or a mapping with 'name' and knobs, got {value!r}")
 
 
-SAMPLING_KNOBS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed")
+BENCH_VERIFIER_KNOBS = (*VERIFIER_KNOBS, "seed")  # what a bench run may set; logits processors are code
 
 
 def decoding_knobs(verifier: Any, baselines: Sequence[SystemSpec]) -> dict[str, Any]:
@@ -388,10 +389,10 @@ def decoding_knobs(verifier: Any, baselines: Sequence[SystemSpec]) -> dict[str, 
     given = {k: v for k, v in verifier.items() if k != "name" and v is not None} if isinstance(verifier, Mapping) else {}
     if name not in ("greedy", "sampling"):
         raise ConfigError(f"bench decodes with verifier=greedy or verifier=sampling, not {name!r}")
-    unknown = sorted(set(given) - set(SAMPLING_KNOBS))
+    unknown = sorted(set(given) - set(BENCH_VERIFIER_KNOBS))
     if unknown:
         raise ConfigError(f"bench: verifier.{unknown[0]} cannot be set in a bench run; it takes "
-                          f"{', '.join(SAMPLING_KNOBS)}")
+                          f"{', '.join(BENCH_VERIFIER_KNOBS)}")
     if name == "greedy" and given.get("repetition_penalty", 1.0) == 1.0:
         return {}
     if baselines:
