@@ -67,10 +67,8 @@ def file_digest(path: Path, memo: Path) -> str:
     file at another path (a new virtual environment's copy of a wheel's model) finds the same entry.
     Each digest is remembered in ``memo`` under the file's path, size and modification time, so a
     file is read once (``remember_digest`` writes it; a failed run writes nothing)."""
-    stat = path.stat()
-    remembered = memo / fingerprint(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     try:
-        digest = remembered.read_text().strip()
+        digest = _memo_entry(path, memo).read_text().strip()
         if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
             return digest
     except OSError:
@@ -86,11 +84,15 @@ def remember_digest(path: Path, memo: Path, digest: str) -> None:
     """Remember ``digest`` for ``path`` as it is now (``file_digest``'s memo). Best effort: a memo
     that cannot be written only means the file is read again next time."""
     try:
-        stat = path.stat()
-        remembered = memo / fingerprint(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        remembered = _memo_entry(path, memo)
         if not remembered.is_file():
             memo.mkdir(parents=True, exist_ok=True)
             write_atomic(remembered, digest)
     except OSError:
         pass
 
+
+def _memo_entry(path: Path, memo: Path) -> Path:
+    """Where ``file_digest`` remembers ``path``'s digest: by path, size and modification time."""
+    stat = path.stat()
+    return memo / fingerprint(str(path.resolve()), stat.st_size, stat.st_mtime_ns)

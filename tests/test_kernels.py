@@ -5,7 +5,6 @@ same bits whatever the row count; the library fallback; the layers swapped in an
 from __future__ import annotations
 
 import contextlib
-import shutil
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from torch import nn
 
 from specfree.adapters.hf import HFAdapter
 from specfree.errors import ConfigError
-from specfree.kernels import (FewRowLinear, few_row_linear, library_linears, linear_path, load_kernels,
+from specfree.kernels import (FewRowLinear, few_row_linear, find_compiler, library_linears, linear_path, load_kernels,
                               stock_linears, use_few_row_linears)
 from tests.tiny_models import tiny_model
 
@@ -196,8 +195,7 @@ def test_without_a_compiler_one_warning_and_the_library_path(tmp_path):
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
 
 
-needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("c++", "g++", "clang++")),
-                                    reason="no C++ compiler here")
+needs_compiler = pytest.mark.skipif(find_compiler() is None, reason="no C++ compiler here")
 
 
 @needs_compiler

@@ -58,7 +58,6 @@ def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines:
     system's pricing differs from another's by a measurement's noise. ``decoding``: the verifier
     knobs every specfree system decodes with (None: plain greedy)."""
     reg = registry(build_plugin_manager())
-    decoding = decoding or {}
     systems: list[System] = [SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, linear_kernel,
                                                   decoding=decoding)]
     if compiled is not None:

@@ -98,13 +98,19 @@ def _link_command(compiler: str, objects: list[Path], out: Path) -> list[str]:
             *(f"-Wl,-rpath,{path}" for path in cpp_extension.library_paths())]
 
 
+def find_compiler() -> str | None:
+    """The C++ compiler the kernels are built with (the first of c++, g++, clang++ on PATH), or None."""
+    import shutil
+
+    return next((found for name in ("c++", "g++", "clang++") if (found := shutil.which(name))), None)
+
+
 def _build(folder: Path, progress: bool, sources: tuple[Path, ...] = SOURCES) -> Path:
     """The ops' shared library in ``folder``, compiled there first if missing; written whole or not
     at all (an interrupted build leaves no library behind). The sources compile side by side, one
     compiler per core, each mostly reading torch's headers (8-20 s apiece on the 2-core Intel VM):
     47 s there, against 84 s for one compiler call over them all."""
     import os
-    import shutil
     import subprocess
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
@@ -112,7 +118,7 @@ def _build(folder: Path, progress: bool, sources: tuple[Path, ...] = SOURCES) ->
     library = folder / LIBRARY
     if library.is_file():
         return library
-    compiler = next((shutil.which(c) for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+    compiler = find_compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler found")
     folder.mkdir(parents=True, exist_ok=True)
