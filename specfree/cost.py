@@ -7,9 +7,9 @@ the expected accepted tokens pay for them.
 
 The price of a row also grows with the context: each row attends to every committed token, so on
 a 2-core Zen 3 CPU, compiled, 8 rows cost 1.35x one row at 256 tokens of context and 1.65x at 1536
-(README, runs S and T). The curve is
-measured at two contexts and priced at each step's own (``at``), linear in the context between
-and beyond them, as attention is.
+(docs/bench/history.md#runs-s-and-t-pricing-at-each-steps-context-and-a-calibrated-prior-on-zen-3-2026-11-26).
+The curve is measured at two contexts and priced at each step's own (``at``), linear in the
+context between and beyond them, as attention is.
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ class CostModel:
         timed now, at most ``tolerance`` off the curve's ratio of the two. Pricing reads only the
         shape (a machine's overall drift scales every size alike); a curve measured during a slow
         or fast spell, or on other hardware, can be off by 40% at 8 rows and then over- or
-        under-drafts every step (README, runs AA and AB)."""
+        under-drafts every step (runs AA and AB:
+        docs/bench/history.md#runs-aa-and-ab-a-stale-cost-curve-found-checked-on-read-and-one-curve-per-bench-zen-3-2026-11-26)."""
         big = int(max((r for r in self.rows if r <= CHECK_ROWS), default=1))
         room = _room(adapter, [1, big], CHECK_REPEATS)
         if big == 1 or room < 1:

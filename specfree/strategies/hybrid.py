@@ -114,7 +114,8 @@ MEMBER_DEFAULTS: dict[str, dict[str, Any]] = {
 # The default members: prompt lookup and SuffixDecoding. Replayed on Spec-Bench and code-edit runs
 # (SmolLM2, Intel Xeon), with each step's drafting time added to its modelled forward, they beat
 # the earlier default (prompt lookup, trie, recycling) by 3% and each member alone by 0.2-1%; on a
-# curve as flat as float32 panels on Zen 3 too (docs/bench/history.md, "The hybrid's members").
+# curve as flat as float32 panels on Zen 3 too
+# (docs/bench/history.md#the-hybrids-members-prompt-lookup-and-suffixdecoding-by-default-intel-xeon-2026-11-27).
 DEFAULT_MEMBERS = ("prompt_lookup", "suffix")
 
 
