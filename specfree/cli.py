@@ -41,6 +41,7 @@ COMMANDS = {
     "replay": "strategies replayed on a bench run's outputs, priced on its curve: replay DIR [STRATEGY ...] [--flat F]",
     "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
     "datastore": "build a retrieval datastore from corpora or from the model's own answers",
+    "serve": "an OpenAI-compatible server (/v1/chat/completions...) over one engine: serve serve.port=8000",
 }
 EXAMPLES = """\
 examples:
@@ -51,6 +52,7 @@ examples:
   python -m specfree bench bench.prompts=spec_bench_questions.jsonl bench.limit=10
   python -m specfree ceiling outputs/2026-01-01/12-00-00
   python -m specfree replay outputs/2026-01-01/12-00-00 prompt_lookup hybrid --flat 1.15
+  python -m specfree serve serve.port=8000 serve.api_key=KEY   (docs/serve.md)
   python -m specfree decode --help      (the full config, Hydra's flags)"""
 
 
@@ -124,6 +126,11 @@ def hydra_command(command: str, args: list[str]) -> int:
     overrides = [quote_free_text(o) for o in parsed.overrides]
     if command == "bench" and not any(o.lstrip("+").startswith("bench=") for o in overrides):
         overrides.insert(0, "bench=spec_bench")
+    if command == "serve":
+        if parsed.multirun:
+            raise ConfigError("serve runs one server: drop -m")
+        if not any(o.lstrip("+").startswith("serve=") for o in overrides):
+            overrides.insert(0, "serve=default")
     register_config_nodes(reg)
     runs = not (parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion)
     jobs = [compose(job, reg) for job in (sweep_jobs(overrides) if parsed.multirun else [overrides])]
@@ -134,8 +141,12 @@ def hydra_command(command: str, args: list[str]) -> int:
             piped = read_stdin()  # once: every job of a sweep decodes the same piped prompt
             read_prompt(cfg, piped)  # no prompt at all: say so before anything runs
     flags = [a for a in args if a not in parsed.overrides]
-    runner = ((lambda cfg: decode(cfg, reg, piped=piped)) if command == "decode"
-              else _delegate("specfree.bench.cli", "run", "bench"))
+    if command == "serve":
+        serve = _delegate("specfree.serve.cli", "run", "serve")
+        runner = lambda cfg: serve(cfg, reg)  # noqa: E731
+    else:
+        runner = ((lambda cfg: decode(cfg, reg, piped=piped)) if command == "decode"
+                  else _delegate("specfree.bench.cli", "run", "bench"))
     shares = CoreShares(len(jobs))  # jobs run at once by a local launcher (joblib) split the cores
 
     def task(cfg) -> None:

@@ -27,7 +27,7 @@ CONFIG_MODULE = "specfree.conf"
 CONFIG_NAME = "config"
 SCHEMA_NAME = "specfree_schema"
 COMPONENT_GROUPS = ("strategy", "verifier", "pool", "mask")  # group name == registry kind
-GROUPS = ("model", *COMPONENT_GROUPS, "bench")
+GROUPS = ("model", *COMPONENT_GROUPS, "bench", "serve")
 
 
 def register_config_nodes(reg: Registry) -> None:

@@ -66,6 +66,22 @@ class BenchConfig:
 
 
 @dataclass
+class ServeConfig:
+    """``python -m specfree serve``: the OpenAI-compatible server (docs/serve.md)."""
+
+    host: str = "127.0.0.1"  # 0.0.0.0 listens on every interface: set api_key then
+    port: int = 8000
+    api_key: str | None = None  # set: every /v1 and /metrics request needs "Authorization: Bearer <key>"
+    model_name: str | None = None  # the id /v1/models lists; null: model.name (or the file or folder name)
+    queue_size: int = 16  # requests waiting beside the one decoding; one more gets 429 with Retry-After
+    request_timeout: float = 600.0  # seconds from arrival to the last token (queue wait included)
+    max_body_bytes: int = 1_000_000  # a larger request body gets 413
+    max_tokens: int = 1024  # the most tokens a request may ask for; also the default when it asks none
+    state_file: str | None = None  # the suffix drafter's global tree: loaded at start if present, saved at shutdown
+    log_level: str = "info"  # uvicorn's: critical | error | warning | info | debug | trace
+
+
+@dataclass
 class SpecfreeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     strategy: Any = None  # these four are checked by their own registry-made schemas
@@ -73,6 +89,7 @@ class SpecfreeConfig:
     pool: Any = None
     mask: Any = None
     bench: BenchConfig | None = None
+    serve: ServeConfig | None = None
     prompt: str | None = None
     prompt_file: str | None = None
     chat: bool = True

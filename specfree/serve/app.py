@@ -1,0 +1,394 @@
+"""The OpenAI-compatible app: ``create_app(engine, settings)``, or ``create_app(load=...)`` to
+answer 503 while a loader builds the engine in the background.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed as server-sent
+events or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hmac
+import json
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from specfree.conf.schema import ServeConfig
+from specfree.errors import SpecfreeError, one_line
+from specfree.serve.errors import APIError, error_body
+from specfree.serve.metrics import CONTENT_TYPE_LATEST, Metrics
+from specfree.serve.protocol import Ask, check_model, parse
+from specfree.serve.scheduler import Job, Scheduler
+from specfree.serve.state import SharedState
+from specfree.serve.text import FINISH, StopTrim
+
+log = logging.getLogger("specfree.serve")
+POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
+
+
+class Server:
+    """What the routes share: the settings, the engine once ready, its scheduler and metrics."""
+
+    def __init__(self, engine, settings: ServeConfig, load: Callable[[], Any] | None, model_name: str,
+                 generation: Any):
+        self.settings, self.model_name, self.generation = settings, model_name, generation
+        self.engine, self._load = engine, load
+        self.metrics = Metrics()
+        self.scheduler: Scheduler | None = None
+        self.state: SharedState | None = None
+        self.failure: str | None = None
+        self.created = int(time.time())
+        self._encoder = None
+        self._reg = None
+
+    # ---- life ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.engine is not None:
+            self._ready(self.engine)
+        else:
+            threading.Thread(target=self._load_engine, name="specfree-load", daemon=True).start()
+
+    def _load_engine(self) -> None:
+        try:
+            self._ready(self._load())
+        except Exception as exc:  # noqa: BLE001 - reported on /health and by the CLI
+            self.failure = one_line(exc) if isinstance(exc, SpecfreeError) else f"{type(exc).__name__}: {one_line(exc)}"
+            log.error("the model could not be loaded: %s", self.failure)
+
+    def _ready(self, engine) -> None:
+        if self.settings.state_file:
+            state = SharedState(engine, self.settings.state_file)
+            if state.load():
+                log.info("loaded %d requests into the suffix tree from %s", state.requests(), state.path)
+            self.state = state
+        encoder = copy.copy(engine)  # tokenizes on the event loop with a tokenizer of its own
+        encoder.tokenizer = copy.deepcopy(engine.tokenizer)
+        self._encoder = encoder
+        scheduler = Scheduler(engine, self.settings.queue_size, self.metrics)
+        scheduler.start()
+        self.engine, self.scheduler = engine, scheduler
+
+    def stop(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        if self.state is not None:
+            self.state.save()
+            log.info("saved %d requests of the suffix tree to %s", self.state.requests(), self.state.path)
+
+    # ---- requests ------------------------------------------------------------------------
+    def authorize(self, request: Request) -> None:
+        key = self.settings.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "a valid API key is required: send the header Authorization: Bearer <key>",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def require_engine(self) -> Scheduler:
+        if self.failure is not None:
+            raise APIError(500, f"the model could not be loaded: {self.failure}", code="model_load_failed")
+        if self.scheduler is None:
+            raise APIError(503, "the model is loading; retry shortly", code="model_loading",
+                           headers={"Retry-After": "5"})
+        return self.scheduler
+
+    async def read_json(self, request: Request) -> Any:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise APIError(413, f"the request body has {declared} bytes; this server takes at most {limit} "
+                                "(serve.max_body_bytes)", code="body_too_large")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise APIError(413, f"the request body is larger than {limit} bytes (serve.max_body_bytes)",
+                               code="body_too_large")
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+    def encode(self, ask: Ask) -> list[int]:
+        engine = self._encoder
+        param = "messages" if ask.kind == "chat" else "prompt"
+        try:
+            if ask.kind == "chat":
+                ids = engine.tokenizer.apply_chat_template(ask.prompt, add_generation_prompt=True, tokenize=False) \
+                    if getattr(engine.tokenizer, "chat_template", None) else None
+                if ids is None:
+                    raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions",
+                                   param, "no_chat_template")
+                ids = engine.tokenizer(ids, add_special_tokens=False).input_ids
+            elif isinstance(ask.prompt, str):
+                ids = engine.tokenizer(ask.prompt).input_ids
+            else:
+                ids = ask.prompt
+            context = engine.adapter.max_length
+            if len(ids) >= context:
+                raise APIError(400, f"the prompt has {len(ids)} tokens but the model's context holds {context}; "
+                                    "shorten it", param, "context_length_exceeded")
+            return engine._check_ids(ids)  # the engine's own checks: ids in the vocabulary, not empty
+        except SpecfreeError as exc:
+            raise APIError(400, one_line(exc), param) from None
+
+    def verifier_for(self, ask: Ask):
+        """The verifier this request asks for, or None for the engine's own (see docs/serve.md)."""
+        knobs = {k: v for k, v in (("top_p", ask.top_p), ("top_k", ask.top_k),
+                                   ("repetition_penalty", ask.repetition_penalty)) if v is not None}
+        own = self.engine.verifier
+        if ask.temperature is None:
+            if not knobs:
+                return None
+            name = "sampling" if getattr(own, "do_sample", False) else "greedy"
+        else:
+            name = "greedy" if ask.temperature == 0 else "sampling"
+        if name == "greedy":
+            knobs = {k: v for k, v in knobs.items() if k == "repetition_penalty"}
+            if not knobs and not getattr(own, "do_sample", False):
+                return None  # the engine's own greedy verifier: nothing to change
+        else:
+            knobs.setdefault("temperature", ask.temperature)
+        from specfree.generation import model_verifier
+        from specfree.plugins import build_plugin_manager, registry
+
+        if self._reg is None:
+            self._reg = registry(build_plugin_manager())
+        try:
+            verifier, _ = model_verifier(self._reg, self.engine.adapter.model, knobs, self.generation, name)
+        except (SpecfreeError, ValueError) as exc:
+            raise APIError(400, one_line(exc)) from None
+        return verifier
+
+    def seed_for(self, ask: Ask, verifier) -> int | None:
+        samples = getattr(verifier if verifier is not None else self.engine.verifier, "do_sample", False)
+        if not samples:
+            return None
+        return ask.seed if ask.seed is not None else secrets.randbelow(2**31)
+
+
+def create_app(engine=None, settings: ServeConfig | None = None, *, load: Callable[[], Any] | None = None,
+               model_name: str = "specfree", generation: Any = "model") -> FastAPI:
+    """The app over ``engine`` (or the one ``load()`` returns, built in a thread after startup).
+
+    ``model_name`` is the id ``/v1/models`` lists; ``generation`` is what per-request verifiers
+    follow of the model's ``generation_config`` (``"model"`` or ``"plain"``, as the CLI's setting)."""
+    if (engine is None) == (load is None):
+        raise ValueError("give an engine or a load function, not both")
+    server = Server(engine, settings or ServeConfig(), load, model_name, generation)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.start()
+        yield
+        await asyncio.to_thread(server.stop)
+
+    app = FastAPI(title="specfree", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        return JSONResponse(exc.body(), exc.status, headers=exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        message = {404: f"no such endpoint: {request.method} {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return JSONResponse(error_body(exc.status_code, message), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        log.exception("request failed")
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), 500)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        server.metrics.requests.labels(request.url.path if request.url.path in KNOWN else "other",
+                                       str(response.status_code)).inc()
+        return response
+
+    @app.get("/health")
+    async def health():
+        if server.failure is not None:
+            return JSONResponse({"status": "failed", "error": server.failure}, 500)
+        if server.scheduler is None:
+            return JSONResponse({"status": "loading"}, 503, headers={"Retry-After": "5"})
+        return {"status": "ok", "model": server.model_name, "waiting": server.scheduler.waiting}
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        server.authorize(request)
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    def model_card() -> dict:
+        return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "specfree"}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        server.authorize(request)
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str, request: Request):
+        server.authorize(request)
+        if name != server.model_name:
+            raise APIError(404, f"the model `{name}` does not exist; this server serves `{server.model_name}`",
+                           "model", "model_not_found")
+        return model_card()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await complete(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, "completion")
+
+    async def complete(request: Request, kind: str):
+        arrived = time.monotonic()
+        server.authorize(request)
+        scheduler = server.require_engine()
+        ask = parse(kind, await server.read_json(request), server.settings.max_tokens)
+        check_model(ask, server.model_name)
+        ids = server.encode(ask)
+        verifier = server.verifier_for(ask)
+        job = Job(ids, ask.max_tokens or server.settings.max_tokens, ask.stop, server.seed_for(ask, verifier),
+                  verifier, ask.ignore_eos, loop=asyncio.get_running_loop())
+        scheduler.submit(job)
+        answer = Answer(server, ask, job, arrived)
+        if ask.stream:
+            return StreamingResponse(answer.stream(request), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await answer.whole(request)
+
+    return app
+
+
+KNOWN = {"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"}
+
+
+class Answer:
+    """One request's answer, streamed as server-sent events or whole."""
+
+    def __init__(self, server: Server, ask: Ask, job: Job, arrived: float):
+        self.server, self.ask, self.job, self.arrived = server, ask, job, arrived
+        self.deadline = arrived + server.settings.request_timeout
+        self.id = ("chatcmpl-" if ask.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.trim = StopTrim(ask.stop)
+        self.first: float | None = None
+
+    async def events(self, request: Request) -> AsyncIterator[tuple[str, Any]]:
+        """The job's events until it ends; a timeout or a client gone cancels it."""
+        job = self.job
+        try:
+            while True:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise APIError(504, f"the request took longer than {self.server.settings.request_timeout:g} s "
+                                        "(serve.request_timeout)", code="timeout")
+                try:
+                    kind, value = await asyncio.wait_for(job.events.get(), min(left, POLL_S))
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return
+                    continue
+                if kind == "error":
+                    raise value
+                if kind == "chunk" and self.first is None and value.tokens:
+                    self.first = time.monotonic()
+                    self.server.metrics.ttft.observe(self.first - self.arrived)
+                yield kind, value
+                if kind in ("done", "cancelled"):
+                    return
+        finally:
+            job.cancel()  # a no-op once it ended; else the engine drops it before its next step
+
+    def _stats(self, generation) -> dict:
+        return {"steps": generation.forwards, "tokens_per_step": round(generation.mean_accepted, 4),
+                "accepted_drafts": sum(s.accepted for s in generation.steps),
+                "tokens_per_s": round(generation.tokens_per_s, 3), "prefill_s": round(generation.prefill_s, 4),
+                "stop_reason": generation.stop_reason, "seed": self.job.seed,
+                "verifier": getattr(self.job.verifier or self.server.engine.verifier, "name", None)}
+
+    def _usage(self, generation) -> dict:
+        n, m = generation.prompt_tokens, len(generation.tokens)
+        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+
+    async def whole(self, request: Request) -> JSONResponse:
+        text, generation = "", None
+        async for kind, value in self.events(request):
+            if kind == "chunk":
+                text += self.trim.push(value.text)
+            elif kind == "done":
+                generation = value
+        if generation is None:  # the client left: nobody reads this
+            return JSONResponse(error_body(499, "the client closed the request"), 499)
+        text += self.trim.flush()
+        finish = FINISH.get(generation.stop_reason, "stop")
+        if self.ask.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish}
+            kind = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            kind = "text_completion"
+        return JSONResponse({"id": self.id, "object": kind, "created": self.created, "model": self.server.model_name,
+                             "choices": [choice], "usage": self._usage(generation),
+                             "specfree": self._stats(generation)})
+
+    def _chunk(self, content: str | None, finish: str | None = None, role: bool = False) -> dict:
+        if self.ask.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if role else ({} if content is None else {"content": content})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
+            kind = "text_completion"
+        chunk = {"id": self.id, "object": kind, "created": self.created, "model": self.server.model_name,
+                 "choices": [choice]}
+        if self.ask.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    async def stream(self, request: Request) -> AsyncIterator[bytes]:
+        def event(data: dict) -> bytes:
+            return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+        try:
+            if self.ask.kind == "chat":
+                yield event(self._chunk(None, role=True))
+            async for kind, value in self.events(request):
+                if kind == "chunk":
+                    text = self.trim.push(value.text)
+                    if text:
+                        yield event(self._chunk(text))
+                elif kind == "done":
+                    tail = self.trim.flush()
+                    if tail:
+                        yield event(self._chunk(tail))
+                    last = self._chunk(None, FINISH.get(value.stop_reason, "stop"))
+                    last["specfree"] = self._stats(value)
+                    yield event(last)
+                    if self.ask.include_usage:
+                        yield event({"id": self.id, "object": last["object"], "created": self.created,
+                                     "model": self.server.model_name, "choices": [], "usage": self._usage(value)})
+                elif kind == "cancelled":
+                    return
+        except APIError as exc:  # the answer has begun: the error goes in the stream
+            yield event(exc.body())
+        yield b"data: [DONE]\n\n"

@@ -1,0 +1,114 @@
+"""``python -m specfree serve [overrides]``: load the configured engine behind the app and run uvicorn.
+
+The server listens at once and answers 503 while the model loads; a model that cannot be loaded
+stops it with the reason (exit code 2). Ctrl-C (or SIGTERM) ends the running request, answers the
+waiting ones 503 and saves ``serve.state_file``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from pathlib import Path
+
+from specfree.errors import ConfigError, SpecfreeError, check_float, check_int, one_line
+
+log = logging.getLogger("specfree.serve")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def check_settings(s) -> None:
+    check_int("serve.port", s.port, low=0, high=65535)
+    check_int("serve.queue_size", s.queue_size, low=1)
+    check_float("serve.request_timeout", s.request_timeout, low=0.0, low_open=True)
+    check_int("serve.max_body_bytes", s.max_body_bytes, low=1024)
+    check_int("serve.max_tokens", s.max_tokens, low=1)
+    if s.api_key is not None and not str(s.api_key).strip():
+        raise ConfigError("serve.api_key is empty: give a key, or null for none")
+    if s.log_level not in LOG_LEVELS:
+        raise ConfigError(f"serve.log_level must be one of {', '.join(LOG_LEVELS)}, got {s.log_level!r}")
+
+
+def served_name(cfg) -> str:
+    if cfg.serve.model_name:
+        return str(cfg.serve.model_name)
+    return Path(str(cfg.model.path)).name if cfg.model.path else str(cfg.model.name)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, opened before anything loads: a port in use is one clear line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror} (set serve.host=... serve.port=...)") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(cfg, reg=None) -> int:
+    """Serve until interrupted; 2 when the model cannot be loaded."""
+    from omegaconf import OmegaConf
+
+    from specfree.conf.schema import ServeConfig
+    from specfree.config import engine_parts
+
+    try:
+        import uvicorn
+
+        from specfree.serve.app import create_app
+    except ImportError as exc:
+        raise ConfigError(f"serve needs the serve extra ({exc.name} is missing): pip install \"specfree[serve]\"") from None
+    if reg is None:
+        from specfree.plugins import build_plugin_manager, registry
+
+        reg = registry(build_plugin_manager())
+    settings = ServeConfig(**OmegaConf.to_container(cfg.serve, resolve=True))
+    check_settings(settings)
+    if cfg.threads is not None:
+        import torch
+
+        torch.set_num_threads(check_int("threads", cfg.threads, low=1))
+    sock = listen(settings.host, settings.port)
+    server: uvicorn.Server | None = None
+    failed: list[str] = []
+
+    def load():
+        from transformers.utils import logging as hf_logging
+
+        from specfree.engine import Engine
+
+        hf_logging.disable_progress_bar()
+        try:
+            engine = Engine(**engine_parts(cfg, reg))
+        except Exception as exc:
+            failed.append(one_line(exc) if isinstance(exc, SpecfreeError) else f"{type(exc).__name__}: {one_line(exc)}")
+            if server is not None:
+                server.should_exit = True  # nothing to serve: stop, and say why below
+            raise
+        log.info("model %s ready (strategy %s)", served_name(cfg), cfg.strategy.name)
+        return engine
+
+    app = create_app(load=load, settings=settings, model_name=served_name(cfg), generation=cfg.get("generation", "model"))
+    config = uvicorn.Config(app, log_level=settings.log_level, timeout_graceful_shutdown=5, lifespan="on")
+    server = uvicorn.Server(config)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    print(f"specfree serve: http://{host}:{sock.getsockname()[1]}/v1 (model {served_name(cfg)}, loading)",
+          file=sys.stderr, flush=True)
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
+        print(f"warning: listening on {settings.host} without serve.api_key: anyone who reaches this port "
+              "can use the model", file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down cleanly, then re-raised the Ctrl-C it caught
+        pass
+    if failed:
+        print(f"error: {failed[0]}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+

@@ -1,0 +1,212 @@
+"""Request bodies of ``/v1/chat/completions`` and ``/v1/completions``, checked into one ``Ask``.
+
+Every mistake is a 400 naming the field. Fields the server cannot honour (``n > 1``,
+``logprobs``, ``tools``...) are refused by name when set to anything but their neutral value;
+fields the OpenAI API does not have are refused as unknown. specfree's own per-request knobs
+live under one extra field, ``specfree`` (``top_k``, ``repetition_penalty``, ``ignore_eos``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from specfree.serve.errors import APIError, bad
+
+MAX_STOPS = 16
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+SPECFREE_KNOBS = ("top_k", "repetition_penalty", "ignore_eos")
+
+
+def _off(value: Any) -> bool:
+    return value in (None, False, 0, "", [], {})
+
+
+# Fields accepted only at their neutral value: what the OpenAI API defines there and this server cannot do.
+UNSUPPORTED = {
+    "n": lambda v: v in (None, 1), "best_of": lambda v: v in (None, 1),
+    "logprobs": _off, "top_logprobs": _off, "echo": _off, "suffix": _off, "logit_bias": _off,
+    "presence_penalty": _off, "frequency_penalty": _off, "tools": _off, "functions": _off,
+    "tool_choice": lambda v: v in (None, "none"), "function_call": lambda v: v in (None, "none"),
+    "parallel_tool_calls": lambda v: True, "audio": _off, "modalities": lambda v: v in (None, ["text"]),
+    "prediction": _off, "web_search_options": _off, "reasoning_effort": _off,
+    "response_format": lambda v: v in (None, {"type": "text"}),
+}
+IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "specfree"}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
+
+
+@dataclass
+class Ask:
+    """One checked request."""
+
+    kind: str  # "chat" | "completion"
+    prompt: Any  # chat: [{"role", "content"}]; completion: text or token ids
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    ignore_eos: bool = False
+
+
+def parse(kind: str, body: Any, max_tokens_bound: int) -> Ask:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object", code="invalid_body")
+    for key, value in body.items():
+        if key in UNSUPPORTED:
+            if not UNSUPPORTED[key](value):
+                raise bad(f"`{key}` is not supported by this server (got {value!r})", key, "unsupported_parameter")
+        elif key not in FIELDS[kind] and key not in IGNORED:
+            raise bad(f"unknown field `{key}`", key, "unknown_parameter")
+    if kind == "chat":
+        prompt = _messages(body.get("messages"))
+    else:
+        prompt = _prompt(body.get("prompt"))
+    ask = Ask(kind, prompt)
+    ask.model = _typed(body, "model", str)
+    given = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None]
+    if given:
+        ask.max_tokens = _int(body, given[0], 1, max_tokens_bound)
+        if len(given) == 2 and body["max_tokens"] != body["max_completion_tokens"]:
+            raise bad("give max_tokens or max_completion_tokens, not two different values", "max_tokens")
+    ask.temperature = _number(body, "temperature", 0.0, 2.0)
+    ask.top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
+    ask.seed = _int(body, "seed", 0, 2**63 - 1)
+    ask.stop = _stop(body.get("stop"))
+    ask.stream = bool(_typed(body, "stream", bool))
+    options = _typed(body, "stream_options", dict)
+    if options is not None:
+        if not ask.stream:
+            raise bad("stream_options is only allowed with stream: true", "stream_options")
+        unknown = sorted(set(options) - {"include_usage"})
+        if unknown:
+            raise bad(f"unknown field `stream_options.{unknown[0]}`", "stream_options", "unknown_parameter")
+        ask.include_usage = bool(_typed(options, "include_usage", bool, "stream_options."))
+    own = _typed(body, "specfree", dict)
+    if own is not None:
+        unknown = sorted(set(own) - set(SPECFREE_KNOBS))
+        if unknown:
+            raise bad(f"unknown field `specfree.{unknown[0]}`; specfree's knobs: {', '.join(SPECFREE_KNOBS)}",
+                      f"specfree.{unknown[0]}", "unknown_parameter")
+        ask.top_k = _int(own, "top_k", 0, 2**31, "specfree.")
+        ask.repetition_penalty = _number(own, "repetition_penalty", 0.0, None, "specfree.", low_open=True)
+        ask.ignore_eos = bool(_typed(own, "ignore_eos", bool, "specfree."))
+    return ask
+
+
+def _kind(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _typed(body: dict, key: str, kind: type, prefix: str = "") -> Any:
+    value = body.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise bad(f"`{prefix}{key}` must be {_kind(kind())}, got {_kind(value)}", prefix + key, "invalid_type")
+    return value
+
+
+def _int(body: dict, key: str, low: int, high: int | None, prefix: str = "") -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(f"`{prefix}{key}` must be an integer, got {_kind(value)}", prefix + key, "invalid_type")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise bad(f"`{prefix}{key}` must be {bound}, got {value}", prefix + key)
+    return value
+
+
+def _number(body: dict, key: str, low: float, high: float | None, prefix: str = "",
+            low_open: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad(f"`{prefix}{key}` must be a number, got {value!r}", prefix + key, "invalid_type")
+    if (value <= low if low_open else value < low) or (high is not None and value > high):
+        lo = f"> {low:g}" if low_open else f">= {low:g}"
+        raise bad(f"`{prefix}{key}` must be {lo}{'' if high is None else f' and <= {high:g}'}, got {value}",
+                  prefix + key)
+    return float(value)
+
+
+def _stop(value: Any) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad("`stop` must be a string or an array of strings", "stop", "invalid_type")
+    if len(stops) > MAX_STOPS or any(not s for s in stops):
+        raise bad(f"`stop` takes at most {MAX_STOPS} non-empty strings", "stop")
+    return list(stops)
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    if value is None:
+        raise bad("`messages` is required", "messages", "missing_required_parameter")
+    if not isinstance(value, list) or not value:
+        raise bad("`messages` must be a non-empty array of {role, content} objects", "messages", "invalid_type")
+    out = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad(f"`{where}` must be an object with role and content", where, "invalid_type")
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad(f"`{where}.role` {role!r} is not supported; roles: {', '.join(ROLES)}", f"{where}.role")
+        for key in message:
+            if key not in ("role", "content", "name"):
+                raise bad(f"`{where}.{key}` is not supported by this server", f"{where}.{key}",
+                          "unsupported_parameter")
+        out.append({"role": ROLES[role], "content": _content(message.get("content"), where)})
+    return out
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad(f"`{where}.content[{j}]`: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                          "are supported", f"{where}.content", "unsupported_parameter")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad(f"`{where}.content` must be a string or an array of text parts, got {_kind(value)}",
+              f"{where}.content", "invalid_type")
+
+
+def _prompt(value: Any) -> str | list[int]:
+    if value is None:
+        raise bad("`prompt` is required", "prompt", "missing_required_parameter")
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # one prompt in a batch of one
+    if isinstance(value, str):
+        if not value:
+            raise bad("`prompt` is empty", "prompt")
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return list(value)
+    if isinstance(value, list) and value and all(isinstance(t, (str, list)) for t in value):
+        raise bad("several prompts in one request are not supported: send one request per prompt", "prompt",
+                  "unsupported_parameter")
+    raise bad("`prompt` must be a string or an array of token ids", "prompt", "invalid_type")
+
+
+def check_model(ask: Ask, served: str) -> None:
+    if ask.model is not None and ask.model != served:
+        raise APIError(404, f"the model `{ask.model}` does not exist; this server serves `{served}`", "model",
+                       "model_not_found")
