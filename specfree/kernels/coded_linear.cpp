@@ -1,20 +1,22 @@
 // specfree::coded_linear -- y = x W^T + b with W held as small integer codes that reproduce its
 // float32 values exactly.
 //
-// A model loaded from a quantized file (SmolLM2's GGUF: Q4_1 layers, a Q8_0 head) is dequantized
-// into float32 weights that take only 16 (or 256) values per block of 32 inputs. Such a weight is
-// stored here as those codes, per block of 32 inputs and output column:
+// A quantized GGUF's weight takes, per block of 16 or 32 inputs of an output column, only the
+// values of a small integer code under a scale (and an offset). Such a weight is stored here as
+// those codes, per block and output column (GGUF's types map onto these in ``gguf_blocks.py``):
 //   affine4: w = fma(q, d, m), q in 0..15, eight codes a word (4 bits + 4 bytes a block: 5 bits)
+//   affine8: w = fma(q, d, m), q in 0..255, one byte each    (5-bit and 2-bit GGUF types)
 //   scaled8: w = q * d,        q in -128..127                (8 bits + 2 bytes a block: 8.5 bits)
-// Every code is checked at packing (``codes.py``): the decoded weight equals the float32 weight
-// bit for bit, or the layer keeps its float32 panels. d and m are float16 where every one is a
-// float16 value (a GGUF file's are; else float32, a block 4 bytes more). A product reads 3.7-6x
-// fewer bytes.
+// Blocks are 32 inputs, or 16 for affine8 and scaled8 (Q6_K, Q3_K, Q2_K scale every 16). Every
+// code decodes, with the kernel's own operations, to the float32 value ``gguf``'s dequantize gives
+// (one rounding there too: checked per type in the tests). d and m are float16 where every one is
+// a float16 value (a GGUF file's are; else float32, a block 4 bytes more). A product reads 3.7-6x
+// fewer bytes than float32.
 //
 // The layout is the float32 panels' (``panel_linear.cpp``): panels of P output columns (P = 8
 // AVX2, 16 AVX-512), K contiguous; codes [N/P, K/8, P] int32 (affine4: word (g, c) holds input
-// 8g+i's code in bits 4i..4i+3, so one load of P words gives 8 inputs) or [N/P, K, P] int8
-// (scaled8), scales and offsets [N/P, K/32, P]. Each output is one lane of one accumulator, fma
+// 8g+i's code in bits 4i..4i+3, so one load of P words gives 8 inputs), [N/P, K, P] uint8
+// (affine8) or int8 (scaled8), scales and offsets [N/P, K/B, P] for blocks of B inputs. Each output is one lane of one accumulator, fma
 // over k = 0..K-1 in order, then + bias: the float32 panel kernel's operations on the same
 // weights, so a coded layer's output is bit-identical to the float32 one's, whatever the number
 // of rows (batch invariant), and AVX2 and AVX-512 compute the same sums.
@@ -35,7 +37,6 @@ namespace {
 
 using specfree::Isa;
 
-constexpr int kBlock = 32;      // inputs per scale (GGUF's block)
 constexpr int kGroupRows = 8;   // rows whose accumulators share the registers; more go in groups
 // Prefetching: while a block of NB panels runs, the same block of the next NB panels (the panels
 // a thread runs are contiguous, so that is the next stretch of its streams), every line of the
@@ -77,6 +78,9 @@ struct Avx512 {
   SPECFREE_AVX512 static Vec bytes(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
+  SPECFREE_AVX512 static Vec ubytes(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
 };
 
 struct Avx2 {
@@ -100,28 +104,31 @@ struct Avx2 {
   SPECFREE_AVX2 static Vec bytes(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  SPECFREE_AVX2 static Vec ubytes(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
 };
 
 // What a kernel reads: codes (decoded in registers), or float32 panels a call decoded once into a
 // buffer for its many rows (the same values, so the same sums).
-enum Format { kAffine4 = 0, kScaled8 = 1, kDecoded = 2 };
+enum Format { kAffine4 = 0, kScaled8 = 1, kDecoded = 2, kAffine8 = 3 };
 
-// MB rows against NB adjacent panels, all of K. ``out`` is [MB, NB*P], row stride ldo.
-// Inputs go 8 at a time: affine4 decodes all 8 from one load of P words.
+// MB rows against NB adjacent panels, all of K, in blocks of SB inputs per scale. ``out`` is
+// [MB, NB*P], row stride ldo. Inputs go 8 at a time: affine4 decodes all 8 from one load of P words.
 #define SPECFREE_CODED(ATTR, ISA)                                                                      \
-  template <int MB, int NB, int FORMAT, bool PREFETCH>                                                 \
+  template <int MB, int NB, int FORMAT, int SB, bool PREFETCH>                                         \
   ATTR void coded_##ISA(const float* x, int64_t ldx, const uint8_t* codes, const void* scales,         \
                         const void* offsets, bool half, int64_t k, float* out, int64_t ldo) {          \
     using V = ISA;                                                                                     \
     using Vec = typename V::Vec;                                                                       \
     constexpr int P = V::P;                                                                            \
-    constexpr bool AFFINE = FORMAT == kAffine4;                                                        \
-    constexpr int64_t block_bytes = AFFINE ? kBlock * P / 2 : kBlock * P;                              \
+    constexpr bool AFFINE = FORMAT == kAffine4 || FORMAT == kAffine8;                                  \
+    constexpr int64_t block_bytes = FORMAT == kAffine4 ? SB * P / 2 : SB * P;                          \
     Vec acc[MB][NB];                                                                                   \
     UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::zero();     \
-    const int64_t cstride = k / kBlock * block_bytes, sstride = k / kBlock * P; /* one panel */        \
+    const int64_t cstride = k / SB * block_bytes, sstride = k / SB * P; /* one panel */                \
     const float* decoded = reinterpret_cast<const float*>(codes);                                      \
-    for (int64_t b = 0; b < k / kBlock; ++b) {                                                         \
+    for (int64_t b = 0; b < k / SB; ++b) {                                                             \
       Vec d[NB], o[NB];                                                                                \
       if constexpr (FORMAT != kDecoded) UNROLL for (int j = 0; j < NB; ++j) {                          \
         d[j] = V::scale(scales, j * sstride + b * P, half);                                            \
@@ -134,16 +141,18 @@ enum Format { kAffine4 = 0, kScaled8 = 1, kDecoded = 2 };
           if constexpr (AFFINE) _mm_prefetch(static_cast<const char*>(offsets) + at, _MM_HINT_T0);     \
         }                                                                                              \
       }                                                                                                \
-      UNROLL for (int g = 0; g < kBlock; g += 8) {                                                     \
+      UNROLL for (int g = 0; g < SB; g += 8) {                                                         \
         typename V::Int v[NB];                                                                         \
-        if constexpr (AFFINE) UNROLL for (int j = 0; j < NB; ++j)                                      \
+        if constexpr (FORMAT == kAffine4) UNROLL for (int j = 0; j < NB; ++j)                          \
           v[j] = V::words(reinterpret_cast<const int32_t*>(codes + j * cstride + b * block_bytes) + g / 8 * P); \
         UNROLL for (int i = 0; i < 8; ++i) {                                                           \
-          const int64_t at = b * kBlock + g + i;                                                       \
+          const int64_t at = b * SB + g + i;                                                           \
           Vec w[NB];                                                                                   \
           UNROLL for (int j = 0; j < NB; ++j) {                                                        \
             if constexpr (FORMAT == kDecoded) w[j] = V::load(decoded + j * k * P + at * P);             \
-            else if constexpr (AFFINE) w[j] = V::fma(V::nibble(v[j], i), d[j], o[j]);                  \
+            else if constexpr (FORMAT == kAffine4) w[j] = V::fma(V::nibble(v[j], i), d[j], o[j]);      \
+            else if constexpr (FORMAT == kAffine8)                                                     \
+              w[j] = V::fma(V::ubytes(codes + j * cstride + at * P), d[j], o[j]);                      \
             else w[j] = V::mul(V::bytes(reinterpret_cast<const int8_t*>(codes) + j * cstride + at * P), d[j]); \
           }                                                                                            \
           UNROLL for (int m = 0; m < MB; ++m) {                                                        \
@@ -161,18 +170,21 @@ SPECFREE_CODED(SPECFREE_AVX2, Avx2)
 
 // One panel's codes decoded into float32 [K, P], with the kernel's own instructions.
 #define SPECFREE_DECODE(ATTR, ISA)                                                                     \
-  template <bool AFFINE>                                                                               \
+  template <int FORMAT, int SB>                                                                        \
   ATTR void decode_##ISA(const uint8_t* codes, const void* scales, const void* offsets, bool half,     \
                          int64_t k, float* out) {                                                      \
     using V = ISA;                                                                                     \
     constexpr int P = V::P;                                                                            \
-    for (int64_t b = 0; b < k / kBlock; ++b) {                                                         \
+    constexpr bool AFFINE = FORMAT != kScaled8;                                                        \
+    for (int64_t b = 0; b < k / SB; ++b) {                                                             \
       const typename V::Vec d = V::scale(scales, b * P, half);                                         \
       const typename V::Vec o = AFFINE ? V::scale(offsets, b * P, half) : V::zero();                   \
-      for (int64_t at = b * kBlock; at < (b + 1) * kBlock; at += 8) {                                  \
-        if constexpr (AFFINE) {                                                                        \
+      for (int64_t at = b * SB; at < (b + 1) * SB; at += 8) {                                          \
+        if constexpr (FORMAT == kAffine4) {                                                            \
           const typename V::Int v = V::words(reinterpret_cast<const int32_t*>(codes) + at / 8 * P);     \
           UNROLL for (int i = 0; i < 8; ++i) V::store(out + (at + i) * P, V::fma(V::nibble(v, i), d, o)); \
+        } else if constexpr (FORMAT == kAffine8) {                                                     \
+          for (int64_t i = at; i < at + 8; ++i) V::store(out + i * P, V::fma(V::ubytes(codes + i * P), d, o)); \
         } else {                                                                                       \
           for (int64_t i = at; i < at + 8; ++i)                                                        \
             V::store(out + i * P, V::mul(V::bytes(reinterpret_cast<const int8_t*>(codes) + i * P), d)); \
@@ -189,28 +201,46 @@ using CodedFn = void (*)(const float*, int64_t, const uint8_t*, const void*, con
 
 // The kernel for a group of MB rows over nb panels: the group's own width, a full group's (the
 // width of a call whose later groups follow a full one), or 1 at a range's end.
-template <int MB, int FORMAT, bool PREFETCH>
+template <int MB, int FORMAT, int SB, bool PREFETCH>
 CodedFn pick_rows(Isa isa, int nb) {
   if (isa == Isa::kAvx512) {
     constexpr int own = kWidthAvx512[MB], full = kWidthAvx512[kGroupRows];
-    return nb == own    ? coded_Avx512<MB, own, FORMAT, PREFETCH>
-           : nb == full ? coded_Avx512<MB, full, FORMAT, PREFETCH>
-                        : coded_Avx512<MB, 1, FORMAT, PREFETCH>;
+    return nb == own    ? coded_Avx512<MB, own, FORMAT, SB, PREFETCH>
+           : nb == full ? coded_Avx512<MB, full, FORMAT, SB, PREFETCH>
+                        : coded_Avx512<MB, 1, FORMAT, SB, PREFETCH>;
   }
   constexpr int own = kWidthAvx2[MB], full = kWidthAvx2[kGroupRows];
-  return nb == own    ? coded_Avx2<MB, own, FORMAT, PREFETCH>
-         : nb == full ? coded_Avx2<MB, full, FORMAT, PREFETCH>
-                      : coded_Avx2<MB, 1, FORMAT, PREFETCH>;
+  return nb == own    ? coded_Avx2<MB, own, FORMAT, SB, PREFETCH>
+         : nb == full ? coded_Avx2<MB, full, FORMAT, SB, PREFETCH>
+                      : coded_Avx2<MB, 1, FORMAT, SB, PREFETCH>;
 }
 
-// Codes stream from memory (prefetched); a decoded block is read from cache.
-CodedFn pick(Isa isa, int nb, int64_t mb, Format format) {
+// Codes stream from memory (prefetched); a decoded block is read from cache. ``sb``: inputs per
+// scale (16 or 32; affine4 and the decoded buffer take 32).
+CodedFn pick(Isa isa, int nb, int64_t mb, Format format, int sb) {
   return specfree::for_rows(mb, [&](auto rows) {
     constexpr int r = decltype(rows)::value;
-    return format == kAffine4   ? pick_rows<r, kAffine4, true>(isa, nb)
-           : format == kScaled8 ? pick_rows<r, kScaled8, true>(isa, nb)
-                                : pick_rows<r, kDecoded, false>(isa, nb);
+    switch (format) {
+      case kAffine4: return pick_rows<r, kAffine4, 32, true>(isa, nb);
+      case kAffine8: return sb == 16 ? pick_rows<r, kAffine8, 16, true>(isa, nb) : pick_rows<r, kAffine8, 32, true>(isa, nb);
+      case kScaled8: return sb == 16 ? pick_rows<r, kScaled8, 16, true>(isa, nb) : pick_rows<r, kScaled8, 32, true>(isa, nb);
+      default: return pick_rows<r, kDecoded, 32, false>(isa, nb);
+    }
   });
+}
+
+using DecodeFn = void (*)(const uint8_t*, const void*, const void*, bool, int64_t, float*);
+
+template <int FORMAT>
+DecodeFn pick_decode_format(Isa isa, int sb) {
+  if (isa == Isa::kAvx512) return sb == 16 ? decode_Avx512<FORMAT, 16> : decode_Avx512<FORMAT, 32>;
+  return sb == 16 ? decode_Avx2<FORMAT, 16> : decode_Avx2<FORMAT, 32>;
+}
+
+DecodeFn pick_decode(Isa isa, Format format, int sb) {
+  return format == kAffine4   ? pick_decode_format<kAffine4>(isa, 32)
+         : format == kAffine8 ? pick_decode_format<kAffine8>(isa, sb)
+                              : pick_decode_format<kScaled8>(isa, sb);
 }
 
 // Panels [p_begin, p_end) for all m rows into y [m, n]. Up to two groups of rows decode the codes
@@ -228,6 +258,8 @@ struct Stream {
   const uint8_t* offsets;  // null: scaled8
   int64_t code_bytes, scale_bytes;
   bool half;
+  Format format;
+  int block;  // inputs per scale
   const uint8_t* codes_at(int64_t p) const { return codes + p * code_bytes; }
   const void* scales_at(int64_t p) const { return scales + p * scale_bytes; }
   const void* offsets_at(int64_t p) const { return offsets ? offsets + p * scale_bytes : nullptr; }
@@ -236,7 +268,6 @@ struct Stream {
 void coded_range(Isa isa, const float* x, int64_t m, const Stream& w, int64_t k, const float* bias, int64_t n,
                  int64_t p_begin, int64_t p_end, float* y) {
   const int P = isa == Isa::kAvx512 ? 16 : 8;
-  const bool affine = w.offsets != nullptr;
   const int64_t first = std::min<int64_t>(kGroupRows, m);
   const int nb = (isa == Isa::kAvx512 ? kWidthAvx512 : kWidthAvx2)[first];
   const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
@@ -247,19 +278,17 @@ void coded_range(Isa isa, const float* x, int64_t m, const Stream& w, int64_t k,
   for (int64_t p = p_begin; p < p_end;) {
     const int width = p + nb <= p_end ? nb : 1;
     if (decode_once)
-      for (int j = 0; j < width; ++j) {
-        const auto decode = isa == Isa::kAvx512 ? (affine ? decode_Avx512<true> : decode_Avx512<false>)
-                                                : (affine ? decode_Avx2<true> : decode_Avx2<false>);
-        decode(w.codes_at(p + j), w.scales_at(p + j), w.offsets_at(p + j), w.half, k, block.data() + j * k * P);
-      }
+      for (int j = 0; j < width; ++j)
+        pick_decode(isa, w.format, w.block)(w.codes_at(p + j), w.scales_at(p + j), w.offsets_at(p + j), w.half, k,
+                                            block.data() + j * k * P);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t mb = std::min<int64_t>(kGroupRows, m - g * kGroupRows);
       if (decode_once)
-        pick(isa, width, mb, kDecoded)(x + g * kGroupRows * k, k, reinterpret_cast<const uint8_t*>(block.data()),
-                                       nullptr, nullptr, false, k, out, ldo);
+        pick(isa, width, mb, kDecoded, 32)(x + g * kGroupRows * k, k, reinterpret_cast<const uint8_t*>(block.data()),
+                                           nullptr, nullptr, false, k, out, ldo);
       else
-        pick(isa, width, mb, affine ? kAffine4 : kScaled8)(x + g * kGroupRows * k, k, w.codes_at(p),
-                                                           w.scales_at(p), w.offsets_at(p), w.half, k, out, ldo);
+        pick(isa, width, mb, w.format, w.block)(x + g * kGroupRows * k, k, w.codes_at(p), w.scales_at(p),
+                                                w.offsets_at(p), w.half, k, out, ldo);
       specfree::store_block(out, ldo, mb, width * P, bias, p * P, n, y + g * kGroupRows * n);
     }
     p += width;
@@ -268,31 +297,38 @@ void coded_range(Isa isa, const float* x, int64_t m, const Stream& w, int64_t k,
 
 constexpr int64_t kPanelsPerTask = 4;  // a thread's share: a contiguous run of panels, one stream
 
-// Checks shared by both ops; returns (K, P) and whether the codes are affine4.
-std::tuple<int64_t, int64_t, bool> check_codes(const at::Tensor& codes, const at::Tensor& scales,
-                                               const std::optional<at::Tensor>& offsets, const char* op) {
+// Checks shared by both ops; returns (K, P, format, inputs per scale). The format follows from the
+// codes' dtype: int32 affine4 (eight a word), uint8 affine8, int8 scaled8.
+std::tuple<int64_t, int64_t, Format, int> check_codes(const at::Tensor& codes, const at::Tensor& scales,
+                                                      const std::optional<at::Tensor>& offsets, const char* op) {
   const bool affine = offsets.has_value() && offsets->defined();
   TORCH_CHECK(codes.device().is_cpu() && scales.device().is_cpu(), op, " runs on the CPU");
   TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && scales.dim() == 3 && scales.is_contiguous() &&
-              (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf), op,
-              ": codes [N/P, K/8 or K, P] and float32 or float16 scales [N/P, K/32, P], contiguous "
+              scales.size(1) > 0 && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf), op,
+              ": codes [N/P, K/8 or K, P] and float32 or float16 scales [N/P, K/B, P], contiguous "
               "(specfree.kernels.codes), not ", codes.sizes(), " and ", scales.sizes());
-  TORCH_CHECK(codes.scalar_type() == (affine ? at::kInt : at::kChar), op, ": ",
-              affine ? "affine4 codes are int32 (eight a word)" : "scaled8 codes are int8");
-  const int64_t P = codes.size(2), k = scales.size(1) * kBlock;
-  TORCH_CHECK(scales.size(0) == codes.size(0) && scales.size(2) == P && codes.size(1) == (affine ? k / 8 : k), op,
-              ": codes ", codes.sizes(), " do not match scales ", scales.sizes());
+  const auto type = codes.scalar_type();
+  TORCH_CHECK(affine ? (type == at::kInt || type == at::kByte) : type == at::kChar, op, ": ",
+              affine ? "affine codes are int32 (affine4, eight a word) or uint8 (affine8)" : "scaled8 codes are int8");
+  const Format format = type == at::kInt ? kAffine4 : type == at::kByte ? kAffine8 : kScaled8;
+  const int64_t P = codes.size(2), k = codes.size(1) * (format == kAffine4 ? 8 : 1);
+  const int64_t block = k / scales.size(1);
+  TORCH_CHECK(scales.size(0) == codes.size(0) && scales.size(2) == P && block * scales.size(1) == k &&
+              (block == 32 || (block == 16 && format != kAffine4)), op,
+              ": codes ", codes.sizes(), " do not match scales ", scales.sizes(),
+              " (blocks of 32 inputs, or 16 for uint8 and int8 codes)");
   if (affine)
     TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->is_contiguous() &&
                 offsets->scalar_type() == scales.scalar_type(), op,
                 ": offsets must be shaped like the scales and of their dtype");
-  return {k, P, affine};
+  return {k, P, format, static_cast<int>(block)};
 }
 
 at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                         const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& bias,
                         int64_t n, c10::string_view isa_name) {
-  const auto [k, P, affine] = check_codes(codes, scales, offsets, "specfree::coded_linear");
+  const auto [k, P, format, block] = check_codes(codes, scales, offsets, "specfree::coded_linear");
+  const bool affine = format != kScaled8;
   const Isa isa = specfree::parse_isa(std::string(isa_name), "specfree::coded_linear");
   const int64_t count = codes.size(0);
   TORCH_CHECK(P == (isa == Isa::kAvx512 ? 16 : 8), "specfree::coded_linear: codes in panels of ", P,
@@ -307,7 +343,7 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
     const auto bytes = [](const at::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); };
     const Stream w{bytes(codes), bytes(scales), affine ? bytes(*offsets) : nullptr,
                    codes.size(1) * P * codes.element_size(), scales.size(1) * P * scales.element_size(),
-                   scales.scalar_type() == at::kHalf};
+                   scales.scalar_type() == at::kHalf, format, block};
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
       coded_range(isa, x32.data_ptr<float>(), m, w, k, b.defined() ? b.data_ptr<float>() : nullptr, n, begin, end,
                   y.data_ptr<float>());
@@ -320,7 +356,8 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
 // (fmaf is the vector fma, correctly rounded; q * d is one rounding): what packing compares with
 // the original weight, and what ``.weight`` and the state dict unpack.
 at::Tensor decode_panels(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& offsets) {
-  const auto [k, P, affine] = check_codes(codes, scales, offsets, "specfree::decode_panels");
+  const auto [k, P, format, block] = check_codes(codes, scales, offsets, "specfree::decode_panels");
+  const bool affine = format != kScaled8;
   const int64_t count = codes.size(0);
   at::Tensor panels = at::empty({count, k, P}, scales.options().dtype(at::kFloat));
   const auto* c = static_cast<const uint8_t*>(codes.data_ptr());
@@ -331,11 +368,14 @@ at::Tensor decode_panels(const at::Tensor& codes, const at::Tensor& scales, cons
     for (int64_t p = begin; p < end; ++p)
       for (int64_t i = 0; i < k; ++i)
         for (int64_t col = 0; col < P; ++col) {
-          const int64_t s = (p * (k / kBlock) + i / kBlock) * P + col;
+          const int64_t s = (p * (k / block) + i / block) * P + col;
           float q;
-          if (affine) {
+          if (format == kAffine4) {
             const auto word = static_cast<uint32_t>(reinterpret_cast<const int32_t*>(c)[(p * (k / 8) + i / 8) * P + col]);
             q = static_cast<float>(word >> (4 * (i % 8)) & 15);
+            w[(p * k + i) * P + col] = std::fmaf(q, d[s], o[s]);
+          } else if (format == kAffine8) {
+            q = static_cast<float>(c[(p * k + i) * P + col]);
             w[(p * k + i) * P + col] = std::fmaf(q, d[s], o[s]);
           } else {
             q = static_cast<float>(static_cast<int8_t>(c[(p * k + i) * P + col]));

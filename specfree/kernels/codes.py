@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,9 +32,10 @@ ROWS_AT_ONCE = 2048  # rows searched together (bounds the float64 temporaries)
 
 @dataclass
 class Codes:
-    """A weight's codes in panels of ``lanes`` columns: ``codes`` [N/P, K/8, P] int32 (affine4) or
-    [N/P, K, P] int8 (scaled8), ``scales`` and ``offsets`` (affine4 only) [N/P, K/32, P], float16
-    where every one is a float16 value, else float32."""
+    """A weight's codes in panels of ``lanes`` columns: ``codes`` [N/P, K/8, P] int32 (affine4),
+    [N/P, K, P] uint8 (affine8) or int8 (scaled8), ``scales`` and ``offsets`` (affine only)
+    [N/P, K/B, P] for blocks of B = 32 inputs (16 for some GGUF K-types), float16 where every one
+    is a float16 value, else float32."""
 
     codes: torch.Tensor
     scales: torch.Tensor
@@ -41,7 +43,7 @@ class Codes:
 
     @property
     def kind(self) -> str:
-        return "affine4" if self.offsets is not None else "scaled8"
+        return {torch.int32: "affine4", torch.uint8: "affine8"}.get(self.codes.dtype, "scaled8")
 
     def decode(self) -> torch.Tensor:
         """The float32 panels [N/P, K, P] these codes stand for."""
@@ -121,25 +123,36 @@ def decodes_to(coded: Codes, weight: torch.Tensor) -> bool:
     return True
 
 
-def _panels(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, lanes: int) -> Codes:
-    """q [N, K/32, 32], d and m [N, K/32] -> ``Codes`` in panels (zero columns past N)."""
+def from_blocks(blocks, lanes: int) -> Codes:
+    """A GGUF tensor's ``gguf_blocks.BlockCodes`` as ``Codes`` in panels of ``lanes`` columns."""
+    return _panels(blocks.q, blocks.d, blocks.m, lanes, blocks.nibbles)
+
+
+def _panels(q, d, m, lanes: int, nibbles: bool = True) -> Codes:
+    """q [N, K/B, B] (or [N, K]), d and m [N, K/B] (tensors or arrays) -> ``Codes`` in panels (zero
+    columns past N); affine codes eight a word where ``nibbles`` (they fit 4 bits), else a byte each.
+    numpy does the repacking: torch's strided copies of small integers took 30x longer."""
+    q, d = np.asarray(q), np.asarray(d, dtype=np.float32)
+    m = None if m is None else np.asarray(m, dtype=np.float32)
     n = q.shape[0]
     pad = (-n) % lanes
 
-    def panels(t: torch.Tensor) -> torch.Tensor:  # [N, X] -> [N/P, X, P]
-        t = F.pad(t, (0, 0, 0, pad)) if pad else t
-        return t.reshape(-1, lanes, t.shape[1]).transpose(1, 2).contiguous()
+    def panels(t: np.ndarray) -> torch.Tensor:  # [N, X] -> [N/P, X, P]
+        t = np.pad(t, ((0, pad), (0, 0))) if pad else t
+        return torch.from_numpy(np.ascontiguousarray(t.reshape(-1, lanes, t.shape[1]).transpose(0, 2, 1)))
 
     q = q.reshape(n, -1)
     # float16 scales and offsets where all are float16 values (a GGUF file's are): fewer bytes read
-    if all(torch.equal(t.half().float(), t) for t in (d, m) if t is not None):
-        d, m = d.half(), None if m is None else m.half()
+    if all(np.array_equal(t.astype(np.float16).astype(np.float32), t) for t in (d, m) if t is not None):
+        d, m = d.astype(np.float16), None if m is None else m.astype(np.float16)
+    if m is not None and not nibbles:
+        return Codes(panels(q.astype(np.uint8)), panels(d), panels(m))
     if m is not None:  # eight codes a word: input 8g+i in bits 4i..4i+3 of word g
-        shifts = torch.arange(0, 32, 4, dtype=torch.int64)
-        words = (q.reshape(n, -1, 8).long() << shifts).sum(-1)
-        words = (words - (words >= 2**31).long() * 2**32).int()  # the same 32 bits as int32
+        # input 2j in the low nibble of byte j, 2j+1 in the high one; four bytes a little-endian word
+        q = q.astype(np.uint8)
+        words = np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << np.uint8(4))).view(np.int32)
         return Codes(panels(words), panels(d), panels(m))
-    return Codes(panels(q.to(torch.int8)), panels(d), None)
+    return Codes(panels(q.astype(np.int8)), panels(d), None)
 
 
 class CodedLinear(PanelLinear):
@@ -203,13 +216,17 @@ class CodedConv1D(CodedLinear, PanelConv1D):
 
 class CodedEmbedding(PanelEmbedding):
     """A plain ``nn.Embedding`` tied to a ``CodedLinear`` head: each looked-up row decoded from the
-    head's codes (the panels holding it, decoded by the same op, so the same bits as the head's)."""
+    head's codes (the panels holding it, decoded by the same op, so the same bits as the head's).
+    ``own=True``: the codes are the embedding's own (a GGUF whose head is another tensor), held as
+    its submodule ``table``."""
 
-    def __init__(self, embedding: nn.Embedding, head: CodedLinear):
+    def __init__(self, embedding: nn.Embedding, head: CodedLinear, own: bool = False):
         nn.Module.__init__(self)
         self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
         self.padding_idx = embedding.padding_idx
-        self.head = [head]  # not a submodule: the head is the model's own, its codes its storage
+        self.head = [head]  # not a submodule when tied: the head is the model's own, its codes its storage
+        if own:
+            self.table = head
 
     @property
     def storage(self) -> torch.Tensor:

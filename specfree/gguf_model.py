@@ -1,0 +1,290 @@
+"""A GGUF file as a model whose linear layers hold the file's own codes: never a float32 copy.
+
+transformers' GGUF support dequantizes every tensor to float32 (8x a Q4 file in memory). Here the
+config, tokenizer and tensor names still come from transformers (its per-architecture maps and
+tensor processors), but the weights are read straight from the file:
+
+1. the model is built with empty weights (``accelerate.init_empty_weights``);
+2. each linear weight of a type in ``kernels.gguf_blocks.BLOCK_TYPES`` becomes a ``CodedLinear``
+   from its blocks, its rows put in the order transformers' tensor processor gives them (found by
+   running the processor on the row numbers: a pure row permutation such as Llama's q/k unpermute
+   moves the codes; anything else dequantizes that tensor);
+3. everything else (norms, biases, F32/F16/BF16 tensors, types without a kernel) is dequantized by
+   ``gguf`` itself and processed as transformers does; a quantized tensor that runs dequantized is
+   named in one warning line with its type;
+4. an embedding held as codes decodes its looked-up rows from them (tied to the head, or owning
+   its own codes).
+
+Bytes are read with ``pread``, one tensor at a time, so the file's pages are not kept mapped: the
+peak is the codes plus one tensor's unpacking. The decoded values equal ``gguf.quants.dequantize``
+(what transformers loads) bit for bit, so greedy output equals transformers' model of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specfree.errors import ModelLoadError
+from specfree.files import write_atomic
+from specfree.kernels.codes import CodedEmbedding, CodedLinear, from_blocks
+from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
+
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+TENSOR_TABLE = "tensors.json"  # the file's table of tensors, in its cache entry
+
+
+@dataclass
+class GGUFHoldings:
+    """What a loaded GGUF holds how: type names of the tensors held as codes (per group of layers)
+    and the quantized tensors that run dequantized, with their types. ``describe()`` prints it."""
+
+    file: str
+    coded: dict[str, Counter] = field(default_factory=dict)  # group ("attn_q", "ffn_down", "output") -> types
+    dequantized: dict[str, str] = field(default_factory=dict)  # tensor -> its type
+    code_bytes: int = 0
+
+    def add(self, name: str, qtype: str) -> None:
+        group = name.split(".")[-2] if name.startswith("blk.") else name.rsplit(".", 1)[0]
+        self.coded.setdefault(group, Counter())[qtype] += 1
+
+    def summary(self) -> str:
+        groups = "; ".join(f"{group} {'/'.join(sorted(types))}" for group, types in sorted(self.coded.items()))
+        held = f"held as codes: {groups or 'none'} ({self.code_bytes / 1e6:.0f} MB)"
+        if self.dequantized:
+            listed = ", ".join(f"{name} ({qtype})" for name, qtype in list(self.dequantized.items())[:6])
+            more = len(self.dequantized) - 6
+            held += f"; run as float32: {listed}" + (f" and {more} more" if more > 0 else "")
+        return held
+
+    def as_dict(self) -> dict:
+        return {"file": self.file, "coded": {g: dict(t) for g, t in self.coded.items()},
+                "dequantized": dict(self.dequantized), "code_bytes": self.code_bytes}
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (Linux), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _parameter(tensor: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor, requires_grad=False)
+
+
+class GGUFWeights:
+    """The tensors of one GGUF file, read one at a time (``pread``: nothing stays mapped). The table
+    of tensors is read from ``table`` (a file in the cache entry named by the file's content) where
+    it is there: ``gguf.GGUFReader`` parses every metadata field, the vocabulary too (seconds)."""
+
+    def __init__(self, path: Path, table: Path | None = None):
+        import gguf
+
+        self.path = path
+        try:
+            saved = json.loads(table.read_text())
+            self.architecture = saved["architecture"]
+            self.tensors = [(name, gguf.GGMLQuantizationType(qtype), tuple(shape), offset, nbytes)
+                            for name, qtype, shape, offset, nbytes in saved["tensors"]]
+        except (AttributeError, OSError, ValueError, KeyError, TypeError):
+            reader = gguf.GGUFReader(str(path))
+            self.architecture = str(reader.fields["general.architecture"].contents())
+            # (name, type, shape [rows..., columns] as torch orders it, file offset, bytes)
+            self.tensors = [(t.name, t.tensor_type, tuple(int(s) for s in reversed(t.shape.tolist())),
+                             int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
+            del reader  # its memory map goes with it
+        size = path.stat().st_size
+        for name, _, _, offset, nbytes in self.tensors:
+            if offset + nbytes > size:
+                raise ModelLoadError(f"could not read GGUF file {path}: tensor {name} ends at byte {offset + nbytes} "
+                                     f"but the file has {size} (truncated). Download it again")
+
+    def save(self, table: Path) -> None:
+        """Write the table of tensors for the next load (``__init__``'s ``table``)."""
+        rows = [(name, int(qtype), list(shape), offset, nbytes) for name, qtype, shape, offset, nbytes in self.tensors]
+        write_atomic(table, json.dumps({"architecture": self.architecture, "tensors": rows}))
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        out = np.empty(nbytes, dtype=np.uint8)
+        with open(self.path, "rb", buffering=0) as f:
+            view, done = memoryview(out), 0
+            while done < nbytes:
+                got = os.preadv(f.fileno(), [view[done:]], offset + done)
+                if got <= 0:
+                    raise ModelLoadError(f"could not read GGUF file {self.path}: it ends inside a tensor. "
+                                         "Download it again")
+                done += got
+        return out
+
+
+def _row_order(processor, name: str, rows: int, mapping: dict) -> np.ndarray | None:
+    """The order transformers' tensor processor puts ``rows`` rows of tensor ``name`` in, when all
+    it does is reorder rows (identity: None); raises LookupError when it does more."""
+    probe = np.arange(rows, dtype=np.float64)[:, None]
+    result = processor.process(weights=probe, name=name, tensor_key_mapping=mapping,
+                               parsed_parameters={"tensors": {}, "config": {}})
+    moved = np.asarray(result.weights)
+    if result.name != name or moved.shape != probe.shape or not np.array_equal(np.sort(moved[:, 0]), probe[:, 0]):
+        raise LookupError(name)
+    order = moved[:, 0].astype(np.int64)
+    return None if np.array_equal(order, probe[:, 0]) else order
+
+
+def _dequantized(weights: GGUFWeights, entry, processor, mapping: dict) -> torch.Tensor:
+    import gguf
+
+    name, qtype, shape, offset, nbytes = entry
+    values = np.asarray(gguf.quants.dequantize(weights.read(offset, nbytes), qtype)).reshape(shape)
+    result = processor.process(weights=values, name=name, tensor_key_mapping=mapping,
+                               parsed_parameters={"tensors": {}, "config": {}})
+    return torch.from_numpy(np.ascontiguousarray(result.weights, dtype=np.float32))
+
+
+def _coded(weights: GGUFWeights, entry, processor, mapping: dict, lanes: int):
+    """``Codes`` of a 2-D quantized tensor, rows in transformers' order, or None (no code format)."""
+    name, qtype, shape, offset, nbytes = entry
+    if qtype not in BLOCK_TYPES or len(shape) != 2:
+        return None
+    try:
+        order = _row_order(processor, name, shape[0], mapping)
+    except LookupError:
+        return None
+    blocks = block_codes(weights.read(offset, nbytes), qtype, *shape)
+    if blocks is None:
+        return None
+    if order is not None:
+        blocks = type(blocks)(blocks.q[order], blocks.d[order], None if blocks.m is None else blocks.m[order],
+                              blocks.block, blocks.nibbles)
+    return from_blocks(blocks, lanes)
+
+
+def estimate_bytes(weights: GGUFWeights) -> int:
+    """The memory the model will take: codes at their kernel format's size, the rest as float32."""
+    total = 0
+    for _, qtype, shape, _, nbytes in weights.tensors:
+        numel = int(np.prod(shape))
+        total += int(nbytes * 1.35) if qtype in BLOCK_TYPES and len(shape) == 2 else numel * 4
+    return total
+
+
+def gguf_names(model: nn.Module, processor, architecture: str) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name, by ``gguf``'s name map for the file's
+    architecture: what transformers' ``get_gguf_hf_weights_map`` computes (a name unmapped at the
+    top is tried without its leading module names, as it tries each submodule), with the map built
+    once rather than once per submodule (13 s for SmolLM2's 397 modules)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = next((key for key, value in MODEL_ARCH_NAMES.items() if value == architecture), None)
+    if arch is None:
+        raise ModelLoadError(f"the gguf package does not know the architecture {architecture!r}: upgrade gguf")
+    name_map = get_tensor_name_map(arch, model.config.num_hidden_layers)
+    mapping: dict[str, str] = {}
+    for full in model.state_dict(keep_vars=True):
+        parts = full.split(".")
+        for start in range(len(parts) - 1):
+            hf_name = processor.preprocess_name(".".join(parts[start:]))
+            name, dot, suffix = hf_name.rpartition(".") if hf_name.endswith((".weight", ".bias")) else (hf_name, "", "")
+            gguf_name = name_map.get_name(name)
+            if gguf_name is not None:
+                mapping.setdefault(gguf_name + dot + suffix, full)
+                break
+        else:
+            name, dot, suffix = full.rpartition(".")
+            processor.perform_fallback_tensor_mapping(mapping, dot + suffix, "", full)
+    return mapping
+
+
+def load_coded(path: Path, config, lanes: int, attn_implementation: str | None = "sdpa", table: Path | None = None):
+    """The causal LM of GGUF ``path`` (``config``: its transformers config), linear layers held as
+    the file's codes in panels of ``lanes`` columns; with a ``GGUFHoldings`` at ``model.gguf_holdings``.
+    ``table``: where the file's table of tensors is cached (``GGUFWeights``)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    weights = GGUFWeights(path, table)
+    need, free = estimate_bytes(weights), available_memory()
+    if free is not None and need > free:
+        raise ModelLoadError(f"could not load {path}: it needs about {need / 2**30:.1f} GiB of memory "
+                             f"(its codes, and float32 for tensors without a kernel) and {free / 2**30:.1f} GiB "
+                             "is available. Free memory, or use a smaller or more quantized file")
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                                 dtype=torch.float32)
+    processor = TENSOR_PROCESSORS.get(weights.architecture, TensorProcessor)(config=config.to_dict())
+    mapping = gguf_names(model, processor, weights.architecture)
+    holdings = GGUFHoldings(path.name)
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and getattr(config, "tie_word_embeddings", False)
+    embedding_codes = None
+    with torch.no_grad():
+        for entry in weights.tensors:
+            name, qtype = entry[0], entry[1]
+            hf_name = mapping.get(name)
+            if hf_name is None:
+                continue
+            module_name, _, key = hf_name.rpartition(".")
+            module = model.get_submodule(module_name)
+            codes = None
+            if key == "weight" and (type(module) is nn.Linear or module is embedding):
+                codes = _coded(weights, entry, processor, mapping, lanes)
+            if codes is not None:
+                holdings.add(name, qtype.name)
+                holdings.code_bytes += codes.nbytes()
+                if module is embedding:
+                    embedding_codes = codes
+                else:
+                    _replace(model, module_name, CodedLinear(module, codes))
+                continue
+            if qtype.name not in FLOAT_TYPES:
+                holdings.dequantized[name] = qtype.name
+            tensor = _dequantized(weights, entry, processor, mapping)
+            target = getattr(module, key)
+            module._parameters[key] = _parameter(tensor.reshape(target.shape))
+        if embedding_codes is not None:
+            source = nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False, device="meta")
+            table = CodedLinear(source, embedding_codes)
+            if tied and not _has_tensor(model, head):
+                _replace(model, _name_of(model, head), table)
+                _replace(model, _name_of(model, embedding), CodedEmbedding(embedding, table))
+            else:
+                _replace(model, _name_of(model, embedding), CodedEmbedding(embedding, table, own=True))
+        elif tied and not _has_tensor(model, head):
+            model.tie_weights()
+    missing = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.device.type == "meta"]
+    if missing:
+        raise ModelLoadError(f"could not load {path}: the file lacks {len(missing)} tensor(s) the "
+                             f"{config.model_type} model needs ({', '.join(missing[:3])}). Download it again")
+    if holdings.dequantized:
+        warnings.warn(f"{path.name}: {holdings.summary().split('; run as float32: ')[1]} have no kernel "
+                      "here and run dequantized as float32", stacklevel=3)
+    model.gguf_holdings = holdings
+    return model.eval()
+
+
+def _has_tensor(model: nn.Module, module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return isinstance(module, CodedLinear) or (weight is not None and weight.device.type != "meta")
+
+
+def _name_of(model: nn.Module, target: nn.Module) -> str:
+    return next(name for name, module in model.named_modules() if module is target)
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)

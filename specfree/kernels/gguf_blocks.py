@@ -1,0 +1,184 @@
+"""GGUF's quantized blocks as the codes ``specfree::coded_linear`` runs: one decode per type.
+
+Each GGUF type stores a weight row as blocks of bytes. Every common type's value is, per run of 16
+or 32 inputs, an integer code times a float32 scale, plus a float32 offset for some: exactly what
+``gguf.quants.dequantize`` computes, with one rounding (the products below are exact in float32:
+an fp16 scale has 11 significant bits, a K-type's sub-scale at most 8, a code at most 8). So each
+type maps onto one of the kernel's formats without changing a bit:
+
+| type | value (gguf's) | held as | bits a weight (file) |
+|---|---|---|---|
+| Q4_0 | d·(q−8) | affine4: fma(q, d, −8d) | 5 (4.5) |
+| Q4_1 | d·q + m | affine4 | 5 (5) |
+| Q5_0 | d·(q−16) | scaled8 | 8.5 (5.5) |
+| Q5_1 | d·q + m | affine8 | 9 (6) |
+| Q8_0 | d·q | scaled8 | 8.5 (8.5) |
+| Q2_K | (d·sc)·q − dmin·m, per 16 | affine8, float32 scales | 12 (2.6) |
+| Q3_K | (d·sc)·q, per 16 | scaled8, float32 scales | 10 (3.4) |
+| Q4_K | (d·sc)·q − dmin·m, per 32 | affine4, float32 scales | 6 (4.5) |
+| Q5_K | (d·sc)·q − dmin·m, per 32 | affine8, float32 scales | 10 (5.5) |
+| Q6_K | (d·sc)·q, per 16 | scaled8, float32 scales | 10 (6.6) |
+
+``BLOCK_TYPES`` is that table: a new type is one decode function and one row. Types outside it
+(F32, F16, BF16: float already; IQ*, TQ*: no code format) are dequantized by ``gguf`` itself.
+The unpacking follows ``gguf.quants``' own numpy, so the codes land where its values do; the
+tests check every type against ``gguf.quants.dequantize`` on random blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+QK_K = 256
+
+
+@dataclass(frozen=True)
+class BlockCodes:
+    """A weight [N, K] as codes: ``q`` [N, K] (uint8, or int8 for scaled8), ``d`` and ``m``
+    [N, K/block] float32 (``m`` None: scaled8); ``nibbles``: q fits 4 bits (affine4)."""
+
+    q: np.ndarray
+    d: np.ndarray
+    m: np.ndarray | None
+    block: int
+    nibbles: bool
+
+    def values(self) -> np.ndarray:
+        """The float32 values these codes stand for, as the kernel decodes them (float64 fma, then
+        one rounding to float32: an fma's result), for tests and for a tensor the kernel cannot run."""
+        n, k = self.q.shape
+        q = self.q.astype(np.float64).reshape(n, k // self.block, self.block)
+        d = self.d.astype(np.float64)[..., None]
+        exact = q * d if self.m is None else q * d + self.m.astype(np.float64)[..., None]
+        return exact.astype(np.float32).reshape(n, k)
+
+
+def _half(raw: np.ndarray) -> np.ndarray:
+    return raw.view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, n_blocks: int, width: int) -> np.ndarray:
+    """A 32-input block's low nibbles then high nibbles (gguf's order)."""
+    q = qs.reshape((n_blocks, -1, 1, width)) >> np.array([0, 4], dtype=np.uint8).reshape((1, 1, 2, 1))
+    return (q & np.uint8(0x0F)).reshape((n_blocks, -1))
+
+
+def _high_bits(qh: np.ndarray, n_blocks: int) -> np.ndarray:
+    """Q5_0 / Q5_1: bit i of the block's 32-bit word is input i's fifth bit."""
+    bits = qh.copy().view(np.uint32).reshape((n_blocks, 1)) >> np.arange(32, dtype=np.uint32).reshape((1, 32))
+    return (bits & np.uint32(1)).astype(np.uint8)
+
+
+def q4_0(blocks: np.ndarray) -> tuple:
+    n = len(blocks)
+    d = _half(blocks[:, :2].copy())
+    return _nibbles(blocks[:, 2:], n, 16), d, -8 * d, 32, True
+
+
+def q4_1(blocks: np.ndarray) -> tuple:
+    n = len(blocks)
+    return _nibbles(blocks[:, 4:], n, 16), _half(blocks[:, :2].copy()), _half(blocks[:, 2:4].copy()), 32, True
+
+
+def q5_0(blocks: np.ndarray) -> tuple:
+    n = len(blocks)
+    q = _nibbles(blocks[:, 6:], n, 16) | (_high_bits(blocks[:, 2:6], n) << np.uint8(4))
+    return q.astype(np.int8) - np.int8(16), _half(blocks[:, :2].copy()), None, 32, False
+
+
+def q5_1(blocks: np.ndarray) -> tuple:
+    n = len(blocks)
+    q = _nibbles(blocks[:, 8:], n, 16) | (_high_bits(blocks[:, 4:8], n) << np.uint8(4))
+    return q, _half(blocks[:, :2].copy()), _half(blocks[:, 2:4].copy()), 32, False
+
+
+def q8_0(blocks: np.ndarray) -> tuple:
+    return blocks[:, 2:].copy().view(np.int8), _half(blocks[:, :2].copy()), None, 32, False
+
+
+def q2_k(blocks: np.ndarray) -> tuple:
+    n = len(blocks)
+    scales, qs, d, dmin = blocks[:, :16], blocks[:, 16:80], _half(blocks[:, 80:82].copy()), _half(blocks[:, 82:84].copy())
+    shift = np.array([0, 2, 4, 6], dtype=np.uint8).reshape((1, 1, 4, 1))
+    q = ((qs.reshape((n, -1, 1, 32)) >> shift) & np.uint8(3)).reshape((n, QK_K))
+    dl = d * (scales & 0xF).astype(np.float32)
+    ml = dmin * (scales >> 4).astype(np.float32)
+    return q, dl, -ml, 16, False
+
+
+def q3_k(blocks: np.ndarray) -> tuple:
+    n = len(blocks)
+    hmask, qs, scales, d = blocks[:, :32], blocks[:, 32:96], blocks[:, 96:108], _half(blocks[:, 108:110].copy())
+    low = (scales[:, :8].reshape((n, 1, 8)) >> np.array([0, 4], dtype=np.uint8).reshape((1, 2, 1))).reshape((n, 16))
+    high = (scales[:, 8:].reshape((n, 1, 4)) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape((1, 4, 1))).reshape((n, 16))
+    sc = ((low & np.uint8(0x0F)) | ((high & np.uint8(0x03)) << np.uint8(4))).astype(np.int8) - np.int8(32)
+    ql = qs.reshape((n, -1, 1, 32)) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape((1, 1, 4, 1))
+    qh = hmask.reshape((n, -1, 1, 32)) >> np.arange(8, dtype=np.uint8).reshape((1, 1, 8, 1))
+    ql = ql.reshape((n, 16, QK_K // 16)) & np.uint8(3)
+    qh = (qh.reshape((n, 16, QK_K // 16)) & np.uint8(1)) ^ np.uint8(1)
+    q = (ql.astype(np.int8) - (qh << np.uint8(2)).astype(np.int8)).reshape((n, QK_K))
+    return q, d * sc.astype(np.float32), None, 16, False
+
+
+def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: eight 6-bit sub-scales and sub-minimums packed in 12 bytes (gguf's unpacking)."""
+    n = len(scales)
+    d, m, m_d = np.split(scales.reshape((n, 3, 4)), 3, axis=-2)
+    sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1).reshape((n, 8))
+    mins = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1).reshape((n, 8))
+    return sc, mins
+
+
+def q4_k(blocks: np.ndarray) -> tuple:
+    n = len(blocks)
+    d, dmin = _half(blocks[:, :2].copy()), _half(blocks[:, 2:4].copy())
+    sc, mins = _k_scale_min(blocks[:, 4:16])
+    q = _nibbles(blocks[:, 16:], n, 32)
+    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), 32, True
+
+
+def q5_k(blocks: np.ndarray) -> tuple:
+    n = len(blocks)
+    d, dmin = _half(blocks[:, :2].copy()), _half(blocks[:, 2:4].copy())
+    sc, mins = _k_scale_min(blocks[:, 4:16])
+    qh = blocks[:, 16:48].reshape((n, -1, 1, 32)) >> np.arange(8, dtype=np.uint8).reshape((1, 1, 8, 1))
+    q = _nibbles(blocks[:, 48:], n, 32) | ((qh & np.uint8(1)).reshape((n, QK_K)) << np.uint8(4))
+    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), 32, False
+
+
+def q6_k(blocks: np.ndarray) -> tuple:
+    n = len(blocks)
+    ql, qh, scales, d = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208], _half(blocks[:, 208:210].copy())
+    low = (ql.reshape((n, -1, 1, 64)) >> np.array([0, 4], dtype=np.uint8).reshape((1, 1, 2, 1))) & np.uint8(0x0F)
+    high = (qh.reshape((n, -1, 1, 32)) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape((1, 1, 4, 1))) & np.uint8(3)
+    q = (low.reshape((n, -1, 32)) | (high.reshape((n, -1, 32)) << np.uint8(4))).astype(np.int8) - np.int8(32)
+    return q.reshape((n, QK_K)), d * scales.copy().view(np.int8).astype(np.float32), None, 16, False
+
+
+# The type-traits table: GGUF type -> its decode (blocks [n, type_size] uint8 -> q, d, m, block, nibbles).
+BLOCK_TYPES: dict[T, Callable[[np.ndarray], tuple]] = {
+    T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0, T.Q5_1: q5_1, T.Q8_0: q8_0,
+    T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k,
+}
+
+
+def block_codes(raw: np.ndarray, qtype: T, rows: int, columns: int) -> BlockCodes | None:
+    """The codes of a [rows, columns] tensor stored as ``qtype`` blocks (``raw``: its bytes), or
+    None where the type has no code format or a scale is not finite (then ``gguf`` dequantizes it:
+    an fma would turn inf·0 into nan where gguf's product gives inf)."""
+    decode = BLOCK_TYPES.get(qtype)
+    if decode is None:
+        return None
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, type_size)
+    if len(blocks) * block_size != rows * columns:
+        raise ValueError(f"{len(blocks)} blocks of {block_size} cannot be a {rows}x{columns} tensor")
+    q, d, m, block, nibbles = decode(blocks)
+    d, m = (None if t is None else t.reshape(rows, columns // block).astype(np.float32) for t in (d, m))
+    if not np.isfinite(d).all() or (m is not None and not np.isfinite(m).all()):
+        return None
+    return BlockCodes(np.ascontiguousarray(q).reshape(rows, columns), d, m, block, nibbles)
