@@ -201,10 +201,10 @@ class HFAdapter:
         holdings = getattr(self.model, "gguf_holdings", None)
         held = f"; {holdings.file}: {holdings.summary()}" if holdings is not None else ""
         if not isinstance(self.runner, StepRunner):
-            return f"{self.capabilities.describe()}; attention: {attention_path(self.model)}"
+            return f"{self.capabilities.describe()}; attention: {attention_path(self.model)}{held}"
         linears = "specfree's few-row kernel" if self.linears != "library" else "torch's"
         weights = ", weights shared with the model" if self.runner.options["weights"] == "shared" else ""
-        return f"{self.runner.describe()}, linear layers {linears} ({self.linears}){weights}"
+        return f"{self.runner.describe()}, linear layers {linears} ({self.linears}){weights}{held}"
 
     def path(self) -> dict:
         """Which forward runs, for records (``decode``'s result.json): compiled (AOTInductor package
