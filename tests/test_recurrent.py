@@ -18,8 +18,9 @@ from specfree.tree import DraftTree, merge
 from tests.test_lossless import prompts
 from tests.tiny_models import RECURRENT_FAMILIES, Oracle, reference_greedy, tiny_model
 
-# transformers 5.23's Mamba-1 mixer starts from a zero state on multi-token input: no chains there.
-ONE_ROW = {"mamba", "jamba"}
+# transformers 5.23's Mamba-1 mixer (and RecurrentGemma's recurrent block) starts from a zero state on
+# multi-token input: no chains there.
+ONE_ROW = {"mamba", "jamba", "recurrent_gemma"}
 CHAIN = [f for f in RECURRENT_FAMILIES if f not in ONE_ROW]
 pytestmark = pytest.mark.usefixtures("one_thread")
 STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "recycling", "hybrid", "retrieval"]
@@ -59,6 +60,22 @@ def test_every_strategy_reproduces_generate(family, strategy, datastore):
     assert result.tokens == reference_greedy(model, prompt, 20, ignore_eos=True)
     assert sum(s.emitted for s in result.steps) == len(result.tokens)
     assert all(s.rows == s.drafted + 1 for s in result.steps)  # one chain: no aux rows, no siblings
+
+
+@pytest.mark.parametrize("family", ["recurrent_gemma", "llama", "falcon_h1"])
+def test_an_engine_over_parameters_that_require_grad(family, datastore):
+    """As after ``from_pretrained``, every parameter requires grad: every forward the engine runs (probes,
+    a recurrent store's own, the cost curve, prompts, steps, replays) runs grad-free all the same, and
+    the mode does not leak out to the caller. A recurrent, an attention and a hybrid family."""
+    model = tiny_model.__wrapped__(family)  # a fresh model: no engine has swapped its weights yet
+    assert all(p.requires_grad for p in model.parameters())
+    prompt = self_repeating_prompt(family)
+    for strategy in ("prompt_lookup", "hybrid"):
+        engine = Engine.from_model(model, None, strategy)
+        assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        result = engine.generate(prompt, 12, ignore_eos=True)
+        assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        assert result.tokens == reference_greedy(model, prompt, 12, ignore_eos=True)
 
 
 # Families whose cache is transformers' own linear-attention layers: rollbacks re-run their mixers only.

@@ -162,6 +162,11 @@ RECURRENT_CONFIGS = {
                                             num_experts_per_tok=1, router_hidden_size=16,
                                             layer_types=["hybrid", "hybrid_sliding"] * 2, sliding_window=16,
                                             max_position_embeddings=512, **COMMON),
+    # RG-LRU recurrent blocks beside local attention (a window of 16, shorter than the tests' text); its
+    # recurrent block, like Mamba-1's, restarts its state on multi-token input: one row a step
+    "recurrent_gemma": lambda: transformers.RecurrentGemmaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, lru_width=32, attention_window_size=16, **COMMON),
     # a cache class of its own, passed as cache_params; mLSTM matrix memory (hidden 64 with q/k/v factors 1:
     # its layers size heads from hidden * factor, its cache from that rounded up to a multiple of 64)
     "xlstm": lambda: transformers.xLSTMConfig(hidden_size=64, num_hidden_layers=2, num_heads=4, qk_dim_factor=1.0,

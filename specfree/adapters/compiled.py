@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from specfree.adapters.capabilities import compile_blocker, model_device
-from specfree.adapters.hf import HFAdapter, prepare_model
+from specfree.adapters.hf import HFAdapter, grad_free, prepare_model
 from specfree.adapters.kv import StaticSlots, cache_argument, growing_cache
 from specfree.adapters.packaged import StepPackage
 from specfree.adapters.runners import RUNNERS, PackageRunner
@@ -96,7 +96,7 @@ def shared_parameter_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, memo)
 
 
-@torch.inference_mode()
+@grad_free()  # a forward before the adapter exists: the mode its calls run under
 def layer_shapes(model) -> list[tuple[torch.Size, torch.Size]]:
     """Each cache layer's key and value shape for one token, from one eager forward."""
     probe = growing_cache()

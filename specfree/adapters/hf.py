@@ -27,6 +27,14 @@ from specfree.adapters.stores import STORES, KVStore
 from specfree.kernels import linear_path, use_few_row_linears
 from specfree.progress import progress_bar
 
+# The one mode every forward specfree runs is under: probes, the cost curve, prompts, steps and
+# replays alike, whatever the model's parameters' ``requires_grad`` (after ``from_pretrained`` they
+# all require it). It is set at one boundary, the adapter's: its construction once the kernels are
+# swapped in, and each call into it (below); stores, runners, probes and the cost curve run only
+# inside those calls, so none sets it again. No autograd graph is built, and the state one forward
+# leaves (KV, recurrent states, snapshots) is usable by the next.
+grad_free = torch.inference_mode
+
 
 def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "few_row",
                   cache_dir: str | None = None) -> int:
@@ -61,11 +69,13 @@ class HFAdapter:
         this model (given: no probes run); ``check_tree_mask=False`` skips the probes."""
         structure = capabilities or model_structure(model)  # refusals first, before any kernel is swapped
         self.model = model.eval()
+        # Outside the mode: the weights the kernels repack stay the model's own, usable by any caller.
         self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
         self._device = model_device(model)
         self._compiled_runner = runner
-        self._attach(capabilities or probes.inspect_model(structure, self._probe, compiled=runner is not None,
-                                                          probe=check_tree_mask), runner)
+        with grad_free():  # the probes' forwards, and a store's own (a recurrent one finds its mixers)
+            self._attach(capabilities or probes.inspect_model(structure, self._probe, compiled=runner is not None,
+                                                              probe=check_tree_mask), runner)
 
     def _attach(self, capabilities: Capabilities, runner: StepRunner | None) -> None:
         self.capabilities = capabilities
@@ -111,16 +121,17 @@ class HFAdapter:
         return self.store.rollback_s
 
     # ---- a step ---------------------------------------------------------------------------
+    @grad_free()
     def reset(self) -> None:
         self.store.reset()
 
-    @torch.inference_mode()
+    @grad_free()
     def prefill(self, ids: torch.Tensor) -> None:
         """Keep the KV of ``ids`` [L] (a plain causal forward; its logits are not needed)."""
         if ids.numel():
             self.store.prefill(ids)
 
-    @torch.inference_mode()
+    @grad_free()
     def forward(self, tokens: torch.Tensor, allowed: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [Q, V] for rows ``tokens`` [Q]; ``allowed`` [Q, Q] says which new rows each row sees.
@@ -133,12 +144,12 @@ class HFAdapter:
             positions = self.store.past + seen - 1
         return self.store.run(tokens, allowed, positions)
 
-    @torch.inference_mode()
+    @grad_free()
     def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits of rows under the model's own causal mask, no mask passed (the probes' reference)."""
         return self.store.run_plain(tokens, positions)
 
-    @torch.inference_mode()
+    @grad_free()
     def commit(self, keep: list[int], rows: int) -> None:
         """Keep the KV of this step's rows ``keep`` (ascending, keep[0] == 0), drop the rest.
 
@@ -165,7 +176,7 @@ class HFAdapter:
     def linears(self) -> str:
         return linear_path(self.model)
 
-    @torch.inference_mode()
+    @grad_free()
     def warm_up(self, slots: int | None = None, progress: bool = True) -> float:
         """Compile (or load) the runner's steps for ``slots`` KV slots (default: the first tier)
         before the first request; returns the seconds spent. Shows progress on stderr when asked."""

@@ -110,7 +110,6 @@ class StaticSlots:
             slots *= 2
         return slots
 
-    @torch.inference_mode()
     def room(self, needed: int) -> None:
         """Room for ``needed`` slots: a larger tier when they do not fit (new graphs follow)."""
         if needed <= self.capacity:
@@ -130,7 +129,6 @@ class StaticSlots:
         self.buffers = [t for layer in layers for t in (layer.keys, layer.values)]
         self.set_length(self.past)
 
-    @torch.inference_mode()
     def set_length(self, length: int) -> None:
         self.past = length
         if self.cache is not None:
@@ -144,7 +142,6 @@ class StaticSlots:
             self.cache, self.buffers = None, []
         self.set_length(0)
 
-    @torch.inference_mode()
     def commit(self, keep: list[int], start: int) -> None:
         """Keep the KV of the rows ``keep`` (ascending, keep[0] == 0) of the step that began at
         slot ``start``; drop the rest (padding rows included)."""

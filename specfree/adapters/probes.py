@@ -104,7 +104,6 @@ def _ids(adapter, n: int) -> torch.Tensor:
     return torch.arange(3, 3 + n) % min(adapter.vocab_size, 1000)
 
 
-@torch.inference_mode()
 def check_causal(adapter) -> None:
     """Refuse, by name, a model whose rows see the rows after them (an encoder loaded as a causal
     LM): a row's logits must not change when later tokens are appended."""
@@ -121,7 +120,6 @@ def check_causal(adapter) -> None:
             "(is_decoder=True) or use a causal model family.")
 
 
-@torch.inference_mode()
 def tree_mask_failure(adapter) -> str | None:
     """Why the model cannot verify trees (a phrase following its family's name), or None.
 
@@ -146,7 +144,6 @@ def tree_mask_failure(adapter) -> str | None:
     return None
 
 
-@torch.inference_mode()
 def honours_custom_masks(adapter) -> bool:
     """Whether a custom 4D mask changes what a row sees: hiding the row before the last one from it
     must change its logits (a model that ignores or rejects masks gives the plain causal logits)."""
@@ -164,7 +161,6 @@ def honours_custom_masks(adapter) -> bool:
     return not close(adapter, masked, causal)
 
 
-@torch.inference_mode()
 def check_split_invariant(adapter, refusal: UnsupportedModelError) -> None:
     """Refuse, naming the cause, a model whose own forward gives logits that depend on how the tokens
     are split between forwards: over the cache ``generate`` builds, a cached prefix then one token at a
@@ -213,7 +209,6 @@ def _cached_tokens(cache) -> int | None:
         return None
 
 
-@torch.inference_mode()
 def check_chain(adapter) -> Capabilities:
     """A chain of rows after a cached prefix, and the cache cut (or the state rolled back) to part
     of it, must give the logits of one row at a time (what ``generate`` runs). If the model's
