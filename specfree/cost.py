@@ -10,11 +10,24 @@ a 2-core Zen 3 CPU, compiled, 8 rows cost 1.35x one row at 256 tokens of context
 (docs/bench/history.md#runs-s-and-t-pricing-at-each-steps-context-and-a-calibrated-prior-on-zen-3-2026-11-26).
 The curve is measured at two contexts and priced at each step's own (``at``), linear in the
 context between and beyond them, as attention is.
+
+Measuring the whole curve costs dozens of forwards: 43 s on a tiny Falcon-H1 whose multi-row
+forwards run transformers' chunked Mamba-2 scan (each ~100x its one-row step), several seconds of
+a 1B model's first request. So a model seen for the first time gets a quick curve (``quick``): the
+one-row forward, then the row counts the first steps ask for, as many as fit a budget of
+``BUDGET`` one-row forwards, at one short context (and a second one only where the budget still
+allows); the engine then learns every other row count from its own steps (``learner``) and keeps
+what it learns in the same cache file. A row count not yet timed is priced between its neighbours,
+or beyond the last one along the last two's slope, never below ``MIN_SLOPE`` of a one-row forward
+per row: never free.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +38,15 @@ from specfree.kernels import kernel_dir, linear_path
 from specfree.timing import clock
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-CONTEXTS = (256, 1024)  # the two contexts the curve is measured at
+CONTEXTS = (256, 1024)  # the two contexts the whole curve is measured at
+QUICK_SIZES = (1, 2, 4, 8, 16)  # a first curve's row counts, in this order while the budget lasts
+QUICK_CONTEXT = 64  # the context a first curve is measured at (a second one, CONTEXTS[0], if the budget allows)
+BUDGET = 16.0  # a first curve (or a cached curve's check) costs about this many one-row forwards at most
+LEARN_SAMPLES = 3  # a row count the engine runs joins the curve at the best of its first this many times
+MIN_SLOPE = 1 / 64  # beyond its last point the curve grows at least this many one-row forwards per row
+NOTICE_S = 1.0  # a first curve expected to take this long or more says so on stderr
 CHECK_ROWS = 8  # a cached curve's shape is checked at one row against this many,
-CHECK_REPEATS = 5  # best of this many rounds each
+CHECK_REPEATS = 2  # best of this many rounds each, after one to warm up
 # Measurements minutes apart on a 2-core Zen 3 VM put t(8)/t(1) at 1.63-1.75 (one at 1.35); the
 # stale curve this check was written for said 1.21.
 SHAPE_TOLERANCE = 0.2
@@ -36,6 +55,8 @@ SHAPE_TOLERANCE = 0.2
 class CostModel:
     """Seconds of a forward by its rows, at ``context`` tokens of context; ``growth`` (seconds per
     context token, by rows; None: the context is not priced) gives the curve at any other context."""
+
+    path: Path | None = None  # the cache file a curve from ``cached`` is kept in
 
     def __init__(self, rows: list[int], seconds: list[float], context: int = CONTEXTS[0],
                  growth: list[float] | None = None):
@@ -63,8 +84,10 @@ class CostModel:
         rows = np.asarray(rows, dtype=np.float64)
         out = np.interp(rows, self.rows, self.seconds)
         beyond = rows > self.rows[-1]
-        if beyond.any():  # extrapolate linearly from the last two points
-            slope = (self.seconds[-1] - self.seconds[-2]) / max(1.0, self.rows[-1] - self.rows[-2])
+        if beyond.any():  # extrapolate linearly from the last two points, never for free
+            slope = 0.0 if len(self.rows) < 2 else \
+                (self.seconds[-1] - self.seconds[-2]) / max(1.0, self.rows[-1] - self.rows[-2])
+            slope = max(slope, MIN_SLOPE * self.seconds[0])
             out[beyond] = self.seconds[-1] + slope * (rows[beyond] - self.rows[-1])
         return out
 
@@ -78,6 +101,24 @@ class CostModel:
             self.seconds[i] += weight * (seconds - self.seconds[i])
             self.seconds = np.maximum.accumulate(self.seconds)
 
+    def add(self, rows: int, seconds: float, context: int | None = None) -> None:
+        """A new point: ``rows`` rows took ``seconds`` at ``context`` (default this curve's), its
+        growth with the context taken between its neighbours' (the context priced as before)."""
+        growth = None if self.growth is None else float(np.interp(rows, self.rows, self.growth))
+        if context is not None and growth is not None:
+            seconds -= growth * (context - self.context)  # as if at this curve's context
+        order = np.argsort([*self.rows, rows], kind="stable")
+        self.rows = np.asarray([*self.rows, rows], dtype=np.float64)[order]
+        self.seconds = np.maximum.accumulate(np.asarray([*self.seconds, max(seconds, 0.0)])[order])
+        if self.growth is not None:
+            self.growth = np.maximum.accumulate(np.asarray([*self.growth, growth])[order])
+
+    def learner(self, adapt: bool = False) -> "Learner":
+        """What the engine feeds its steps' forward times to, so this curve learns the row counts it
+        has no point for (kept in its cache file, ``path``, as they are learned); ``adapt``: its
+        points also follow the times, as ``observe`` does."""
+        return Learner(self, adapt)
+
     def as_dict(self) -> dict:
         out = {"rows": self.rows.astype(int).tolist(), "seconds": self.seconds.tolist(), "context": self.context}
         return out if self.growth is None else {**out, "growth": self.growth.tolist()}
@@ -87,7 +128,6 @@ class CostModel:
         return cls(data["rows"], data["seconds"], data.get("context", CONTEXTS[0]), data.get("growth"))
 
     @classmethod
-    @torch.inference_mode()
     def measure(cls, adapter, context: int = CONTEXTS[0], sizes=SIZES, repeats: int = 5,
                 longer: int | None = CONTEXTS[1]) -> "CostModel":
         """Time forwards of ``sizes`` rows after a ``context``-token prefix (best of ``repeats``), and
@@ -111,9 +151,36 @@ class CostModel:
         return cls(sizes, seconds, context, growth)
 
     @classmethod
+    def quick(cls, adapter, budget: float = BUDGET, sizes=QUICK_SIZES, context: int = QUICK_CONTEXT,
+              longer: int | None = CONTEXTS[0]) -> "CostModel":
+        """A first curve at a bounded price: after a ``context``-token prefix, the one-row forward
+        (best of two, after one to warm up), then each of ``sizes`` (best of two), in order, while
+        the time spent stays within ``budget`` one-row forwards, prefix included; then, if less
+        than a third of the budget is spent, the same sizes after ``longer`` tokens for the curve's
+        growth. The first two sizes are measured whatever the budget.
+        A model whose forward cost climbs steeply (tiny Falcon-H1: 10 ms for one row, 1.1 s for two)
+        gets two points and learns the rest as its steps run them."""
+        sizes = [1, *(k for k in sizes if k != 1)]
+        while len(sizes) > 2 and _room(adapter, sizes, 2) < 1:
+            sizes.pop()
+        room = _room(adapter, sizes, 2)
+        context = max(1, min(context, room))
+        start = time.perf_counter()
+        seconds = _time_sizes(adapter, context, sizes, repeats=2, budget=budget)
+        sizes = sizes[: len(seconds)]
+        spent = time.perf_counter() - start
+        longer = None if longer is None else min(longer, room)
+        if longer is None or longer < context + 64 or spent > budget * seconds[0] / 3:
+            return cls(sizes, seconds, context)
+        slower = _time_sizes(adapter, longer, sizes, repeats=2)
+        growth = [(b - a) / (longer - context) for a, b in zip(seconds, slower)]
+        return cls(sizes, seconds, context, growth)
+
+    @classmethod
     def cached(cls, adapter, cache_dir: Path) -> "CostModel":
-        """Measure once per (model, device, dtype, threads, kernels); later engines read the file,
-        after a check that its shape still holds here (``holds``), and measure again if not."""
+        """Measure once per (model, device, dtype, threads, kernels): a quick curve (``quick``);
+        later engines read the file, after a check that its shape still holds here (``holds``), and
+        measure again if not. What the engine's steps teach the curve (``learner``) goes to the file."""
         model = adapter.model
         params = sum(p.numel() for p in model.parameters())
         # The layer classes name the kernels (few-row linears, fused norms, ...), whichever were swapped in.
@@ -131,10 +198,12 @@ class CostModel:
             except (ValueError, KeyError):
                 cached = None  # a damaged cache file is simply measured again
             if cached is not None and cached.holds(adapter):
+                cached.path = path
                 return cached
-        costs = cls.measure(adapter)
+        costs = cls.quick(adapter)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(costs.as_dict()))
+        costs.path = path
         return costs
 
     def holds(self, adapter, tolerance: float = SHAPE_TOLERANCE) -> bool:
@@ -146,7 +215,10 @@ class CostModel:
         docs/bench/history.md#runs-aa-and-ab-a-stale-cost-curve-found-checked-on-read-and-one-curve-per-bench-zen-3-2026-11-26)."""
         big = int(max((r for r in self.rows if r <= CHECK_ROWS), default=1))
         room = _room(adapter, [1, big], CHECK_REPEATS)
-        if big == 1 or room < 1:
+        # Rounds the curve says cost more than a first curve's budget are not run: such a curve is
+        # taken as it is (tiny Falcon-H1's 8 rows cost ~100 one-row forwards).
+        price = (CHECK_REPEATS + 1) * (self(1) + self(big))
+        if big == 1 or room < 1 or price > BUDGET * self(1):
             return True
         one, many = _time_sizes(adapter, max(1, min(self.context, room)), [1, big], CHECK_REPEATS)
         return abs((many / one) / (self(big) / self(1)) - 1) <= tolerance
@@ -158,21 +230,82 @@ def _room(adapter, sizes: list[int], repeats: int) -> int:
     return adapter.max_length - max(sizes) - (repeats + 1) * len(sizes) - 2
 
 
-def _time_sizes(adapter, context: int, sizes: list[int], repeats: int) -> list[float]:
-    """Best-of-``repeats`` seconds of a forward of each of ``sizes`` rows after ``context`` tokens."""
+def _time_sizes(adapter, context: int, sizes: list[int], repeats: int, budget: float | None = None) -> list[float]:
+    """Best-of-``repeats`` seconds of a forward of each of ``sizes`` rows after ``context`` tokens.
+
+    ``budget``: the sizes are measured one after another instead (``repeats`` rounds each, after one
+    to warm up the first), and none is started once the time since the prefix began passes ``budget``
+    one-row forwards (the first size's time): the sizes measured are returned. Where that may take
+    noticeable time, one line on stderr says so, with an estimate."""
     generator = torch.Generator().manual_seed(0)
     vocab = adapter.vocab_size
     adapter.reset()
+    start = time.perf_counter()
     adapter.prefill(torch.randint(0, vocab, (context,), generator=generator))
+    prefix_s = time.perf_counter() - start
     inputs = [(torch.randint(0, vocab, (k,), generator=generator), torch.ones(k, k, dtype=torch.bool).tril())
               for k in sizes]
+
+    def timed(tokens, allowed) -> float:
+        begin = clock(adapter.device)
+        adapter.forward(tokens, None if len(tokens) == 1 else allowed)
+        seconds = clock(adapter.device) - begin
+        adapter.commit([0], rows=len(tokens))  # keep one row: the context barely grows
+        return seconds
+
+    if budget is not None:
+        best: list[float] = []
+        for i, (tokens, allowed) in enumerate(inputs):
+            rounds: list[float] = []
+            for _ in range(repeats + (i == 0)):
+                if i > 1 and time.perf_counter() - start > budget * best[0]:
+                    break  # past the budget (the first two sizes are always measured)
+                rounds.append(timed(tokens, allowed))
+            if not rounds:
+                break
+            best.append(min(rounds[-repeats:]))  # the first size leaves its warm-up round out
+            if i == 0 and len(sizes) > 1:  # the rest: the budget's remainder, and one forward past it
+                left = max(0.0, budget * best[0] - (time.perf_counter() - start)) + prefix_s
+                if left >= NOTICE_S:
+                    print(f"specfree: timing this model's forwards to price drafts (once per model and machine, "
+                          f"about {left:.0f} s)", file=sys.stderr, flush=True)
+        adapter.reset()
+        return best
     best = [float("inf")] * len(sizes)
     for round_ in range(repeats + 1):  # round 0 warms the kernels up
         for i, (tokens, allowed) in enumerate(inputs):
-            start = clock(adapter.device)
-            adapter.forward(tokens, None if len(tokens) == 1 else allowed)
+            seconds = timed(tokens, allowed)
             if round_:
-                best[i] = min(best[i], clock(adapter.device) - start)
-            adapter.commit([0], rows=len(tokens))  # keep one row: the context barely grows
+                best[i] = min(best[i], seconds)
     adapter.reset()
     return best
+
+
+class Learner:
+    """Feeds a curve (``CostModel.learner``) the engine's steps: each row count the curve has no point
+    for becomes one, at the best of its first ``LEARN_SAMPLES`` forward times (at the curve's context,
+    where its growth is known), written to the curve's cache file. Points already there stay as they
+    are (``adapt_costs`` moves them): once every row count a model's steps use is learned, its
+    pricing is as steady as a measured curve's."""
+
+    def __init__(self, curve: CostModel, adapt: bool = False):
+        self.curve, self.adapt = curve, adapt
+        self.samples: dict[int, list[tuple[float, int | None]]] = defaultdict(list)
+
+    def observe(self, rows: int, seconds: float, weight: float = 0.1, context: int | None = None) -> None:
+        if rows in self.curve.rows:
+            if self.adapt:
+                self.curve.observe(rows, seconds, weight, context)
+            return
+        samples = self.samples[rows]
+        samples.append((seconds, context))
+        if len(samples) < LEARN_SAMPLES:
+            return
+        best, at = min(samples, key=lambda sample: sample[0])
+        self.curve.add(rows, best, at)
+        del self.samples[rows]
+        if self.curve.path is not None:
+            try:
+                write_atomic(self.curve.path, json.dumps(self.curve.as_dict()))
+            except OSError:
+                pass  # a read-only cache: the next engine learns it again

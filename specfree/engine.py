@@ -78,12 +78,14 @@ class Engine:
         strategy.bind_tokenizer(tokenizer)
         strategy.setup(adapter.vocab_size, adapter.max_length)
         drafts = type(strategy).propose is not Strategy.propose  # the autoregressive loop offers nothing to price
-        if (priced and drafts or adapt_costs) and costs is None:
-            # Pricing needs the forward cost curve: measured once, then read from the cache.
+        own = (priced and drafts or adapt_costs) and costs is None
+        if own:
+            # Pricing needs the forward cost curve: a quick one measured once, then read from the cache;
+            # the row counts it lacks are learned from the steps that run them (``cost.Learner``).
             costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
         self.costs = costs
         self.pricer = Pricer(costs, acceptance) if priced else None
-        self._costs = costs if adapt_costs else None
+        self._costs = costs.learner(adapt_costs) if own else costs if adapt_costs else None
         self.price_context = price_context
         self.eos_ids = self._eos_ids()
         self.model_settings = model_settings or ModelSettings()

@@ -29,7 +29,7 @@ def test_the_curve_is_measured_once_per_setup(tmp_path, monkeypatch):
         measured.append(adapter)
         return CostModel([1, 2], [1.0, 1.5 + len(measured)])
 
-    monkeypatch.setattr(CostModel, "measure", classmethod(fake_measure))
+    monkeypatch.setattr(CostModel, "quick", classmethod(fake_measure))
     monkeypatch.setattr(CostModel, "holds", lambda self, adapter: True)  # the fake curves' shapes are not real
     model = tiny_model("llama")
     adapter = HFAdapter(model, check_tree_mask=False)
@@ -62,7 +62,8 @@ def test_a_cached_curve_whose_shape_no_longer_holds_is_measured_again(tmp_path):
     assert not stale.holds(adapter)
     path.write_text(json.dumps(stale.as_dict()))
     again = CostModel.cached(adapter, tmp_path)
-    assert again.rows.tolist() == first.rows.tolist() and again(8) / again(1) < 2.5
+    # a quick curve: its sizes as far as its budget went this time, one row and two at least
+    assert again.rows.tolist()[:2] == first.rows.tolist()[:2] == [1, 2] and again(8) / again(1) < 2.5
     assert json.loads(path.read_text()) == again.as_dict()
 
 
@@ -111,3 +112,53 @@ def test_the_engine_prices_each_step_at_its_context():
         assert result.tokens == reference_greedy(model, prompt, 12, ignore_eos=True)
         rows[price_context] = max(s.rows for s in result.steps)
     assert rows == {True: 1, False: rows[False]} and rows[False] > 1
+
+
+def test_a_first_curve_is_quick_and_bounded_by_its_budget(capsys, monkeypatch):
+    adapter = HFAdapter(tiny_model("llama"), check_tree_mask=False)
+    forwards = []
+    handle = adapter.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    costs = CostModel.quick(adapter, budget=0.0)  # no budget at all: one row and two rows, best of two each
+    assert costs.rows.tolist() == [1, 2] and len(forwards) == 1 + 3 + 2
+    assert adapter.past_len == 0 and costs.growth is None
+    monkeypatch.setattr("specfree.cost.NOTICE_S", 0.0)  # every first curve worth a line on stderr
+    forwards.clear()
+    costs = CostModel.quick(adapter, budget=1e9)  # every quick size, and the second context
+    handle.remove()
+    assert costs.rows.tolist() == [1, 2, 4, 8, 16] and costs.growth is not None
+    assert len(forwards) == (1 + 3 + 2 * 4) + (1 + 3 * 5)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("specfree: timing this model's forwards to price drafts")
+
+
+def test_a_row_count_never_timed_is_never_free():
+    flat = CostModel([1, 8], [1.0, 1.0])
+    assert flat(9) > flat(8) and flat(72) == pytest.approx(2.0)  # at least 1/64 of one row per row beyond
+    alone = CostModel([1], [0.5])
+    assert alone(1) == 0.5 and alone(65) == pytest.approx(1.0)
+    assert CostModel([1, 2], [1.0, 1.5])(4) == pytest.approx(2.5)  # the last two points' slope, where steeper
+
+
+def test_the_engine_learns_the_row_counts_its_curve_lacks(tmp_path):
+    from specfree.cost import LEARN_SAMPLES
+    from specfree.engine import Engine
+
+    adapter = HFAdapter(tiny_model("llama"), check_tree_mask=False)
+    path = tmp_path / "costs" / "curve.json"
+    path.parent.mkdir()
+    curve = CostModel([1, 2, 8], [1.0, 1.5, 2.0], context=64, growth=[0.0, 0.01, 0.02])
+    curve.path = path
+    learner = curve.learner()
+    for seconds in (3.0, 2.5, 2.8)[:LEARN_SAMPLES]:
+        learner.observe(4, seconds, context=164)  # 2.5 s at 164 tokens: 1.5 s at the curve's 64
+        learner.observe(2, 9.0)  # a point the curve has stays as it is (without adapt_costs)
+    assert curve.rows.tolist() == [1, 2, 4, 8] and curve(4) == pytest.approx(1.5) and curve(2) == 1.5
+    assert CostModel.from_dict(json.loads(path.read_text())).rows.tolist() == [1, 2, 4, 8]
+    adapting = curve.learner(adapt=True)
+    adapting.observe(2, 2.5)
+    assert curve(2) == pytest.approx(1.6)
+    # The engine's own curve learns; one it was given is the caller's, moved only with adapt_costs.
+    own = Engine.from_model(adapter.model, None, "prompt_lookup", adapter=adapter, cache_dir=str(tmp_path))
+    assert own._costs.curve is own.costs and not own._costs.adapt
+    given = Engine.from_model(adapter.model, None, "prompt_lookup", adapter=adapter, costs=curve)
+    assert given._costs is None
