@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
@@ -223,6 +223,26 @@ class CostModel:
         one, many = _time_sizes(adapter, max(1, min(self.context, room)), [1, big], CHECK_REPEATS)
         return abs((many / one) / (self(big) / self(1)) - 1) <= tolerance
 
+    @classmethod
+    def from_step_times(cls, medians: dict[int, float], prior_slope: float, min_sizes: int = 2) -> "CostModel":
+        """A step's cost from timed steps (``medians``: seconds by the tokens a step verified).
+
+        Until ``min_sizes`` token counts are timed, each token costs ``prior_slope`` of a one-token
+        step, anchored on the one count timed so far (1 s with none), linear beyond. Past that, the
+        medians, extended below the fewest tokens timed by the slope of the first two (interpolation
+        would hold the curve flat there: those tokens free).
+        """
+        sizes = sorted(medians)
+        times = [medians[n] for n in sizes]
+        if len(sizes) < max(2, min_sizes):
+            at, anchor = (sizes[0], times[0]) if sizes else (1, 1.0)
+            one = anchor / (1 + prior_slope * (at - 1))
+            sizes, times = [1, 2], [one, one * (1 + prior_slope)]  # linear beyond
+        elif sizes[0] > 1:
+            slope = (times[1] - times[0]) / (sizes[1] - sizes[0])
+            sizes, times = [1, *sizes], [max(times[0] - slope * (sizes[0] - 1), 0.5 * times[0]), *times]
+        return cls(sizes, times)
+
 
 def _room(adapter, sizes: list[int], repeats: int) -> int:
     """Context tokens that can precede a timing of ``sizes`` over ``repeats`` rounds and a warm-up
@@ -309,3 +329,45 @@ class Learner:
                 write_atomic(self.curve.path, json.dumps(self.curve.as_dict()))
             except OSError:
                 pass  # a read-only cache: the next engine learns it again
+
+
+class StepTimes:
+    """A step's cost where specfree runs no forward of its own (inside vLLM): learned from the wall
+    time between calls, as ``CostModel.from_step_times`` reads it.
+
+    Only clean steps are timed (inside vLLM: decode steps whose rows all continued from the step
+    before; a new request's prefill, or the idle time between ``generate`` calls, would read as a
+    slow step). Each token count keeps its last ``window`` times; the curve is their medians, once
+    ``min_sizes`` counts have ``min_samples`` each. Until then each token costs ``prior_slope`` of a
+    one-token step (vLLM's CPU runner: 2-4 ms on a 55-65 ms step). Pricing every draft as free
+    instead made the four rows of a batch send full chains every step, so no second count was ever
+    timed.
+    """
+
+    def __init__(self, window: int = 16, min_samples: int = 3, min_sizes: int = 2, prior_slope: float = 0.03):
+        self.window, self.min_samples, self.min_sizes = window, min_samples, min_sizes
+        self.prior_slope = prior_slope
+        self.samples: defaultdict[int, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        self.medians: dict[int, float] = {}  # token counts with min_samples times: their median
+        self._curve: CostModel | None = None  # built from the medians when one of them changes
+        self.tokens: int | None = None  # what the step now running verifies
+        self.since = 0.0
+
+    def started(self, tokens: int, now: float) -> None:
+        """A step of ``tokens`` tokens starts."""
+        self.tokens, self.since = tokens, now
+
+    def finished(self, now: float, timed: bool) -> None:
+        """That step is over; ``timed``: it was a clean step."""
+        if self.tokens is not None and timed:
+            times = self.samples[self.tokens]
+            times.append(now - self.since)
+            if len(times) >= self.min_samples:  # one median changes a step, not every one of them
+                self.medians[self.tokens] = float(np.median(times))
+                self._curve = None
+        self.tokens = None
+
+    def curve(self) -> CostModel:
+        if self._curve is None:
+            self._curve = CostModel.from_step_times(self.medians, self.prior_slope, self.min_sizes)
+        return self._curve

@@ -22,7 +22,8 @@ from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
 from specfree.generation import ModelSettings, for_call
 from specfree.masks.tree import Layout, build_layout
-from specfree.pricing import AcceptanceModel, Plan, Pricer, as_proposed
+from specfree.planner import StepPlanner
+from specfree.pricing import AcceptanceModel, Pricer
 from specfree.strategies.base import Outcome, Strategy
 from specfree.timing import clock
 from specfree.tree import DraftTree
@@ -247,6 +248,7 @@ class Engine:
         steps: list[StepRecord] = []
         stop_reason: str | None = None
 
+        planner = StepPlanner.for_adapter(self.pricer, adapter, price_context=self.price_context, timing=self._costs)
         start = time.perf_counter()
         adapter.reset()
         adapter.prefill(torch.from_numpy(buffer[: n - 1]))
@@ -257,7 +259,7 @@ class Engine:
                 t0 = time.perf_counter()
                 context = buffer[:n]
                 proposal = strategy.propose(context, max_depth=limit - n - 1)
-                plan = self._plan(int(context[-1]), proposal, max_depth=limit - n - 1, context=n)  # rows to run
+                plan = planner.plan(int(context[-1]), proposal, max_depth=limit - n - 1, context=n)  # rows to run
                 tree, aux = plan.tree, plan.aux
                 t1 = time.perf_counter()
                 layout = self.mask_builder(tree, aux, n - 1)
@@ -266,8 +268,7 @@ class Engine:
                 logits = adapter.forward(layout.tokens, None if layout.rows == 1 else layout.allowed,
                                          layout.positions)
                 t3 = clock(adapter.device)
-                if self._costs is not None:
-                    self._costs.observe(layout.rows, t3 - t2, context=n if self.price_context else None)
+                planner.timed(layout.rows, t3 - t2, context=n)
                 verdict = verifier.verify(logits[: layout.num_tree], tree, torch.from_numpy(context))
                 t4 = time.perf_counter()
                 adapter.commit([0, *verdict.path], rows=layout.rows)
@@ -287,8 +288,7 @@ class Engine:
                 strategy.observe(Outcome(tree, verdict, buffer[:n],
                                          logits[layout.num_tree :] if aux is not None else None,
                                          logits[: layout.num_tree], plan.aux_logits(logits)))
-                if self.pricer is not None:
-                    self.pricer.observe(proposal, plan, verdict.tokens, len(verdict.path))
+                planner.learn(proposal, plan, verdict.tokens, len(verdict.path))
                 t5 = time.perf_counter()
                 accepted = min(len(verdict.path), emitted)
                 steps.append(StepRecord(
@@ -308,20 +308,6 @@ class Engine:
         text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else ""
         return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,
                           prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft)
-
-    def _plan(self, root: int, proposal, max_depth: int, context: int) -> Plan:
-        """The rows this step runs: those worth their cost (priced), or all the strategy asked for.
-        A model that verifies chains gets one chain and no aux rows."""
-        adapter, caps = self.adapter, self.adapter.capabilities
-        chain, max_chain = caps.chain_only, caps.max_chain
-        if self.pricer is None:
-            return as_proposed(root, proposal, max_depth=max_depth, budget=adapter.max_length, chain=chain,
-                               max_chain=max_chain)
-        # A cut chain puts recurrent states back and replays the kept rows: pricing counts that.
-        rollback = caps.rollback
-        depth = max_depth if not chain or max_chain is None else min(max_depth, max_chain)
-        return self.pricer.plan(root, proposal, max_depth=depth, chain=chain, rollback=rollback,
-                                context=context if self.price_context else None)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:

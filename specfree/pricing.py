@@ -296,11 +296,16 @@ class Pricer:
         self.acceptance = acceptance or AcceptanceModel()
 
     def plan(self, root: int, proposal: Proposal, *, max_depth: int, chain: bool = False,
-             rollback: bool = False, context: int | None = None) -> Plan:
-        """Price ``proposal`` on the curve at ``context`` committed tokens (where the curve knows it)."""
-        at = getattr(self.cost, "at", None)
-        cost = at(context) if at is not None and context is not None else self.cost
-        return price(root, proposal, self.acceptance, cost, max_depth=max_depth, chain=chain, rollback=rollback)
+             rollback: bool = False, context: int | None = None, cost: Callable[[int], float] | None = None,
+             shared_tokens: float = 0.0) -> Plan:
+        """Price ``proposal`` on the curve at ``context`` committed tokens (where the curve knows it);
+        ``cost``: a curve to price this step on instead of the pricer's own (vLLM's step time, shifted
+        by the batch's other rows); ``shared_tokens``: see ``price``."""
+        curve = self.cost if cost is None else cost
+        at = getattr(curve, "at", None)
+        curve = at(context) if at is not None and context is not None else curve
+        return price(root, proposal, self.acceptance, curve, max_depth=max_depth, chain=chain, rollback=rollback,
+                     shared_tokens=shared_tokens)
 
     def observe(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
         """Learn from a step: ``emitted`` tokens (accepted drafts, then the model's own), the first

@@ -255,9 +255,9 @@ def test_running_requests_draft_from_each_others_output_as_it_is_written(live):
 
 
 def test_before_two_token_counts_are_timed_each_token_costs_the_prior_slope():
-    from specfree.integrations.vllm import StepClock
+    from specfree.cost import StepTimes
 
-    clock = StepClock(min_samples=1, prior_slope=0.05)
+    clock = StepTimes(min_samples=1, prior_slope=0.05)
     assert clock.curve()(11) / clock.curve()(1) == pytest.approx(1.5)  # nothing timed: the prior alone
     clock.started(52, 0.0)
     clock.finished(0.153, timed=True)  # one count timed: the prior, anchored on it
@@ -266,9 +266,9 @@ def test_before_two_token_counts_are_timed_each_token_costs_the_prior_slope():
 
 
 def test_the_learned_step_curve_keeps_its_slope_below_the_fewest_tokens_timed():
-    from specfree.integrations.vllm import StepClock
+    from specfree.cost import StepTimes
 
-    clock = StepClock(min_samples=1)
+    clock = StepTimes(min_samples=1)
     for tokens, seconds in ((13, 0.080), (52, 0.158)):  # 2 ms a token
         clock.started(tokens, 0.0)
         clock.finished(seconds, timed=True)

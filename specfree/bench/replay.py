@@ -36,7 +36,8 @@ from specfree.bench.metrics import BASELINE, COMPILED
 from specfree.bench.report import markdown_table, wide_console
 from specfree.cost import CostModel
 from specfree.errors import ConfigError
-from specfree.pricing import Pricer, as_proposed
+from specfree.planner import StepPlanner
+from specfree.pricing import Pricer
 from specfree.strategies.base import Outcome, Strategy
 from specfree.tree import DraftTree
 from specfree.types import Verdict
@@ -103,6 +104,7 @@ def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length
     strategy.setup(vocab, max_length)
     result = Replayed(0, 0, 0, 0, 0.0, 0.0, [])
     clock = time.perf_counter
+    planner = StepPlanner(pricer, budget=max_length, price_context=price_context)
     at = (lambda context: cost.at(context)) if price_context and hasattr(cost, "at") else (lambda context: cost)
     for turn in turns:
         ids, output = turn.context, turn.output
@@ -118,9 +120,7 @@ def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length
                 start = clock()
                 proposal = strategy.propose(context, max_depth=limit - n - 1)
                 root = int(context[-1])
-                plan = (as_proposed(root, proposal, max_depth=limit - n - 1, budget=max_length) if pricer is None
-                        else pricer.plan(root, proposal, max_depth=limit - n - 1,
-                                         context=n if price_context else None))
+                plan = planner.plan(root, proposal, max_depth=limit - n - 1, context=n)
                 result.drafting_s += clock() - start
                 result.seconds += at(n)(plan.rows)
                 tree = plan.tree
@@ -138,8 +138,7 @@ def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length
                 outcome = Outcome(kept, Verdict(tokens, list(range(1, len(kept)))), text[:n].copy(), None, logits, None)
                 start = clock()
                 strategy.observe(outcome)
-                if pricer is not None:
-                    pricer.observe(proposal, plan, tokens, len(path))
+                planner.learn(proposal, plan, tokens, len(path))
                 result.drafting_s += clock() - start
                 emitted.append(len(tokens))
                 result.rows += plan.rows

@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import OrderedDict, defaultdict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from specfree.cost import CostModel
+from specfree.cost import CostModel, StepTimes
 from specfree.errors import ConfigError, one_line
-from specfree.pricing import Plan, Pricer, as_proposed, price
+from specfree.planner import StepPlanner
+from specfree.pricing import Plan, Pricer
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal, Verdict
 
@@ -220,58 +221,6 @@ class Drafters:
                 self.spare.append(oldest.strategy)
 
 
-class StepClock:
-    """vLLM's step time as a function of the tokens it verifies, learned from the wall time between
-    ``propose`` calls: the step's scheduling, forward, sampling and verification all happen between
-    the end of one call and the start of the next.
-
-    Only decode steps whose rows all continued from the step before are timed (a new request's
-    prefill, or the idle time between ``generate`` calls, would read as a slow step). Each token
-    count keeps its last ``window`` times; the curve is their medians, once ``min_sizes`` counts
-    have ``min_samples`` each, extended below the fewest tokens timed by the slope of the first two.
-    Until then each token costs ``prior_slope`` of a one-token step (vLLM's CPU runner: 2-4 ms on a
-    55-65 ms step), anchored on the one count timed so far. Pricing every draft as free instead made
-    the four rows of a batch send full chains every step, so no second count was ever timed.
-    """
-
-    def __init__(self, window: int = 16, min_samples: int = 3, min_sizes: int = 2, prior_slope: float = 0.03):
-        self.window, self.min_samples, self.min_sizes = window, min_samples, min_sizes
-        self.prior_slope = prior_slope
-        self.samples: defaultdict[int, deque[float]] = defaultdict(lambda: deque(maxlen=window))
-        self.medians: dict[int, float] = {}  # token counts with min_samples times: their median
-        self._curve: CostModel | None = None  # built from the medians when one of them changes
-        self.tokens: int | None = None  # what the step now running verifies
-        self.since = 0.0
-
-    def started(self, tokens: int, now: float) -> None:
-        """A step of ``tokens`` tokens starts (``propose`` returned its drafts)."""
-        self.tokens, self.since = tokens, now
-
-    def finished(self, now: float, timed: bool) -> None:
-        """That step is over (``propose`` is called again); ``timed``: it was a clean decode step."""
-        if self.tokens is not None and timed:
-            times = self.samples[self.tokens]
-            times.append(now - self.since)
-            if len(times) >= self.min_samples:  # one median changes a step, not every one of them
-                self.medians[self.tokens] = float(np.median(times))
-                self._curve = None
-        self.tokens = None
-
-    def curve(self) -> CostModel:
-        if self._curve is None:
-            sizes = sorted(self.medians)
-            times = [self.medians[n] for n in sizes]
-            if len(sizes) < max(2, self.min_sizes):
-                at, anchor = (sizes[0], times[0]) if sizes else (1, 1.0)
-                one = anchor / (1 + self.prior_slope * (at - 1))
-                sizes, times = [1, 2], [one, one * (1 + self.prior_slope)]  # linear beyond
-            elif sizes[0] > 1:  # interpolation would hold the curve flat below: those tokens free
-                slope = (times[1] - times[0]) / (sizes[1] - sizes[0])
-                sizes, times = [1, *sizes], [max(times[0] - slope * (sizes[0] - 1), 0.5 * times[0]), *times]
-            self._curve = CostModel(sizes, times)
-        return self._curve
-
-
 @dataclass
 class Shifted:
     """A request's price for its own rows when the batch's other rows send ``others`` tokens."""
@@ -312,7 +261,8 @@ class SpecfreeProposer:
         extra = getattr(vllm_config, "additional_config", None) or {}
         make, priced = load_strategy_factory(extra.get(CONFIG_KEY) if isinstance(extra, Mapping) else None)
         self.pricer = Pricer(None) if priced else None  # acceptance learned across all requests
-        self.clock, self.steps = clock, StepClock()  # rows priced on vLLM's own step time
+        self.planner = StepPlanner(self.pricer, chain=True)  # vLLM verifies one chain per request
+        self.clock, self.steps = clock, StepTimes()  # rows priced on vLLM's own step time
         # Tokens a request emits a step, on average: what each of a batch's other rows gains from
         # the step a request's drafts lengthen (pricing weighs a row against the whole batch's tokens).
         self.emitted_per_step = 1.0
@@ -356,12 +306,7 @@ class SpecfreeProposer:
             drafting.proposal = drafting.plan = None
             return []
         proposal = drafting.strategy.propose(drafting.context, max_depth=depth)
-        root = int(context[-1])
-        if self.pricer is not None:
-            plan = price(root, proposal, self.pricer.acceptance, cost, max_depth=depth, chain=True,
-                         shared_tokens=shared_tokens)
-        else:
-            plan = as_proposed(root, proposal, max_depth=depth, budget=depth, chain=True, max_chain=depth)
+        plan = self.planner.plan(int(context[-1]), proposal, max_depth=depth, cost=cost, shared_tokens=shared_tokens)
         drafting.proposal, drafting.plan = proposal, plan
         return plan.tree.tokens[1:]  # a chain: node i is at depth i
 
@@ -377,8 +322,7 @@ class SpecfreeProposer:
         # vLLM keeps no logits for the drafter: strategies that learn from them (recycling,
         # lookahead's window) learn from the accepted ids alone.
         drafting.strategy.observe(Outcome(drafting.plan.tree, verdict, context, None))
-        if self.pricer is not None:
-            self.pricer.observe(drafting.proposal, drafting.plan, emitted, accepted)
+        self.planner.learn(drafting.proposal, drafting.plan, emitted, accepted)
 
 
 if __name__ == "__main__":
