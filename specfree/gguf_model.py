@@ -37,6 +37,7 @@ from specfree.errors import ModelLoadError
 from specfree.files import write_atomic
 from specfree.kernels.codes import CodedEmbedding, CodedLinear, from_blocks
 from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
+from specfree.kernels.panels import WidePanelLinear
 
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 TENSOR_TABLE = "tensors.json"  # the file's table of tensors, in its cache entry
@@ -172,12 +173,27 @@ def _coded(weights: GGUFWeights, entry, processor, mapping: dict, lanes: int):
     return from_blocks(blocks, lanes)
 
 
+def _sixteen_bits(weights: GGUFWeights, entry, processor, mapping: dict) -> torch.Tensor | None:
+    """An F16 or BF16 2-D tensor as its own 16-bit values, rows in transformers' order, or None."""
+    name, qtype, shape, offset, nbytes = entry
+    dtype = {"F16": torch.float16, "BF16": torch.bfloat16}.get(qtype.name)
+    if dtype is None or len(shape) != 2:
+        return None
+    try:
+        order = _row_order(processor, name, shape[0], mapping)
+    except LookupError:
+        return None
+    values = torch.from_numpy(weights.read(offset, nbytes)).view(dtype).reshape(shape)
+    return values if order is None else values[torch.from_numpy(order)].contiguous()
+
+
 def estimate_bytes(weights: GGUFWeights) -> int:
     """The memory the model will take: codes at their kernel format's size, the rest as float32."""
     total = 0
     for _, qtype, shape, _, nbytes in weights.tensors:
         numel = int(np.prod(shape))
-        total += int(nbytes * 1.35) if qtype in BLOCK_TYPES and len(shape) == 2 else numel * 4
+        held = qtype in BLOCK_TYPES or qtype.name in ("F16", "BF16")
+        total += int(nbytes * 1.35) if held and len(shape) == 2 else numel * 4
     return total
 
 
@@ -231,6 +247,7 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and getattr(config, "tie_word_embeddings", False)
     embedding_codes = None
+    head_if_tied = head if tied else None
     with torch.no_grad():
         for entry in weights.tensors:
             name, qtype = entry[0], entry[1]
@@ -240,6 +257,11 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
             module_name, _, key = hf_name.rpartition(".")
             module = model.get_submodule(module_name)
             codes = None
+            if key == "weight" and type(module) is nn.Linear and module is not head_if_tied:
+                narrow = _sixteen_bits(weights, entry, processor, mapping)
+                if narrow is not None:  # float32 computed on the file's 16-bit values
+                    _replace(model, module_name, WidePanelLinear(narrow, module.bias, lanes))
+                    continue
             if key == "weight" and (type(module) is nn.Linear or module is embedding):
                 codes = _coded(weights, entry, processor, mapping, lanes)
             if codes is not None:

@@ -117,8 +117,11 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
     if not _is_folder(folder):
         with from_the_hub(name_or_path):
             tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
-            model = _from_pretrained(folder, None, torch_dtype, attn_implementation, revision)
-        return model.to(torch_device).eval(), tokenizer
+            config = AutoConfig.from_pretrained(folder, revision=revision)
+            lanes = _16bit_lanes(config, torch_device, torch_dtype, cache_dir)
+            model = _from_pretrained(folder, config, config.dtype if lanes else torch_dtype, attn_implementation,
+                                     revision)
+        return _held_16bit(model, lanes).to(torch_device).eval(), tokenizer
     if not _has_config(folder):
         # Said up front: transformers would first fail on the tokenizer, with a message about sentencepiece.
         raise ModelLoadError(f"could not load a causal LM from {folder}: it has no config.json. A model folder "
@@ -126,9 +129,34 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
                              ".gguf file")
     config = _read_config(folder, revision)
     tokenizer = _local_tokenizer(folder, revision)
+    lanes = _16bit_lanes(config, torch_device, torch_dtype, cache_dir)
     with boundary(f"load the weights in {folder}", WEIGHTS_FIX):
-        model = _from_pretrained(folder, config, torch_dtype, attn_implementation, revision)
-    return model.to(torch_device).eval(), tokenizer
+        model = _from_pretrained(folder, config, config.dtype if lanes else torch_dtype, attn_implementation,
+                                 revision)
+    return _held_16bit(model, lanes).to(torch_device).eval(), tokenizer
+
+
+def _16bit_lanes(config, device: torch.device, dtype: torch.dtype, cache_dir) -> int | None:
+    """Where a bfloat16 or float16 checkpoint asked for in float32 keeps its 16-bit linear weights
+    (a CPU whose specfree kernels load): the kernel's panel width, else None (loaded as asked)."""
+    stored = getattr(config, "dtype", None)
+    if dtype != torch.float32 or device.type != "cpu" or stored not in (torch.bfloat16, torch.float16):
+        return None
+    from specfree.kernels import load_kernels
+    from specfree.kernels.panels import LANES
+
+    return LANES.get(load_kernels(Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE))
+
+
+def _held_16bit(model, lanes: int | None):
+    """``model`` (loaded at its checkpoint's 16 bits) as a float32 model whose linear layers keep
+    those 16 bits (``kernels.panels.hold_16bit_linears``); as it is where ``lanes`` is None."""
+    if lanes is None:
+        return model
+    from specfree.kernels.panels import hold_16bit_linears
+
+    hold_16bit_linears(model, lanes)
+    return model
 
 
 def _is_folder(source: str | Path) -> bool:

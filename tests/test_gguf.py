@@ -21,7 +21,7 @@ from specfree.errors import ModelLoadError
 from specfree.kernels import load_kernels
 from specfree.kernels.codes import CodedEmbedding, CodedLinear, from_blocks
 from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
-from specfree.kernels.panels import LANES, pack, unpack
+from specfree.kernels.panels import LANES, WidePanelLinear, pack, unpack
 from specfree.loading import load_model
 from tests.gguf_files import CODED, HALF_FIELDS, write_tiny_llama
 from tests.test_tree_attention import CONTEXT, CONTINUATION, chain_and_tree_against_one_row
@@ -135,6 +135,8 @@ def test_a_tiny_llama_of_every_type_holds_codes_and_decodes_as_transformers_does
         assert all(dict(types) == {qtype.name: types.total()} for types in holdings.coded.values())
     else:
         assert not coded and not holdings.coded
+        wide = [m for m in model.modules() if isinstance(m, WidePanelLinear)]
+        assert len(wide) == (7 * 2 if qtype != T.F32 else 0)  # 16-bit weights stay 16 bits
     assert not any(p.is_file() and p.stat().st_size > 1 << 20 for p in tmp_path.rglob("*")  # no weights cached
                    if "kernels" not in p.parts)
     engine = Engine.from_model(model, None, "hybrid")

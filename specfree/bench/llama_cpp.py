@@ -56,6 +56,9 @@ llama.eval(ids)
 llama.eval(ids[:1])
 """
 PROBE_TIMEOUT_S = 300
+# A GGUF whose conversion to the run's precision would be larger than this runs llama.cpp on the file
+# alone: a 7B model's F32 copy is 27 GB, and specfree holds the file's own codes anyway.
+MAX_CONVERTED_BYTES = 2 << 30
 
 
 def import_llama_cpp():
@@ -120,6 +123,19 @@ def gguf_precision(path: Path) -> str:
         return "unknown"
     name = gguf.LlamaFileType(int(field.contents())).name
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def converted_bytes(source: Path, dtype: str) -> int:
+    """The size of ``source`` with every tensor at the run's precision (4 or 2 bytes a weight)."""
+    import gguf
+
+    width = 4 if FTYPES[dtype][0] == "F32" else 2
+    return sum(int(t.n_elements) * width for t in gguf.GGUFReader(str(source)).tensors)
+
+
+def file_line(path: Path, precision: str) -> str:
+    """``name.gguf (Q4_K_M, 717 MB)``: a llama.cpp row's file, its type and size."""
+    return f"{path.name} ({precision}, {path.stat().st_size / 1e6:.0f} MB)"
 
 
 def converted_gguf(source: Path, dtype: str, cache_dir: Path) -> Path:
@@ -234,7 +250,7 @@ def describe_rows(systems: Sequence[Any], skipped: Sequence[str] = ()) -> str:
     mine = [s for s in systems if isinstance(s, LlamaCppSystem)]
     if not mine:
         return "; ".join(skipped)
-    files = dict.fromkeys(f"{s.details['gguf']} ({s.precision})" for s in mine)
+    files = dict.fromkeys(file_line(Path(s.details["gguf"]), s.precision) for s in mine)
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
     isa = [part.split("=")[0].split()[-1] for part in info.split("|") if part.strip().endswith("= 1")]
     return (f"llama.cpp rows: llama-cpp-python {llama_cpp.__version__}, CPU features {' '.join(isa) or 'none'}, "
@@ -287,10 +303,16 @@ def build(specs: Sequence[Any], source: Path, dtype: str, cache_dir: Path, threa
         raise ConfigError(f"{dup!r} is listed twice in bench.baselines; each entry must differ")
     run_precision = FTYPES[dtype][0]
     files: dict[str, Path | None] = {run_precision: None, gguf_precision(source): source}
-    if files[run_precision] is None:  # the model's GGUF is not already at the run's precision
-        files[run_precision] = converted_gguf(source, dtype, cache_dir)
-    params = llama_params(n_ctx, threads)
     skipped = []
+    if files[run_precision] is None:  # the model's GGUF is not already at the run's precision
+        size = converted_bytes(source, dtype)
+        if size <= MAX_CONVERTED_BYTES:
+            files[run_precision] = converted_gguf(source, dtype, cache_dir)
+        else:
+            del files[run_precision]
+            skipped.append(f"llama.cpp rows at {run_precision} skipped: {source.name} at {run_precision} would be "
+                           f"{size / 1e9:.1f} GB; they run on the file itself")
+    params = llama_params(n_ctx, threads)
     for precision, path in list(files.items()):
         failure = crash(path, params)
         if failure:

@@ -145,8 +145,8 @@ PanelFn<W> pick(Isa isa, int nb, int64_t mb, bool first) {
 
 // Panels [p_begin, p_end) for all m rows into y [m, n]. Blocks are as wide as the first group
 // allows; every group meets a block before the next block is read (later groups from cache).
-template <typename W>
-void panel_range(Isa isa, int lanes, const float* x, int64_t m, const W* panels, int64_t k, const W* bias,
+template <typename W, typename B>
+void panel_range(Isa isa, int lanes, const float* x, int64_t m, const W* panels, int64_t k, const B* bias,
                  int64_t n, int64_t p_begin, int64_t p_end, float* y) {
   const int* widths = isa == Isa::kAvx512 ? kBlockAvx512 : kBlockAvx2;
   const int64_t group = isa == Isa::kAvx2 && m > kGroupRows ? kManyRowsAvx2 : kGroupRows;
@@ -184,8 +184,9 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   TORCH_CHECK(x.device().is_cpu() && panels.device().is_cpu(), "specfree::panel_linear runs on the CPU");
   TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous(), "specfree::panel_linear: panels must be a contiguous "
               "[N/P, K, P] tensor (specfree.kernels.panels.pack), not ", panels.sizes());
-  TORCH_CHECK(panels.scalar_type() == at::kFloat || panels.scalar_type() == at::kBFloat16,
-              "specfree::panel_linear: weights must be float32 or bfloat16");
+  const auto dtype = panels.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "specfree::panel_linear: weights must be float32, bfloat16 or float16");
   const Isa isa = specfree::parse_isa(std::string(isa_name), "specfree::panel_linear");
   const int64_t k = panels.size(1), lanes = panels.size(2), count = panels.size(0);
   TORCH_CHECK(lanes == lanes_of(isa), "specfree::panel_linear: panels of ", lanes, " columns cannot run the ",
@@ -193,17 +194,23 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   TORCH_CHECK(x.size(-1) == k && n <= count * lanes && n > count * lanes - lanes, "specfree::panel_linear: shapes ",
               x.sizes(), " and panels ", panels.sizes(), " for ", n, " outputs do not multiply");
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
-  const at::Tensor x32 = specfree::float_rows(x), b = specfree::bias_as(bias, panels.scalar_type());
+  // A bias in float32 stays float32 (16-bit weights computed in float32, the model's float32 bias);
+  // else it is taken in the weights' dtype, as a 16-bit model holds it.
+  const bool wide_bias = bias.has_value() && bias->defined() && bias->scalar_type() == at::kFloat;
+  const at::Tensor x32 = specfree::float_rows(x), b = specfree::bias_as(bias, wide_bias ? at::kFloat : dtype);
   at::Tensor y = specfree::output_rows(x, n);
   if (m > 0) {
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
-      if (panels.scalar_type() == at::kFloat)
-        panel_range<float>(isa, lanes, x32.data_ptr<float>(), m, panels.data_ptr<float>(), k,
-                           b.defined() ? b.data_ptr<float>() : nullptr, n, begin, end, y.data_ptr<float>());
+      const auto run = [&](auto* w, auto* bias_values) {
+        panel_range(isa, lanes, x32.data_ptr<float>(), m, w, k, bias_values, n, begin, end, y.data_ptr<float>());
+      };
+      const float* wide = wide_bias ? b.data_ptr<float>() : nullptr;
+      if (dtype == at::kFloat)
+        run(panels.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr);
+      else if (dtype == at::kBFloat16)
+        wide || !b.defined() ? run(panels.data_ptr<at::BFloat16>(), wide) : run(panels.data_ptr<at::BFloat16>(), b.data_ptr<at::BFloat16>());
       else
-        panel_range<at::BFloat16>(isa, lanes, x32.data_ptr<float>(), m, panels.data_ptr<at::BFloat16>(), k,
-                                  b.defined() ? b.data_ptr<at::BFloat16>() : nullptr, n, begin, end,
-                                  y.data_ptr<float>());
+        wide || !b.defined() ? run(panels.data_ptr<at::Half>(), wide) : run(panels.data_ptr<at::Half>(), b.data_ptr<at::Half>());
     });
   }
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());

@@ -119,6 +119,73 @@ class PanelLinear(nn.Module):
                 f"panels={tuple(self.panels.shape)}")
 
 
+class WidePanelLinear(PanelLinear):
+    """A float32 linear layer whose weights are 16-bit values (a bfloat16 or float16 checkpoint, a
+    GGUF's F16/BF16 tensors), held as 16-bit panels: half the bytes of float32, and the same
+    products, since widening 16 bits to float32 is exact and the kernel computes in float32. Its
+    ``weight``, state dict and ``to_linear`` are float32: the model stays a float32 model."""
+
+    def __init__(self, weight16: torch.Tensor, bias: nn.Parameter | None, lanes: int):
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = weight16.shape
+        self.panels = nn.Parameter(pack(weight16, lanes), requires_grad=False)
+        self.register_parameter("bias", None if bias is None else nn.Parameter(bias.float(), requires_grad=False))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.rows().float()
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def to_linear(self, weight: nn.Parameter | None = None) -> nn.Linear:
+        linear = super().to_linear(weight)
+        return linear.float()
+
+    def _load_weight(self, weight: torch.Tensor, prefix: str, error_msgs: list[str]) -> bool:
+        narrow = weight.to(self.panels.dtype)
+        if not torch.equal(narrow.float(), weight.float()):
+            error_msgs.append(f"{prefix}weight is not exactly {self.panels.dtype} values, which this layer holds "
+                              "its weight as; load the model with dtype=float32 from a float32 checkpoint")
+            return False
+        return super()._load_weight(narrow, prefix, error_msgs)
+
+
+def hold_16bit_linears(model: nn.Module, lanes: int) -> int:
+    """A model loaded in bfloat16 or float16 made a float32 model whose linear layers keep their
+    16-bit weights (``WidePanelLinear``): every other parameter and buffer widened to float32 (exact).
+    A layer that shares its weight (a head tied to the embedding) is widened with the rest. Returns
+    how many layers keep 16 bits."""
+    from specfree.kernels.swap import swap_modules
+
+    counts: dict[int, int] = {}
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None:
+                counts[id(param)] = counts.get(id(param), 0) + 1
+
+    def convert(module):
+        if type(module) is nn.Linear and module.weight.dtype in (torch.bfloat16, torch.float16) \
+                and counts[id(module.weight)] == 1 and module.weight.device.type == "cpu":
+            return WidePanelLinear(module.weight.detach(), module.bias, lanes)
+        return None
+
+    with torch.no_grad():
+        held = swap_modules(model, convert)
+        for module in model.modules():
+            if isinstance(module, WidePanelLinear):
+                continue
+            for key, param in module._parameters.items():
+                if param is not None and param.is_floating_point() and param.dtype != torch.float32:
+                    param.data = param.data.float()
+            for key, buffer in module._buffers.items():
+                if buffer is not None and buffer.is_floating_point() and buffer.dtype != torch.float32:
+                    module._buffers[key] = buffer.float()
+    model.config.dtype = torch.float32
+    return held
+
+
 class PanelConv1D(PanelLinear):
     """transformers' ``Conv1D`` (GPT-2's linear layers, the weight stored ``[K, N]``) packed the same
     way; ``.weight``, the state dict and ``to_linear`` keep its own layout and class."""

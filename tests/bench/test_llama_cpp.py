@@ -130,8 +130,8 @@ def test_llama_cpp_rows_on_the_smollm2_gguf_and_its_f32_copy(tmp_path, write_jso
         assert 1 <= len(turn["tokens"]) <= 8 and turn["stop_reason"] in ("eos", "max_new_tokens")
         assert 0 < turn["prefill_s"] < turn["wall_s"] and sum(turn["emitted"]) == len(turn["tokens"])
     report = (out / "report.md").read_text()
-    assert "llama.cpp rows: llama-cpp-python 0.3." in report and "(F32)" in report
-    assert ("(Q4_1)" in report) == (len(labels) == 4) and ("skipped" in said) == (len(labels) == 2)
+    assert "llama.cpp rows: llama-cpp-python 0.3." in report and "(F32, " in report  # each file's type and size
+    assert ("(Q4_1, " in report) == (len(labels) == 4) and ("skipped" in said) == (len(labels) == 2)
 
 
 @pytest.mark.parametrize("probe, said", [
