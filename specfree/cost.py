@@ -16,10 +16,10 @@ forwards run transformers' chunked Mamba-2 scan (each ~100x its one-row step), s
 a 1B model's first request. So a model seen for the first time gets a quick curve (``quick``): the
 one-row forward, then the row counts the first steps ask for, as many as fit a budget of
 ``BUDGET`` one-row forwards, at one short context (and a second one only where the budget still
-allows); the engine then learns every other row count from its own steps (``learner``) and keeps
-what it learns in the same cache file. A row count not yet timed is priced between its neighbours,
-or beyond the last one along the last two's slope, never below ``MIN_SLOPE`` of a one-row forward
-per row: never free.
+allows, else at the next engine's build: ``grow``); the engine then learns every other row count
+from its own steps (``learner``) and keeps what it learns in the same cache file. A row count not
+yet timed is priced between its neighbours, or beyond the last one along the last two's slope,
+never below ``MIN_SLOPE`` of a one-row forward per row: never free.
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ class CostModel:
     def cached(cls, adapter, cache_dir: Path) -> "CostModel":
         """Measure once per (model, device, dtype, threads, kernels): a quick curve (``quick``);
         later engines read the file, after a check that its shape still holds here (``holds``), and
-        measure again if not. What the engine's steps teach the curve (``learner``) goes to the file."""
+        measure again if not; the next one measures the growth a quick curve lacks (``grow``). What
+        the engine's steps teach the curve (``learner``) goes to the file too."""
         model = adapter.model
         params = sum(p.numel() for p in model.parameters())
         # The layer classes name the kernels (few-row linears, fused norms, ...), whichever were swapped in.
@@ -199,12 +200,34 @@ class CostModel:
                 cached = None  # a damaged cache file is simply measured again
             if cached is not None and cached.holds(adapter):
                 cached.path = path
+                if cached.grow(adapter):
+                    write_atomic(path, json.dumps(cached.as_dict()))
                 return cached
         costs = cls.quick(adapter)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(costs.as_dict()))
         costs.path = path
         return costs
+
+    def grow(self, adapter, budget: float = BUDGET, longer: int = CONTEXTS[0]) -> bool:
+        """Measure the growth with the context that a quick curve had no budget left for (most real
+        models: the first context's sizes take it all), at a later engine's build, for about one more
+        budget: the curve's sizes up to ``QUICK_SIZES[-1]`` at its context (within half the budget,
+        two at least), then the same after ``longer`` tokens; a row count not measured takes its
+        neighbours' growth. Not where the curve has one, the model's context is too short, or the
+        curve says these rounds cost more than the budget (steep multi-row costs). Whether it grew."""
+        sizes = [int(r) for r in self.rows if r <= QUICK_SIZES[-1]]
+        room = _room(adapter, sizes, 2)
+        longer = min(longer, room)
+        if self.growth is not None or len(sizes) < 2 or longer < self.context + 64 or \
+                2 * (CHECK_REPEATS + 1) * (self(1) + self(sizes[1])) > budget * self(1):
+            return False
+        short = _time_sizes(adapter, max(1, min(self.context, room)), sizes, 2, budget=budget / 2)
+        sizes = sizes[: len(short)]
+        slower = _time_sizes(adapter, longer, sizes, 2)
+        measured = [(b - a) / (longer - self.context) for a, b in zip(short, slower)]
+        self.growth = np.maximum.accumulate(np.maximum(0.0, np.interp(self.rows, sizes, measured)))
+        return True
 
     def holds(self, adapter, tolerance: float = SHAPE_TOLERANCE) -> bool:
         """Whether the curve's shape still holds here: one row against the largest size up to 8,

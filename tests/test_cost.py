@@ -162,3 +162,18 @@ def test_the_engine_learns_the_row_counts_its_curve_lacks(tmp_path):
     assert own._costs.curve is own.costs and not own._costs.adapt
     given = Engine.from_model(adapter.model, None, "prompt_lookup", adapter=adapter, costs=curve)
     assert given._costs is None
+
+
+def test_a_quick_curve_without_growth_gets_it_at_the_next_build(tmp_path, monkeypatch):
+    adapter = HFAdapter(tiny_model("llama"), check_tree_mask=False)
+    first = CostModel.cached(adapter, tmp_path)
+    path, = (tmp_path / "costs").iterdir()
+    quick = CostModel([1, 2, 4], [1e-3, 1.1e-3, 1.2e-3], context=64)  # as a real model's first curve: no growth
+    path.write_text(json.dumps(quick.as_dict()))
+    monkeypatch.setattr(CostModel, "holds", lambda self, adapter: True)  # its made-up shape is not checked
+    again = CostModel.cached(adapter, tmp_path)
+    assert again.rows.tolist() == [1, 2, 4] and again.growth is not None and np.all(np.diff(again.growth) >= 0)
+    assert json.loads(path.read_text()) == again.as_dict()
+    steep = CostModel([1, 2], [1e-3, 1e-1], context=64)  # two rows 100x one: growing them costs too much
+    assert not steep.grow(adapter) and steep.growth is None
+    assert first.rows[0] == 1
