@@ -75,6 +75,8 @@ class Server:
         encoder = copy.copy(engine)  # tokenizes on the event loop with a tokenizer of its own
         encoder.tokenizer = copy.deepcopy(engine.tokenizer)
         self._encoder = encoder
+        # The configured verifier, read here once: while a request runs, the worker lends the engine its own.
+        self.verifier = engine.verifier
         scheduler = Scheduler(engine, self.settings.queue_size, self.metrics)
         scheduler.start()
         self.engine, self.scheduler = engine, scheduler
@@ -149,7 +151,7 @@ class Server:
         """The verifier this request asks for, or None for the engine's own (see docs/serve.md)."""
         knobs = {k: v for k, v in (("top_p", ask.top_p), ("top_k", ask.top_k),
                                    ("repetition_penalty", ask.repetition_penalty)) if v is not None}
-        own = self.engine.verifier
+        own = self.verifier
         if ask.temperature is None:
             if not knobs:
                 return None
@@ -174,7 +176,7 @@ class Server:
         return verifier
 
     def seed_for(self, ask: Ask, verifier) -> int | None:
-        samples = getattr(verifier if verifier is not None else self.engine.verifier, "do_sample", False)
+        samples = getattr(verifier if verifier is not None else self.verifier, "do_sample", False)
         if not samples:
             return None
         return ask.seed if ask.seed is not None else secrets.randbelow(2**31)
@@ -323,7 +325,7 @@ class Answer:
                 "accepted_drafts": sum(s.accepted for s in generation.steps),
                 "tokens_per_s": round(generation.tokens_per_s, 3), "prefill_s": round(generation.prefill_s, 4),
                 "stop_reason": generation.stop_reason, "seed": self.job.seed,
-                "verifier": getattr(self.job.verifier or self.server.engine.verifier, "name", None)}
+                "verifier": getattr(self.job.verifier or self.server.verifier, "name", None)}
 
     def _usage(self, generation) -> dict:
         n, m = generation.prompt_tokens, len(generation.tokens)

@@ -224,18 +224,20 @@ def test_a_client_dropped_mid_stream_frees_the_engine_for_the_next(guarded):
         stream = client.completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=60, stream=True,
                                            extra_body={"specfree": {"ignore_eos": True}})
         before = engine.steps_run
-        engine.release(2)
+        engine.release(1)  # one step: the first text
         got = ""
         for part in stream:
             got += part.choices[0].text
             if got:
                 break
+        job = scheduler._current  # it cannot end without a second step
         stream.close()  # the client goes away after its first text
-        wait_until(lambda: scheduler._current.cancelled.is_set(), "the server to see the client go")
-        engine.release(1)  # the step the worker is waiting in; after it, it drops the request
+        wait_until(job.cancelled.is_set, "the server to see the client go")
+        engine.release(1)  # the step the worker may be waiting in; before the next one it drops the request
         wait_until(lambda: guarded.state.metrics.cancelled._value.get() == cancelled + 1,
                    "the engine to drop the request")
-        assert engine.steps_run - before <= 3 and scheduler._current is None
+        assert engine.steps_run - before in (1, 2)  # 1: it saw the client go before asking for step 2
+        wait_until(lambda: scheduler._current is None, "the worker to be free")
     finally:
         engine.paced = False
         engine.release(100)
