@@ -35,6 +35,7 @@ from torch import nn
 
 from specfree.errors import ModelLoadError
 from specfree.files import write_atomic
+from specfree.kernels import available_memory
 from specfree.kernels.codes import CodedEmbedding, CodedLinear, from_blocks
 from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
 from specfree.kernels.panels import WidePanelLinear
@@ -69,18 +70,6 @@ class GGUFHoldings:
     def as_dict(self) -> dict:
         return {"file": self.file, "coded": {g: dict(t) for g, t in self.coded.items()},
                 "dequantized": dict(self.dequantized), "code_bytes": self.code_bytes}
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (Linux), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _parameter(tensor: torch.Tensor) -> nn.Parameter:

@@ -211,6 +211,18 @@ def test_a_broken_gguf_is_one_line_and_leaves_nothing_in_the_cache(damage, gguf_
 def test_a_file_too_large_for_memory_is_refused_up_front_with_the_bytes(gguf_dir, tmp_path, monkeypatch):
     from specfree import gguf_model
 
-    monkeypatch.setattr(gguf_model, "available_memory", lambda: 1000)
+    monkeypatch.setattr(gguf_model, "available_memory", lambda: 1000)  # the name gguf_model calls
     with pytest.raises(ModelLoadError, match=r"needs about .* GiB of memory .* and 0.0 GiB is available"):
         load_model(str(tiny_file(gguf_dir, T.Q4_0)), cache_dir=tmp_path)
+
+
+def test_a_stock_float32_copy_that_would_not_fit_is_refused_before_unpacking(gguf_dir, tmp_path, monkeypatch):
+    import specfree.kernels as kernels
+    from specfree.errors import SpecfreeError
+
+    model, _ = load_model(str(tiny_file(gguf_dir, T.Q4_K)), cache_dir=tmp_path)
+    monkeypatch.setattr(kernels, "available_memory", lambda: 1000)
+    with pytest.raises(SpecfreeError, match=r"stock float32 copy of this model's linear layers needs .* GiB"):
+        with kernels.stock_linears(model):
+            pass
+    assert isinstance(model.get_output_embeddings(), CodedLinear)  # nothing was unpacked

@@ -338,10 +338,33 @@ def library_linears(model: nn.Module) -> int:
     return sum(type(m) is nn.Linear for m in model.modules())
 
 
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (Linux), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 @contextlib.contextmanager
 def stock_linears(model: nn.Module):
     """Plain ``nn.Linear`` layers (and embedding) inside the block, for baselines that must be stock,
-    then specfree's again. Packed weights are unpacked into a copy that lives as long as the block."""
+    then specfree's again. Packed weights are unpacked into a copy that lives as long as the block;
+    where that float32 copy (a GGUF held as codes: 4 bytes a weight) would not fit in memory, a
+    ``SpecfreeError`` says so before anything is unpacked."""
+    from specfree.errors import SpecfreeError
+
+    need = sum(4 * m.in_features * m.out_features for m in model.modules()
+               if isinstance(m, PanelLinear) and m.storage.dtype != torch.float32)
+    free = available_memory()
+    if free is not None and need > free:
+        raise SpecfreeError(f"the stock float32 copy of this model's linear layers needs {need / 2**30:.1f} GiB "
+                            f"and {free / 2**30:.1f} GiB is available: leave the transformers baselines out "
+                            "(bench.baselines without hf_*)")
     with torch.no_grad(), swapped_modules(model, _stock({})):
         yield model
 
