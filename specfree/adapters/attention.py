@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 
 import torch
 from transformers import AttentionInterface
@@ -64,20 +65,16 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                            **kwargs) -> tuple[torch.Tensor, None]:
     """specfree's tree-attention operator where it computes what the model asks, else
-    ``grouped_sdpa_attention``. query [B, H, Q, D]; key, value [B, Hkv, S, D]; mask [B or 1, 1, Q, S]."""
+    ``grouped_sdpa_attention``. query [B, H, Q, D]; key, value [B, Hkv, S, D]; mask [B or 1, 1, Q, S].
+    What the layer fixes is decided once per layer (``layer_covered``); only what a call carries
+    (its row count, dropout, extra arguments, mask) is tested per call."""
     from specfree.kernels.attention import LONG_ROWS, library_tree_attention, tree_attention
 
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]  # as transformers' SDPA does
     covered = (query.shape[-2] <= LONG_ROWS  # a long prefill: SDPA is faster there
-               and query.device.type == "cpu" and query.dtype == key.dtype == value.dtype
-               and query.dtype in TREE_DTYPES
+               and layer_covered(module, query, key, value, kwargs.get("softcap"))
                and not dropout and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)
-               and (kwargs.get("softcap") or 0) >= 0
-               and getattr(module, "sinks", None) is None
-               # one head dim for query, key and value (MLA's values are narrower), whole query groups
-               and query.shape[-1] == key.shape[-1] == value.shape[-1] and key.shape[:3] == value.shape[:3]
-               and query.shape[1] % key.shape[1] == 0
                and (attention_mask is not None or getattr(module, "is_causal", True))
                and (attention_mask is None or (attention_mask.shape[1] == 1 and attention_mask.dim() == 4
                                                 and attention_mask.shape[-1] == key.shape[-2])))
@@ -91,6 +88,29 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
         return grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     return tree_attention(query, key, value, attention_mask, scale, softcap=softcap), None
+
+
+# Each attention layer's verdict (``layer_covered``), kept for as long as the layer lives.
+_LAYER_VERDICTS: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def layer_covered(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  softcap: float | None) -> bool:
+    """Whether the operator computes this layer's attention, as far as the layer itself decides:
+    the CPU, one fp32 or bf16 dtype for query, key and value, a cap that is none or positive, no
+    attention sinks, one head dim for query, key and value (MLA's values are narrower), whole query
+    groups. All of it is fixed once the model is wrapped (its device, dtype, heads and config), so
+    it is decided at the layer's first call (the adapter's build runs one: its probes or first
+    prompt) and kept; calls differ only in what ``tree_attention_forward`` tests per call."""
+    verdict = _LAYER_VERDICTS.get(module)
+    if verdict is None:
+        verdict = _LAYER_VERDICTS[module] = (
+            query.device.type == "cpu" and query.dtype == key.dtype == value.dtype and query.dtype in TREE_DTYPES
+            and (softcap or 0) >= 0
+            and getattr(module, "sinks", None) is None
+            and query.shape[-1] == key.shape[-1] == value.shape[-1] and key.shape[:3] == value.shape[:3]
+            and query.shape[1] % key.shape[1] == 0)
+    return verdict
 
 
 def tree_attention_covers(model, cache_dir=None) -> bool:
