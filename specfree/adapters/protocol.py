@@ -1,7 +1,8 @@
 """The interface every adapter offers the engine, pricing, the bench and the CLI.
 
 ``HFAdapter`` implements it; a plugin's adapter (registered as kind ``adapter``) implements the
-same members. Its ``capabilities`` can be ``capabilities.model_structure(model)`` (what the
+same members: every one listed here is read by some caller outside ``specfree/adapters`` (the
+engine, the cost curve, the bench, the CLI, the tests). Its ``capabilities`` can be ``capabilities.model_structure(model)`` (what the
 model's structure decides) or a ``Capabilities`` built by hand: a plain tree-verifying model needs
 only the first seven fields.
 """
@@ -13,12 +14,17 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from specfree.adapters.capabilities import Capabilities
+from specfree.adapters.runners import EagerRunner, StepRunner
+from specfree.adapters.stores import KVStore
 
 
 @runtime_checkable
 class Adapter(Protocol):
     model: torch.nn.Module  # the transformers model (its config, generation_config, parameters)
     capabilities: Capabilities  # what it can do: tree or chain, limits, rollback (frozen)
+    store: KVStore  # where the kept rows' KV lives (``stores``: growing, recurrent, rerun, static slots)
+    runner: EagerRunner | StepRunner  # how a step's forward runs (``runners``: eager, package, graphs)
+    kernel_linears: int  # linear layers running specfree's kernel (0: torch's F.linear throughout)
 
     @property
     def device(self) -> torch.device: ...
@@ -36,12 +42,28 @@ class Adapter(Protocol):
     def max_length(self) -> int: ...
 
     @property
+    def past_len(self) -> int:
+        """Tokens whose KV is kept."""
+
+    @property
     def rollback_s(self) -> float:
         """The last commit's rollback time (0 where nothing was rolled back)."""
 
     @property
     def compiled(self) -> bool:
         """Whether the steps run compiled code."""
+
+    @property
+    def compile_s(self) -> float:
+        """Wall time spent compiling (or loading) compiled steps so far (0 on the eager path)."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why the compiled steps were given up, if they were."""
+
+    @property
+    def linears(self) -> str:
+        """Which linear kernel the model's layers run (``kernels.linear_path``: ``"library"`` or the kernel and ISA)."""
 
     def reset(self) -> None:
         """Forget every token kept so far."""
@@ -54,8 +76,14 @@ class Adapter(Protocol):
         """Logits [Q, V] of rows ``tokens`` [Q]; ``allowed`` [Q, Q]: which new rows each row sees
         (None: plain causal rows); ``positions`` [Q] (None: rows seen minus one, after the past)."""
 
+    def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [Q, V] of rows under the model's own causal mask, no mask passed (the probes' reference)."""
+
     def commit(self, keep: list[int], rows: int) -> None:
         """Keep the KV of the last step's rows ``keep`` (ascending, keep[0] == 0) of its ``rows``."""
+
+    def warm_up(self, slots: int | None = None, progress: bool = True) -> float:
+        """Compile (or load) the compiled steps before the first request; seconds spent (0 on the eager path)."""
 
     def cost_setup(self) -> list:
         """What besides the model's shapes sets a forward's cost (JSON-able; part of a cache key)."""
