@@ -26,7 +26,7 @@ from specfree.planner import StepPlanner
 from specfree.pricing import AcceptanceModel, Pricer
 from specfree.strategies.base import Outcome, Strategy
 from specfree.timing import clock
-from specfree.tree import DraftTree
+from specfree.draft_tree import DraftTree
 from specfree.types import AuxBlock, Generation, StepRecord
 from specfree.verifiers import GreedyVerifier
 

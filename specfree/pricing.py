@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specfree.tree import DraftTree, merge
+from specfree.draft_tree import DraftTree, merge
 from specfree.types import AuxBlock, Proposal
 
 MAX_DEPTH_BUCKET = 6

@@ -22,7 +22,7 @@ from specfree.adapters.hf import HFAdapter
 from specfree.adapters.packaged import step_leaves
 from specfree.check import check_against_baseline
 from specfree.errors import ConfigError
-from specfree.kernels.attention import LONG_ROWS
+from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.masks.bucketed import bucket_for, pad_rows, static_mask
 from specfree.plugins import build_plugin_manager, registry
 from tests import tiny_models

@@ -206,11 +206,11 @@ def test_engine_from_config_with_a_local_model(tiny_llama_dir):
 
 
 def test_model_linear_kernel_reaches_the_adapter(tiny_llama_dir):
-    from specfree.kernels import FewRowLinear, PanelLinear, load_kernels
+    from specfree.kernels import PanelLinear, UnpackedLinear, load_kernels
 
     def few_row(overrides):
         engine = Engine.from_config(overrides=["model=local", f"model.path={tiny_llama_dir}", *overrides])
-        return any(isinstance(m, (FewRowLinear, PanelLinear)) for m in engine.adapter.model.modules())
+        return any(isinstance(m, (UnpackedLinear, PanelLinear)) for m in engine.adapter.model.modules())
 
     assert few_row([]) == few_row(["model.linear_kernel=few_row"]) == (load_kernels() is not None)
     assert not few_row(["model.linear_kernel=library"])

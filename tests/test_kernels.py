@@ -15,8 +15,8 @@ from torch import nn
 
 from specfree.adapters.hf import HFAdapter
 from specfree.errors import ConfigError
-from specfree.kernels import (FewRowLinear, few_row_linear, find_compiler, library_linears, linear_path, load_kernels,
-                              stock_linears, use_few_row_linears)
+from specfree.kernels import (UnpackedLinear, find_compiler, library_linears, linear_path, load_kernels, prepare_linears,
+                              stock_linears, unpacked_linear)
 from tests.tiny_models import tiny_model
 
 ISA = load_kernels(progress=False)
@@ -51,7 +51,7 @@ def test_the_kernel_equals_matmul_in_float64(threads, rows, k, n, with_bias, dty
     weight = torch.randn(n, k, generator=generator).to(dtype)
     bias = torch.randn(n, generator=generator).to(dtype) if with_bias else None
     with num_threads(threads):
-        out = few_row_linear(x, weight, bias, isa)
+        out = unpacked_linear(x, weight, bias, isa)
     assert out.shape == (rows, n) and out.dtype == torch.float32
     expected = reference(x, weight, bias)
     # fp32 accumulation over k terms of size ~|x||w|: the error grows like sqrt(k) * eps * scale
@@ -69,54 +69,54 @@ def test_each_row_has_the_same_bits_whatever_the_row_count(threads, k, n, dtype,
     weight = torch.randn(n, k, generator=generator).to(dtype)
     bias = torch.randn(n, generator=generator).to(dtype)
     with num_threads(threads):
-        alone = torch.stack([few_row_linear(x[i : i + 1], weight, bias, isa)[0] for i in range(16)])
+        alone = torch.stack([unpacked_linear(x[i : i + 1], weight, bias, isa)[0] for i in range(16)])
         for rows in range(1, 17):
-            assert torch.equal(few_row_linear(x[:rows], weight, bias, isa), alone[:rows]), rows
+            assert torch.equal(unpacked_linear(x[:rows], weight, bias, isa), alone[:rows]), rows
 
 
 def test_thread_counts_give_the_same_bits():
     x, weight = torch.randn(5, 300), torch.randn(200, 300)
     with num_threads(1):
-        one = few_row_linear(x, weight)
+        one = unpacked_linear(x, weight)
     with num_threads(2):
-        assert torch.equal(few_row_linear(x, weight), one)
+        assert torch.equal(unpacked_linear(x, weight), one)
 
 
 def test_more_rows_than_the_kernel_takes_go_to_the_library_gemm():
     x, weight, bias = torch.randn(3, 40, 24), torch.randn(10, 24), torch.randn(10)  # 120 rows, batched shape
-    out = few_row_linear(x, weight, bias)
+    out = unpacked_linear(x, weight, bias)
     assert out.shape == (3, 40, 10)
     torch.testing.assert_close(out, F.linear(x, weight, bias))
 
 
 def test_bf16_activations_come_back_in_bf16():
     x, weight = torch.randn(2, 64).bfloat16(), torch.randn(8, 64).bfloat16()
-    out = few_row_linear(x, weight)
+    out = unpacked_linear(x, weight)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), reference(x, weight, None).float(), rtol=1e-2, atol=1e-2)
 
 
 def test_bad_inputs_are_refused_by_the_op_with_a_message():
     with pytest.raises(RuntimeError, match="do not multiply"):
-        few_row_linear(torch.randn(2, 5), torch.randn(3, 4))
+        unpacked_linear(torch.randn(2, 5), torch.randn(3, 4))
     with pytest.raises(RuntimeError, match="isa must be auto, avx2 or avx512"):
-        few_row_linear(torch.randn(2, 4), torch.randn(3, 4), None, "sse")
+        unpacked_linear(torch.randn(2, 4), torch.randn(3, 4), None, "sse")
 
 
 def test_layers_swap_in_share_the_parameters_and_swap_back():
     model = tiny_model("llama", seed=3)
     linears = {name: m.weight for name, m in model.named_modules() if type(m) is nn.Linear}
     try:
-        assert use_few_row_linears(model, pack=False) == len(linears) and linear_path(model) == f"few_row-{ISA}"
+        assert prepare_linears(model, pack=False) == len(linears) and linear_path(model) == f"few_row-{ISA}"
         for name, module in model.named_modules():
             if name in linears:
-                assert isinstance(module, FewRowLinear) and module.weight is linears[name]  # shared, not copied
+                assert isinstance(module, UnpackedLinear) and module.weight is linears[name]  # shared, not copied
         with stock_linears(model):
             assert linear_path(model) == "library"
         assert linear_path(model) == f"few_row-{ISA}"
     finally:
         assert library_linears(model) == len(linears)
-    assert all(type(m) is not FewRowLinear for m in model.modules())
+    assert all(type(m) is not UnpackedLinear for m in model.modules())
 
 
 def test_the_library_fallback_is_a_constructor_parameter():
@@ -232,10 +232,10 @@ def test_a_model_with_no_cpu_linear_never_asks_for_the_kernel():
     import subprocess
     import sys
 
-    code = ("import torch, transformers; from specfree.kernels import use_few_row_linears; "
+    code = ("import torch, transformers; from specfree.kernels import prepare_linears; "
             "from tests.tiny_models import CONFIGS; "
             "m = transformers.AutoModelForCausalLM.from_config(CONFIGS['llama']()).to(torch.float16); "
-            "print(use_few_row_linears(m))")
+            "print(prepare_linears(m))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "0"
@@ -246,13 +246,13 @@ def test_swapping_a_model_again_keeps_the_kernel_layers():
     to swap and must leave the first one's kernel layers in place, not turn them back."""
     import transformers
 
-    from specfree.kernels import PanelLinear, use_few_row_linears
+    from specfree.kernels import PanelLinear, prepare_linears
     from tests.tiny_models import CONFIGS
 
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]())
     if load_kernels(progress=False) is None:
         pytest.skip("the kernel cannot be built here")
-    first = use_few_row_linears(model)
-    assert first > 0 and use_few_row_linears(model) == first
-    assert sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules()) == first
+    first = prepare_linears(model)
+    assert first > 0 and prepare_linears(model) == first
+    assert sum(isinstance(m, (UnpackedLinear, PanelLinear)) for m in model.modules()) == first

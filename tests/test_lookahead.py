@@ -16,7 +16,7 @@ from specfree.plugins import build_plugin_manager, registry
 from specfree.pools.lru import LRUNGramPool
 from specfree.strategies.base import Outcome
 from specfree.strategies.lookahead import LOOKAHEAD_DEFAULTS, Lookahead, lookahead
-from specfree.tree import merge
+from specfree.draft_tree import merge
 from specfree.types import Verdict
 from tests._lookahead_models import FAMILIES, VOCAB, plain_greedy, tiny
 

@@ -200,11 +200,11 @@ def test_packing_hands_back_clean_checkpoint_pages_and_nothing_else(tmp_path):
 def test_the_linear_curves_of_a_bf16_model_measure_every_variant_in_its_dtype():
     """bench's cost curves on a bf16 model: every variant multiplies bf16 activations (the library's
     refused float32 ones against bf16 weights), and AMX tiles where the CPU has them."""
-    from specfree.kernels import has_amx, use_few_row_linears
+    from specfree.kernels import has_amx, prepare_linears
     from specfree.kernels.measure import linear_curves
 
     model = fresh_model("llama").to(torch.bfloat16)
-    use_few_row_linears(model)
+    prepare_linears(model)
     curves = linear_curves(model, rows=(1, 3), rounds=1)
     assert {"blas", "read_pass", f"few_row-panels-{ISAS[-1]}"} <= curves.keys()
     assert ("few_row-tiles-amx" in curves) == has_amx()

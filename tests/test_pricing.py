@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from specfree.cost import CostModel
 from specfree.pricing import (AGREED, AcceptanceModel, Node, Plan, agreed_label, as_proposed, learn, node_rates, price,
                               reach_probabilities)
-from specfree.tree import DraftTree
+from specfree.draft_tree import DraftTree
 from specfree.types import AuxBlock, Proposal
 
 FLAT = CostModel([1, 2, 64], [1.0, 1.0, 1.0])  # rows are free

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from specfree import Engine
 from specfree.adapters.hf import HFAdapter
-from specfree.tree import DraftTree, merge
+from specfree.draft_tree import DraftTree, merge
 from tests.test_lossless import prompts
 from tests.tiny_models import RECURRENT_FAMILIES, Oracle, reference_greedy, tiny_model
 

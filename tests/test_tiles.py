@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from specfree.kernels import has_amx, library_linears, linear_path, load_kernels, use_few_row_linears
+from specfree.kernels import has_amx, library_linears, linear_path, load_kernels, prepare_linears
 from specfree.kernels.panels import PanelEmbedding
 from specfree.kernels.tiles import TileEmbedding, TileLinear, pack_tiles, unpack_tiles
 from tests.tiny_models import tiny_model
@@ -68,7 +68,7 @@ def test_a_bfloat16_model_runs_on_tiles_close_to_its_panels_and_keeps_one_copy()
     stock_state = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         stock = model(ids).logits.float()
-    assert use_few_row_linears(model) > 0
+    assert prepare_linears(model) > 0
     assert linear_path(model).startswith("few_row-tiles-")
     heads = [m for m in model.modules() if isinstance(m, TileLinear)]
     assert heads and isinstance(model.get_input_embeddings(), TileEmbedding)

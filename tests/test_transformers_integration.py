@@ -10,7 +10,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from specfree import ConfigError, Engine, Generation, speculative_generate
-from specfree.adapters.kv import cache_in
+from specfree.adapters.kv_buffers import cache_in
 from tests.tiny_models import FAMILIES, PAD, VOCAB, tiny_model, tiny_tokenizer
 
 FEW = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -126,7 +126,7 @@ def test_unknown_strategy_or_knob_fails_when_the_callable_is_built():
 
 def test_the_callers_model_keeps_its_own_linear_and_norm_layers_between_calls():
     from specfree.adapters.norms import FusedRMSNorm
-    from specfree.kernels import FewRowLinear, load_kernels
+    from specfree.kernels import UnpackedLinear, load_kernels
 
     model = tiny_model.__wrapped__("llama")  # a model of its own: nothing else swaps its layers
     layers = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear}
@@ -145,7 +145,7 @@ def test_the_callers_model_keeps_its_own_linear_and_norm_layers_between_calls():
     assert out.tolist() == plain(model, max_new_tokens=8).tolist()
     assert {norm_type for _, norm_type in seen} == {FusedRMSNorm}  # fused during the calls
     if load_kernels() is not None:
-        assert {linear_type for linear_type, _ in seen} == {FewRowLinear}  # the kernel during the calls
+        assert {linear_type for linear_type, _ in seen} == {UnpackedLinear}  # the kernel during the calls
 
 
 def test_compiled_speculative_generate_equals_generate_and_compiles_once(tmp_path):

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from specfree.adapters.attention import GROUPED_SDPA, is_grouped_query, stock_attention, use_grouped_sdpa
 from specfree.adapters.hf import HFAdapter
-from specfree.adapters.kv import cache_in
+from specfree.adapters.kv_buffers import cache_in
 from specfree.masks.tree import ancestors, build_layout
-from specfree.tree import merge
+from specfree.draft_tree import merge
 from tests.tiny_models import FAMILIES, VOCAB, tiny_model
 
 candidate_lists = st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=6), max_size=8)

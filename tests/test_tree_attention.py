@@ -18,7 +18,7 @@ from specfree.adapters.attention import (TREE_ATTENTION, attention_path, grouped
                                         tree_attention_forward)
 from specfree.adapters.hf import HFAdapter
 from specfree.kernels import load_kernels
-from specfree.kernels.attention import LONG_ROWS, tree_attention, visible
+from specfree.kernels.tree_attention import LONG_ROWS, tree_attention, visible
 from specfree.masks.tree import ancestors
 from tests.tiny_models import tiny_model
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specfree.kernels import load_kernels
-from specfree.kernels.attention import tree_attention
+from specfree.kernels.tree_attention import tree_attention
 
 LOWEST = torch.finfo(torch.float32).min
 

@@ -10,7 +10,7 @@ The function is registered under ``GROUPED_SDPA`` through transformers' own exte
 (``AttentionInterface`` and ``AttentionMaskInterface``), and a model opts in by name.
 
 ``TREE_ATTENTION`` goes further for fp32 and bf16 models on the CPU: specfree's own operator
-(``specfree.kernels.attention``), which reads only the keys some row sees and gives each row the
+(``specfree.kernels.tree_attention``), which reads only the keys some row sees and gives each row the
 same bits whatever else is in the step, so a verify row equals the one-row forward bit for bit.
 It also computes Gemma 2's logit soft-capping, which SDPA cannot (those families run transformers'
 eager attention otherwise). A bf16 model's call runs the same float32 arithmetic, the operator
@@ -68,7 +68,7 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     ``grouped_sdpa_attention``. query [B, H, Q, D]; key, value [B, Hkv, S, D]; mask [B or 1, 1, Q, S].
     What the layer fixes is decided once per layer (``layer_covered``); only what a call carries
     (its row count, dropout, extra arguments, mask) is tested per call."""
-    from specfree.kernels.attention import LONG_ROWS, library_tree_attention, tree_attention
+    from specfree.kernels.tree_attention import LONG_ROWS, library_tree_attention, tree_attention
 
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]  # as transformers' SDPA does

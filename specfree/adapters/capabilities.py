@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specfree.adapters import recurrent
-from specfree.adapters.kv import cache_argument
+from specfree.adapters.kv_buffers import cache_argument
 from specfree.adapters.refusals import layer_kinds, refuse_unverifiable
 from specfree.masks.bucketed import static_mask
 from specfree.masks.tree import additive_mask

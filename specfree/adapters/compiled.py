@@ -25,7 +25,7 @@ process compiles again). A compile that fails falls back, with one warning, to r
 static steps eagerly: slower, never wrong.
 
 ``compiled_adapter`` composes the compiled path from parts: the eager adapter's kernels, static
-KV slots (``kv.StaticSlots``) and a runner (``runners``: the package or the graphs). It works on
+KV slots (``kv_buffers.StaticSlots``) and a runner (``runners``: the package or the graphs). It works on
 its own copy of the model's module tree (parameters shared, not copied): graphs are specialised
 to the modules they traced, and an eager engine over the same model may swap those (linear
 layers, norms) at any time. ``make_adapter`` chooses between the eager and the compiled path.
@@ -42,7 +42,7 @@ import torch
 
 from specfree.adapters.capabilities import compile_blocker, model_device
 from specfree.adapters.hf import HFAdapter, grad_free, prepare_model
-from specfree.adapters.kv import StaticSlots, cache_argument, growing_cache
+from specfree.adapters.kv_buffers import StaticSlots, cache_argument, growing_cache
 from specfree.adapters.packaged import StepPackage
 from specfree.adapters.runners import RUNNERS, PackageRunner
 from specfree.files import fingerprint
@@ -111,7 +111,7 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
                      tier_step: int = PACKAGE_TIER_STEP, check_tree_mask: bool = True, grouped_attention: bool = True,
                      linear_kernel: str = "few_row", cache_dir: str | Path | None = None) -> HFAdapter:
     """An ``HFAdapter`` over static KV slots whose steps run compiled: the same kernels as the
-    eager adapter, ``kv.StaticSlots``, and a runner (``runners``).
+    eager adapter, ``kv_buffers.StaticSlots``, and a runner (``runners``).
 
     ``backend``: ``"aoti"`` (one package, kept in ``package_dir``; a temporary folder when None), a
     ``torch.compile`` backend (a graph per row bucket in ``buckets`` and slot tier), or ``"auto"``:

@@ -24,7 +24,7 @@ from specfree.adapters.capabilities import Capabilities, model_device, model_str
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.stores import STORES, KVStore
-from specfree.kernels import linear_path, use_few_row_linears
+from specfree.kernels import linear_path, prepare_linears
 from specfree.progress import progress_bar
 
 # The one mode every forward specfree runs is under: probes, the cost curve, prompts, steps and
@@ -47,7 +47,7 @@ def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "f
         # each row's bits independent of the step's other rows; else the same math as SDPA without a
         # per-step copy of the cache for masked rows
         use_tree_attention(model, cache_dir) or use_grouped_sdpa(model)
-    kernel_linears = use_few_row_linears(model, linear_kernel, cache_dir)  # rows at one row's price
+    kernel_linears = prepare_linears(model, linear_kernel, cache_dir)  # rows at one row's price
     fuse_norms(model)  # bit-identical, fewer dispatches per forward
     return kernel_linears
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from specfree.adapters.kv import cache_argument
+from specfree.adapters.kv_buffers import cache_argument
 from specfree.files import atomic_path, fingerprint
 from specfree.kernels.panels import stock_tensor_specs
 

@@ -9,7 +9,7 @@ would have. A step whose whole chain is accepted needs no rollback.
 
 The cache is the one transformers' ``generate`` builds for the model (``DynamicCache(config=...)``,
 whose linear-attention layers hold the conv and recurrent states); only its plain attention
-layers are swapped for ``kv.GrowingLayer``s, which grow in place. A family that ships cache layers
+layers are swapped for ``kv_buffers.GrowingLayer``s, which grow in place. A family that ships cache layers
 of its own (DeepSeek-V4's compressed attention) or a cache class of its own (MiniMax, which
 builds it inside its forward) keeps them; a step's snapshot is then a deep copy of the whole
 cache, which costs a copy of the KV too.
@@ -24,7 +24,7 @@ from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.cache_utils import LinearAttentionCacheLayerMixin as StateLayer
 
-from specfree.adapters.kv import GrowingLayer, growing_cache
+from specfree.adapters.kv_buffers import GrowingLayer, growing_cache
 
 PLAIN_ATTENTION = (DynamicLayer, DynamicSlidingWindowLayer)
 # A layer that keeps nothing, new in transformers 5.20; vLLM's environment has 5.19 (docs/vllm.md).
@@ -32,7 +32,7 @@ DummyLayer = getattr(cache_utils, "DummyLayer", DynamicLayer)
 
 
 def cache_kind(model) -> str:
-    """How a model's cache is kept: "growing" (attention only: ``kv.GrowingLayer`` everywhere, draft
+    """How a model's cache is kept: "growing" (attention only: ``kv_buffers.GrowingLayer`` everywhere, draft
     trees), "states" (transformers' linear-attention layers beside attention layers: chains, states
     copied), "own" (cache layers or a cache class of the family's own: chains, the cache copied)."""
     if not _default_cache_works(model):  # the family builds its own cache in its forward

@@ -7,7 +7,7 @@ family may make its own on the first forward); ``rows_for(rows)`` says the row c
 
 - ``EagerRunner``: plain eager forwards over the cache a store gives it (growing, recurrent).
 
-The compiled runners own static KV slots (``kv.StaticSlots``) and write a step's KV into them at
+The compiled runners own static KV slots (``kv_buffers.StaticSlots``) and write a step's KV into them at
 past..past+B. Each can run the same step eagerly, and does so, with one warning, when its compiler
 fails: slower, never wrong.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from specfree.adapters.capabilities import model_device
-from specfree.adapters.kv import StaticSlots, cache_argument, cache_in
+from specfree.adapters.kv_buffers import StaticSlots, cache_argument, cache_in
 from specfree.adapters.packaged import MAX_ROWS as PACKAGE_MAX_ROWS
 from specfree.adapters.packaged import StepPackage
 from specfree.kernels import linear_path
@@ -41,7 +41,7 @@ RECOMPILE_LIMIT = 256
 def eager_step(model, cache_name: str, slots: StaticSlots, ids: torch.Tensor, positions: torch.Tensor,
                mask) -> torch.Tensor:
     # ids, positions [1, B]; mask [1, 1, B, slots] (or one per layer kind) -> logits [1, B, V];
-    # cache_name: what the forward calls its cache argument (``kv.cache_argument``)
+    # cache_name: what the forward calls its cache argument (``kv_buffers.cache_argument``)
     return model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                  **{cache_name: slots.cache}).logits
 

@@ -6,12 +6,12 @@ logits; ``allowed=None``: plain causal rows), ``run_plain(tokens, positions)`` (
 model's own causal mask, the probes' reference) and ``keep(keep, rows)`` (keep the KV of the step's
 rows ``keep``, drop the rest). A store runs its forwards through a runner (``runners``).
 
-- ``GrowingStore``: a cache of ``kv.GrowingLayer``s growing in place; kept rows move down, the
+- ``GrowingStore``: a cache of ``kv_buffers.GrowingLayer``s growing in place; kept rows move down, the
   tail is cut: no second forward.
 - ``RecurrentStore``: recurrent states (or a family's own cache), snapshot before a chain, put back
   and the kept rows replayed after a rejection (``recurrent``).
 - ``RerunStore``: the token ids of a model without a KV cache, which runs the whole sequence again.
-- ``SlotStore``: static slots (``kv.StaticSlots``) a compiled runner's steps write into.
+- ``SlotStore``: static slots (``kv_buffers.StaticSlots``) a compiled runner's steps write into.
 
 A new store is one subclass of ``KVStore`` and one entry in ``STORES``; ``Capabilities.store``
 names the eager store a model needs, and an adapter given a compiled runner uses ``"slots"``.
@@ -26,7 +26,7 @@ import torch
 
 from specfree.adapters import recurrent
 from specfree.adapters.capabilities import Capabilities, causal, model_device
-from specfree.adapters.kv import StaticSlots, growing_cache, keep_rows
+from specfree.adapters.kv_buffers import StaticSlots, growing_cache, keep_rows
 from specfree.masks.bucketed import pad_rows
 
 
@@ -64,7 +64,7 @@ class KVStore:
 
 
 class GrowingStore(KVStore):
-    """A cache of ``kv.GrowingLayer``s (no sliding-window layers: cache index == position); a
+    """A cache of ``kv_buffers.GrowingLayer``s (no sliding-window layers: cache index == position); a
     mask only where rows are not plain causal, a window is exceeded, or chains take specfree's."""
 
     def __init__(self, model, caps: Capabilities, runner):

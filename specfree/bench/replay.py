@@ -39,7 +39,7 @@ from specfree.errors import ConfigError
 from specfree.planner import StepPlanner
 from specfree.pricing import Pricer
 from specfree.strategies.base import Outcome, Strategy
-from specfree.tree import DraftTree
+from specfree.draft_tree import DraftTree
 from specfree.types import Verdict
 
 TOP = 16  # the model's top next tokens kept per recorded position (what logit-learning drafters see)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from specfree.adapters import as_shipped
-from specfree.adapters.kv import cache_argument
+from specfree.adapters.kv_buffers import cache_argument
 from specfree.bench.metrics import PHASES
 from specfree.conf.schema import STEP_KNOBS
 from specfree.cost import CostModel

@@ -30,9 +30,9 @@ from transformers.generation import (
 
 from specfree.adapters.compiled import check_compile
 from specfree.adapters.protocol import Adapter
-from specfree.adapters.kv import CACHE_ARGUMENTS, cache_in
+from specfree.adapters.kv_buffers import CACHE_ARGUMENTS, cache_in
 from specfree.adapters.norms import fused_norms
-from specfree.kernels import few_row_linears
+from specfree.kernels import unpacked_linears
 from specfree.engine import DEFAULT_STRATEGY, Engine
 from specfree.errors import ConfigError, check_int
 from specfree.parts import build_adapter
@@ -123,7 +123,7 @@ class SpeculativeGenerate:
         # sampling) become the verifier's: each drafted position is judged on the same scores.
         processors = [_OnScoresDevice(logits_processor)] if logits_processor else []
         # The caller's model leaves with its own linear and norm layers: ours serve only this call.
-        with few_row_linears(model, self.cache_dir), fused_norms(model):
+        with unpacked_linears(model, self.cache_dir), fused_norms(model):
             engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors,
                                                 adapter=self._adapter(model), priced=self.acceptance is not None,
                                                 acceptance=self.acceptance, cache_dir=self.cache_dir,

@@ -6,9 +6,9 @@ than one read for 2 to 16 rows. Two ops, one library:
 
 - ``specfree::panel_linear`` (``panel_linear.cpp``) on weights packed once, in place, into panels
   (``panels.py``): one sequential stream per thread; what an engine's model runs
-  (``use_few_row_linears``, ``PanelLinear``);
-- ``specfree::linear`` (``few_row_linear.cpp``) on the model's own ``[N, K]`` tensors, for models
-  specfree borrows (``few_row_linears``) and heads tied to a layer it cannot repack;
+  (``prepare_linears``, ``PanelLinear``);
+- ``specfree::linear`` (``unpacked_linear.cpp``) on the model's own ``[N, K]`` tensors, for models
+  specfree borrows (``unpacked_linears``) and heads tied to a layer it cannot repack;
 - ``specfree::tile_linear`` (``tile_linear.cpp``) on bfloat16 weights packed into AMX tiles
   (``tiles.py``), where the CPU has AMX: a bfloat16 model's products.
 
@@ -43,7 +43,7 @@ from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears
 from specfree.kernels.swap import swap_modules, swapped_modules
 from specfree.kernels.tiles import TileLinear, tile_bytes, tiles_fit
 
-SOURCE = Path(__file__).with_name("few_row_linear.cpp")
+SOURCE = Path(__file__).with_name("unpacked_linear.cpp")
 SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
            Path(__file__).with_name("panel_linear.cpp"),
            Path(__file__).with_name("top_ids.cpp"),
@@ -51,8 +51,12 @@ SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
            Path(__file__).with_name("tile_linear.cpp"))  # one library, each source compiled side by side
 HEADERS = (Path(__file__).with_name("isa.h"),)  # included by both sources
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
-# "few_row": specfree's kernels, weights that are exactly a 4- or 8-bit code's values held as codes;
-# "few_row_fp32": the same, every weight kept as float32 panels; "library": torch's F.linear.
+# The values of ``linear_kernel=`` (configs, CLI, docs: user-facing, so their names stay):
+# "few_row": specfree's kernels (``prepare_linears``): weights packed into panels, held as codes where
+#   they are exactly a 4- or 8-bit code's values (a dequantized GGUF), AMX tiles for bfloat16 where
+#   the CPU has AMX, ``UnpackedLinear`` where a layer cannot be packed;
+# "few_row_fp32": the same, every weight kept as float32 panels (no codes, no tiles);
+# "library": torch's own ``F.linear``.
 BACKENDS = ("few_row", "few_row_fp32", "library")
 
 
@@ -206,16 +210,17 @@ def _register_fake() -> None:
         return query.new_empty((query.shape[0], query.shape[2], query.shape[1], query.shape[3]))
 
 
-def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   isa: str = "auto") -> torch.Tensor:
-    """``F.linear`` through specfree's kernel (``load_kernels`` first). ``isa``: ``"auto"``,
-    ``"avx2"`` or ``"avx512"`` (the CPU must have it)."""
+def unpacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    isa: str = "auto") -> torch.Tensor:
+    """``F.linear`` through ``specfree::linear``, on ``weight`` as it is, ``[N, K]`` (``load_kernels``
+    first). ``isa``: ``"auto"``, ``"avx2"`` or ``"avx512"`` (the CPU must have it)."""
     return torch.ops.specfree.linear(x, weight, bias, isa)
 
 
-class FewRowLinear(nn.Module):
-    """An ``nn.Linear`` (same parameters, shared, not copied) whose product runs
-    ``specfree::linear``. The state dict is the original's."""
+class UnpackedLinear(nn.Module):
+    """An ``nn.Linear`` (same parameters, shared, not copied) whose product runs ``specfree::linear``
+    on the weight in its own ``[N, K]`` layout: the unpacked fallback where a weight is not packed into
+    panels (a borrowed model, a head tied to a layer that cannot be repacked). The state dict is the original's."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -265,12 +270,12 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: str | Path | None = None,
-                        pack: bool = True) -> int:
-    """Swap the model's CPU ``nn.Linear`` layers for specfree's kernel (``backend="few_row"``, where
-    the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
+def prepare_linears(model: nn.Module, backend: str = "few_row", cache_dir: str | Path | None = None,
+                    pack: bool = True) -> int:
+    """Swap the model's CPU ``nn.Linear`` layers for specfree's kernels, their weights packed
+    (``backend="few_row"``, where the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
     the kernel. ``pack``: each weight repacked in place into panels (``PanelLinear``, the fastest
-    layout, still one copy; GPT-2's ``Conv1D`` layers too); else ``FewRowLinear`` over the model's
+    layout, still one copy; GPT-2's ``Conv1D`` layers too); else ``UnpackedLinear`` over the model's
     own tensors (``nn.Linear`` only)."""
     if check_backend(backend) == "library":
         library_linears(model)
@@ -280,7 +285,7 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
     if not any((_packs if pack else _fits)(m) for m in model.modules()):
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.
-        return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())
+        return sum(isinstance(m, (UnpackedLinear, PanelLinear)) for m in model.modules())
     if load_kernels(cache_dir) is None:
         library_linears(model)
         return 0
@@ -301,8 +306,8 @@ def use_few_row_linears(model: nn.Module, backend: str = "few_row", cache_dir: s
             release_checkpoint_mapping(model)
         if coder is not None:
             coder.save()
-    swap_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None)
-    return sum(isinstance(m, (FewRowLinear, PanelLinear)) for m in model.modules())
+    swap_modules(model, lambda m: UnpackedLinear(m) if _fits(m) else None)
+    return sum(isinstance(m, (UnpackedLinear, PanelLinear)) for m in model.modules())
 
 
 def linear_path(model: nn.Module) -> str:
@@ -321,17 +326,17 @@ def linear_path(model: nn.Module) -> str:
         return f"few_row-tiles-{isa}"
     if any(isinstance(m, PanelLinear) for m in model.modules()):
         return f"few_row-panels-{isa}"
-    if any(isinstance(m, FewRowLinear) for m in model.modules()):
+    if any(isinstance(m, UnpackedLinear) for m in model.modules()):
         return f"few_row-{isa}"
     return "library"
 
 
 def _stock(copies: dict):
-    return lambda m: m.to_linear() if isinstance(m, FewRowLinear) else unpacked(m, copies)
+    return lambda m: m.to_linear() if isinstance(m, UnpackedLinear) else unpacked(m, copies)
 
 
 def library_linears(model: nn.Module) -> int:
-    """Undo ``use_few_row_linears`` (packed weights unpacked, in place); returns how many
+    """Undo ``prepare_linears`` (packed weights unpacked, in place); returns how many
     ``nn.Linear`` layers the model has then."""
     with torch.no_grad():
         swap_modules(model, _stock({}))
@@ -370,11 +375,11 @@ def stock_linears(model: nn.Module):
 
 
 @contextlib.contextmanager
-def few_row_linears(model: nn.Module, cache_dir: str | Path | None = None):
+def unpacked_linears(model: nn.Module, cache_dir: str | Path | None = None):
     """specfree's linear layers inside the block and the model's own after it, for callers that
     borrow a model they do not own (nothing is copied either way)."""
     if load_kernels(cache_dir) is None:
         yield model
         return
-    with swapped_modules(model, lambda m: FewRowLinear(m) if _fits(m) else None):
+    with swapped_modules(model, lambda m: UnpackedLinear(m) if _fits(m) else None):
         yield model

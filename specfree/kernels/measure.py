@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfree.kernels import FewRowLinear, has_amx, load_kernels
+from specfree.kernels import UnpackedLinear, has_amx, load_kernels
 from specfree.kernels.codes import CodedLinear, find_codes
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.panels import LANES, PanelLinear, pack
@@ -55,7 +55,7 @@ def linear_modules(model: nn.Module) -> list[nn.Module]:
     seen, out = set(), []
     for module in model.modules():
         key = id(module.storage) if isinstance(module, PanelLinear) else id(getattr(module, "weight", None))
-        if isinstance(module, (nn.Linear, FewRowLinear, PanelLinear)) and key not in seen:
+        if isinstance(module, (nn.Linear, UnpackedLinear, PanelLinear)) and key not in seen:
             seen.add(key)
             out.append(module)
     return out

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specfree.tree import DraftTree
+from specfree.draft_tree import DraftTree
 from specfree.types import Proposal, Verdict
 
 

@@ -6,7 +6,7 @@ import torch
 from transformers import LogitsProcessorList
 
 from specfree.logits import greedy_ids
-from specfree.tree import DraftTree
+from specfree.draft_tree import DraftTree
 from specfree.types import Verdict
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList
 
-from specfree.tree import DraftTree
+from specfree.draft_tree import DraftTree
 from specfree.types import Verdict
 from specfree.verifiers.greedy import walk
 

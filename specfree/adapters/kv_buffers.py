@@ -1,4 +1,5 @@
-"""KV stores: a cache whose layers grow in place (eager steps), and static slots (compiled steps).
+"""KV buffers under the stores (``stores``): a cache whose layers grow in place (eager steps), static
+slots (compiled steps), keeping a step's accepted rows in them, and the name a forward gives its cache.
 
 transformers' ``DynamicLayer`` appends a step's keys and values with ``torch.cat``, which copies
 the whole cache of every layer on every step. ``GrowingLayer`` keeps them in buffers with room

@@ -1,4 +1,8 @@
-// specfree::linear -- y = x W^T + b for a few rows (the rows of a speculative step).
+// specfree::linear -- y = x W^T + b for a few rows on W in the model's own [N, K] layout: the
+// unpacked fallback, for models specfree borrows (kernels.unpacked_linears) and heads tied to a layer
+// it cannot repack. An engine's model runs panel_linear.cpp on weights packed into panels instead.
+// (The op keeps its registered name, specfree::linear: AOTInductor packages already on disk call it
+// by that name, and their cache key does not include the kernel library's source.)
 //
 // Few-row products are bound by streaming W from memory, not by arithmetic: the aim is to read
 // every weight exactly once per call whatever the row count, and to do the FMAs while it streams.

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
-from specfree.adapters.kv import GrowingLayer
+from specfree.adapters.kv_buffers import GrowingLayer
 
 OPS = st.lists(st.one_of(st.tuples(st.just("append"), st.integers(1, 300)),
                          st.tuples(st.just("crop"), st.integers(1, 40)),
