@@ -20,8 +20,10 @@ the same code. They are built from their C++ source on first use (each source co
 compiler Inductor needs anyway, and kept under
 ``~/.cache/specfree/kernels/<hash of the sources and torch version>``. Where they cannot be built
 or the CPU lacks AVX2, ``load_kernels`` warns once and returns None, and the layers run the
-library's ``F.linear``. ``specfree::read_pass`` reads tensors once: the floor the curves are read
-against (``measure.py``).
+library's ``F.linear``. ``specfree::read_pass`` (one read of tensors: the floor the cost curves are
+read against) and ``specfree::linear_pass`` (products called from C++) are measurement only, in
+``measure_ops.cpp``, for ``measure.py``'s curves, which ``python -m specfree bench`` runs (user-facing,
+so they ship).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
            Path(__file__).with_name("panel_linear.cpp"),
            Path(__file__).with_name("top_ids.cpp"),
            Path(__file__).with_name("coded_linear.cpp"),
-           Path(__file__).with_name("tile_linear.cpp"))  # one library, each source compiled side by side
+           Path(__file__).with_name("tile_linear.cpp"),
+           Path(__file__).with_name("measure_ops.cpp"))  # one library, each source compiled side by side
 HEADERS = (Path(__file__).with_name("isa.h"),)  # included by both sources
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 # The values of ``linear_kernel=`` (configs, CLI, docs: user-facing, so their names stay):
