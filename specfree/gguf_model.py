@@ -156,10 +156,7 @@ def _coded(weights: GGUFWeights, entry, processor, mapping: dict, lanes: int):
     blocks = block_codes(weights.read(offset, nbytes), qtype, *shape)
     if blocks is None:
         return None
-    if order is not None:
-        blocks = type(blocks)(blocks.q[order], blocks.d[order], None if blocks.m is None else blocks.m[order],
-                              blocks.block, blocks.nibbles)
-    return from_blocks(blocks, lanes)
+    return from_blocks(blocks if order is None else blocks.rows(order), lanes)
 
 
 def _sixteen_bits(weights: GGUFWeights, entry, processor, mapping: dict) -> torch.Tensor | None:

@@ -83,9 +83,9 @@ def test_the_op_on_every_type_equals_the_float32_panels_and_matmul_in_float64(qt
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=generator)
     bias = torch.randn(n, generator=generator) if with_bias else None
-    out = torch.ops.specfree.coded_linear(x, coded.codes, coded.scales, coded.offsets, bias, n, isa)
+    out = coded.linear(x, bias, n, isa)
     assert torch.equal(out, torch.ops.specfree.panel_linear(x, pack(weight, LANES[isa]), bias, n, isa))
-    one = torch.ops.specfree.coded_linear(x[-1:], coded.codes, coded.scales, coded.offsets, bias, n, isa)
+    one = coded.linear(x[-1:], bias, n, isa)
     assert torch.equal(one[0], out[-1])  # a row's bits its own
     expected = x.double() @ weight.double().T + (0 if bias is None else bias.double())
     tolerance = 1e-5 * (k ** 0.5) * (x.abs().max().item() * weight.abs().max().item() + 1)

@@ -197,12 +197,13 @@ def _register_fake() -> None:
         return x.new_empty((*x.shape[:-1], n))
 
     @torch.library.register_fake("specfree::coded_linear")
-    def _(x, codes, scales, offsets, bias, n, isa="auto"):
+    def _(x, codes, scales, offsets, bias, n, isa="auto", supers=None, super_offsets=None):
         return x.new_empty((*x.shape[:-1], n))
 
     @torch.library.register_fake("specfree::decode_panels")
-    def _(codes, scales, offsets):
-        return scales.new_empty((codes.shape[0], scales.shape[1] * 32, codes.shape[2]), dtype=torch.float32)
+    def _(codes, scales, offsets, supers=None, super_offsets=None):
+        k = codes.shape[1] * (8 if codes.dtype == torch.int32 else 1)
+        return codes.new_empty((codes.shape[0], k, codes.shape[2]), dtype=torch.float32)
 
     @torch.library.register_fake("specfree::read_pass")
     def _(tensors, streams=1):

@@ -53,6 +53,25 @@ constexpr int kGroupRows = 8;   // rows whose accumulators share the registers; 
 constexpr int kWidthAvx512[kGroupRows + 1] = {0, 4, 4, 3, 3, 2, 2, 2, 2};
 constexpr int kWidthAvx2[kGroupRows + 1] = {0, 2, 2, 2, 1, 1, 1, 1, 1};
 
+// Where a panel's per-block scales (or offsets) come from: read as float32 or float16, or, for a
+// GGUF K-type, an 8-bit integer sub-scale times its 256-input super-block's float16 scale -- the
+// product gguf computes (d * sc, one rounding; held this way a Q4_K weight costs 4.6 bits, not 6).
+// K-type offsets are held with the super-block's minimum negated (-dmin: exact), so the product
+// is the offset -(dmin * m) itself.
+enum ScaleKind { kFloat32 = 0, kFloat16 = 1, kUnsigned8 = 2, kSigned8 = 3 };
+
+struct ScaleStream {
+  const uint8_t* values;  // panel 0's [K/B, P] scales
+  const uint8_t* supers;  // panel 0's [K/256, P] float16 super-block scales (8-bit kinds only)
+  int kind;
+  int64_t panel_bytes, super_panel_bytes;  // one panel's bytes in each
+  int64_t size() const { return kind == kFloat32 ? 4 : kind == kFloat16 ? 2 : 1; }
+  ScaleStream at(int64_t p) const {
+    return {values ? values + p * panel_bytes : nullptr, supers ? supers + p * super_panel_bytes : nullptr, kind,
+            panel_bytes, super_panel_bytes};
+  }
+};
+
 // The two ISAs differ only in vector width and how codes widen to float lanes.
 struct Avx512 {
   using Vec = __m512;
@@ -65,10 +84,6 @@ struct Avx512 {
   SPECFREE_AVX512 static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
   SPECFREE_AVX512 static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
   SPECFREE_AVX512 static Int words(const int32_t* p) { return _mm512_loadu_si512(p); }
-  SPECFREE_AVX512 static Vec scale(const void* p, int64_t i, bool half) {
-    return half ? _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p) + i / P))
-                : _mm512_loadu_ps(static_cast<const float*>(p) + i);
-  }
   // Code i of each word as a float: a table lookup (vpermps reads an index's low 4 bits), one
   // instruction where masking and converting take two. i is a constant once the loop unrolls.
   SPECFREE_AVX512 static Vec nibble(Int v, int i) {
@@ -80,6 +95,17 @@ struct Avx512 {
   }
   SPECFREE_AVX512 static Vec ubytes(const uint8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  SPECFREE_AVX512 static Vec halves(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // Block b's scales (b counts blocks of sb inputs) of one panel.
+  SPECFREE_AVX512 static Vec block_scale(const ScaleStream& s, int64_t b, int sb) {
+    const uint8_t* at = s.values + b * P * s.size();
+    if (s.kind == kFloat32) return _mm512_loadu_ps(reinterpret_cast<const float*>(at));
+    if (s.kind == kFloat16) return halves(at);
+    const Vec super = halves(s.supers + b * sb / 256 * P * 2);
+    return mul(s.kind == kUnsigned8 ? ubytes(at) : bytes(reinterpret_cast<const int8_t*>(at)), super);
   }
 };
 
@@ -94,10 +120,6 @@ struct Avx2 {
   SPECFREE_AVX2 static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
   SPECFREE_AVX2 static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
   SPECFREE_AVX2 static Int words(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  SPECFREE_AVX2 static Vec scale(const void* p, int64_t i, bool half) {
-    return half ? _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p) + i / P))
-                : _mm256_loadu_ps(static_cast<const float*>(p) + i);
-  }
   SPECFREE_AVX2 static Vec nibble(Int v, int i) {  // vpermps indexes 8 values here: mask and convert
     return _mm256_cvtepi32_ps(_mm256_and_si256(i ? _mm256_srli_epi32(v, 4 * i) : v, _mm256_set1_epi32(15)));
   }
@@ -106,6 +128,16 @@ struct Avx2 {
   }
   SPECFREE_AVX2 static Vec ubytes(const uint8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  SPECFREE_AVX2 static Vec halves(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  SPECFREE_AVX2 static Vec block_scale(const ScaleStream& s, int64_t b, int sb) {
+    const uint8_t* at = s.values + b * P * s.size();
+    if (s.kind == kFloat32) return _mm256_loadu_ps(reinterpret_cast<const float*>(at));
+    if (s.kind == kFloat16) return halves(at);
+    const Vec super = halves(s.supers + b * sb / 256 * P * 2);
+    return mul(s.kind == kUnsigned8 ? ubytes(at) : bytes(reinterpret_cast<const int8_t*>(at)), super);
   }
 };
 
@@ -117,8 +149,8 @@ enum Format { kAffine4 = 0, kScaled8 = 1, kDecoded = 2, kAffine8 = 3 };
 // [MB, NB*P], row stride ldo. Inputs go 8 at a time: affine4 decodes all 8 from one load of P words.
 #define SPECFREE_CODED(ATTR, ISA)                                                                      \
   template <int MB, int NB, int FORMAT, int SB, bool PREFETCH>                                         \
-  ATTR void coded_##ISA(const float* x, int64_t ldx, const uint8_t* codes, const void* scales,         \
-                        const void* offsets, bool half, int64_t k, float* out, int64_t ldo) {          \
+  ATTR void coded_##ISA(const float* x, int64_t ldx, const uint8_t* codes, const ScaleStream& scales,  \
+                        const ScaleStream& offsets, int64_t k, float* out, int64_t ldo) {              \
     using V = ISA;                                                                                     \
     using Vec = typename V::Vec;                                                                       \
     constexpr int P = V::P;                                                                            \
@@ -126,19 +158,19 @@ enum Format { kAffine4 = 0, kScaled8 = 1, kDecoded = 2, kAffine8 = 3 };
     constexpr int64_t block_bytes = FORMAT == kAffine4 ? SB * P / 2 : SB * P;                          \
     Vec acc[MB][NB];                                                                                   \
     UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::zero();     \
-    const int64_t cstride = k / SB * block_bytes, sstride = k / SB * P; /* one panel */                \
+    const int64_t cstride = k / SB * block_bytes; /* one panel */                                      \
     const float* decoded = reinterpret_cast<const float*>(codes);                                      \
     for (int64_t b = 0; b < k / SB; ++b) {                                                             \
       Vec d[NB], o[NB];                                                                                \
       if constexpr (FORMAT != kDecoded) UNROLL for (int j = 0; j < NB; ++j) {                          \
-        d[j] = V::scale(scales, j * sstride + b * P, half);                                            \
-        if constexpr (AFFINE) o[j] = V::scale(offsets, j * sstride + b * P, half);                     \
+        d[j] = V::block_scale(scales.at(j), b, SB);                                                    \
+        if constexpr (AFFINE) o[j] = V::block_scale(offsets.at(j), b, SB);                             \
         if constexpr (PREFETCH) {                                                                      \
           const char* c = reinterpret_cast<const char*>(codes + (NB + j) * cstride + b * block_bytes);  \
           UNROLL for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(c + line, _MM_HINT_T0); \
-          const int64_t size = half ? 2 : 4, at = ((NB + j) * sstride + b * P) * size;                 \
-          _mm_prefetch(static_cast<const char*>(scales) + at, _MM_HINT_T0);                            \
-          if constexpr (AFFINE) _mm_prefetch(static_cast<const char*>(offsets) + at, _MM_HINT_T0);     \
+          const int64_t at = b * P * scales.size();                                                    \
+          _mm_prefetch(reinterpret_cast<const char*>(scales.at(NB + j).values + at), _MM_HINT_T0);     \
+          if constexpr (AFFINE) _mm_prefetch(reinterpret_cast<const char*>(offsets.at(NB + j).values + at), _MM_HINT_T0); \
         }                                                                                              \
       }                                                                                                \
       UNROLL for (int g = 0; g < SB; g += 8) {                                                         \
@@ -171,14 +203,14 @@ SPECFREE_CODED(SPECFREE_AVX2, Avx2)
 // One panel's codes decoded into float32 [K, P], with the kernel's own instructions.
 #define SPECFREE_DECODE(ATTR, ISA)                                                                     \
   template <int FORMAT, int SB>                                                                        \
-  ATTR void decode_##ISA(const uint8_t* codes, const void* scales, const void* offsets, bool half,     \
+  ATTR void decode_##ISA(const uint8_t* codes, const ScaleStream& scales, const ScaleStream& offsets,  \
                          int64_t k, float* out) {                                                      \
     using V = ISA;                                                                                     \
     constexpr int P = V::P;                                                                            \
     constexpr bool AFFINE = FORMAT != kScaled8;                                                        \
     for (int64_t b = 0; b < k / SB; ++b) {                                                             \
-      const typename V::Vec d = V::scale(scales, b * P, half);                                         \
-      const typename V::Vec o = AFFINE ? V::scale(offsets, b * P, half) : V::zero();                   \
+      const typename V::Vec d = V::block_scale(scales, b, SB);                                         \
+      const typename V::Vec o = AFFINE ? V::block_scale(offsets, b, SB) : V::zero();                   \
       for (int64_t at = b * SB; at < (b + 1) * SB; at += 8) {                                          \
         if constexpr (FORMAT == kAffine4) {                                                            \
           const typename V::Int v = V::words(reinterpret_cast<const int32_t*>(codes) + at / 8 * P);     \
@@ -196,8 +228,8 @@ SPECFREE_CODED(SPECFREE_AVX2, Avx2)
 SPECFREE_DECODE(SPECFREE_AVX512, Avx512)
 SPECFREE_DECODE(SPECFREE_AVX2, Avx2)
 
-using CodedFn = void (*)(const float*, int64_t, const uint8_t*, const void*, const void*, bool, int64_t, float*,
-                         int64_t);
+using CodedFn = void (*)(const float*, int64_t, const uint8_t*, const ScaleStream&, const ScaleStream&, int64_t,
+                         float*, int64_t);
 
 // The kernel for a group of MB rows over nb panels: the group's own width, a full group's (the
 // width of a call whose later groups follow a full one), or 1 at a range's end.
@@ -229,7 +261,7 @@ CodedFn pick(Isa isa, int nb, int64_t mb, Format format, int sb) {
   });
 }
 
-using DecodeFn = void (*)(const uint8_t*, const void*, const void*, bool, int64_t, float*);
+using DecodeFn = void (*)(const uint8_t*, const ScaleStream&, const ScaleStream&, int64_t, float*);
 
 template <int FORMAT>
 DecodeFn pick_decode_format(Isa isa, int sb) {
@@ -250,19 +282,16 @@ DecodeFn pick_decode(Isa isa, Format format, int sb) {
 // buffer was 11% slower than decoding twice.)
 constexpr int64_t kDecodeOnceGroups = 3;
 
-// A layer's codes: pointers to panel 0 and the bytes of one panel in each stream. Scales and
-// offsets are float16 where every one is a float16 value (a GGUF file's are), else float32.
+// A layer's codes: pointers to panel 0 and the bytes of one panel of codes; scales and offsets
+// as ``ScaleStream``s (float16 where every one is a float16 value, as a GGUF file's are, else
+// float32; or a K-type's 8-bit sub-scales under float16 super-block scales).
 struct Stream {
   const uint8_t* codes;
-  const uint8_t* scales;
-  const uint8_t* offsets;  // null: scaled8
-  int64_t code_bytes, scale_bytes;
-  bool half;
+  int64_t code_bytes;
+  ScaleStream scales, offsets;  // offsets.values null: scaled8
   Format format;
   int block;  // inputs per scale
   const uint8_t* codes_at(int64_t p) const { return codes + p * code_bytes; }
-  const void* scales_at(int64_t p) const { return scales + p * scale_bytes; }
-  const void* offsets_at(int64_t p) const { return offsets ? offsets + p * scale_bytes : nullptr; }
 };
 
 void coded_range(Isa isa, const float* x, int64_t m, const Stream& w, int64_t k, const float* bias, int64_t n,
@@ -275,20 +304,21 @@ void coded_range(Isa isa, const float* x, int64_t m, const Stream& w, int64_t k,
   std::vector<float> block(decode_once ? nb * k * P : 0);
   float out[kGroupRows * 4 * 16];
   const int64_t ldo = nb * P;
+  const ScaleStream none{nullptr, nullptr, kFloat32, 0, 0};
   for (int64_t p = p_begin; p < p_end;) {
     const int width = p + nb <= p_end ? nb : 1;
     if (decode_once)
       for (int j = 0; j < width; ++j)
-        pick_decode(isa, w.format, w.block)(w.codes_at(p + j), w.scales_at(p + j), w.offsets_at(p + j), w.half, k,
+        pick_decode(isa, w.format, w.block)(w.codes_at(p + j), w.scales.at(p + j), w.offsets.at(p + j), k,
                                             block.data() + j * k * P);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t mb = std::min<int64_t>(kGroupRows, m - g * kGroupRows);
       if (decode_once)
         pick(isa, width, mb, kDecoded, 32)(x + g * kGroupRows * k, k, reinterpret_cast<const uint8_t*>(block.data()),
-                                           nullptr, nullptr, false, k, out, ldo);
+                                           none, none, k, out, ldo);
       else
-        pick(isa, width, mb, w.format, w.block)(x + g * kGroupRows * k, k, w.codes_at(p), w.scales_at(p),
-                                                w.offsets_at(p), w.half, k, out, ldo);
+        pick(isa, width, mb, w.format, w.block)(x + g * kGroupRows * k, k, w.codes_at(p), w.scales.at(p),
+                                                w.offsets.at(p), k, out, ldo);
       specfree::store_block(out, ldo, mb, width * P, bias, p * P, n, y + g * kGroupRows * n);
     }
     p += width;
@@ -297,15 +327,27 @@ void coded_range(Isa isa, const float* x, int64_t m, const Stream& w, int64_t k,
 
 constexpr int64_t kPanelsPerTask = 4;  // a thread's share: a contiguous run of panels, one stream
 
-// Checks shared by both ops; returns (K, P, format, inputs per scale). The format follows from the
-// codes' dtype: int32 affine4 (eight a word), uint8 affine8, int8 scaled8.
-std::tuple<int64_t, int64_t, Format, int> check_codes(const at::Tensor& codes, const at::Tensor& scales,
-                                                      const std::optional<at::Tensor>& offsets, const char* op) {
+struct Checked {
+  int64_t k, P;
+  Format format;
+  int block;
+  int scale_kind, offset_kind;
+};
+
+// Checks shared by both ops. The format follows from the codes' dtype: int32 affine4 (eight a
+// word), uint8 affine8, int8 scaled8; the scales' kind from theirs: float32 or float16 read as
+// they are, uint8 or int8 sub-scales under ``supers`` (float16 [N/P, K/256, P]; offsets, uint8,
+// under ``super_offsets``, the super-blocks' minimums negated).
+Checked check_codes(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& offsets,
+                    const std::optional<at::Tensor>& supers, const std::optional<at::Tensor>& super_offsets,
+                    const char* op) {
   const bool affine = offsets.has_value() && offsets->defined();
+  const auto stype = scales.scalar_type();
+  const bool sub = stype == at::kByte || stype == at::kChar;
   TORCH_CHECK(codes.device().is_cpu() && scales.device().is_cpu(), op, " runs on the CPU");
   TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && scales.dim() == 3 && scales.is_contiguous() &&
-              scales.size(1) > 0 && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf), op,
-              ": codes [N/P, K/8 or K, P] and float32 or float16 scales [N/P, K/B, P], contiguous "
+              scales.size(1) > 0 && (stype == at::kFloat || stype == at::kHalf || sub), op,
+              ": codes [N/P, K/8 or K, P] and float32, float16 or 8-bit scales [N/P, K/B, P], contiguous "
               "(specfree.kernels.codes), not ", codes.sizes(), " and ", scales.sizes());
   const auto type = codes.scalar_type();
   TORCH_CHECK(affine ? (type == at::kInt || type == at::kByte) : type == at::kChar, op, ": ",
@@ -317,18 +359,36 @@ std::tuple<int64_t, int64_t, Format, int> check_codes(const at::Tensor& codes, c
               (block == 32 || (block == 16 && format != kAffine4)), op,
               ": codes ", codes.sizes(), " do not match scales ", scales.sizes(),
               " (blocks of 32 inputs, or 16 for uint8 and int8 codes)");
-  if (affine)
+  const auto check_supers = [&](const std::optional<at::Tensor>& t, const char* name) {
+    TORCH_CHECK(t.has_value() && t->defined() && t->scalar_type() == at::kHalf && t->is_contiguous() &&
+                t->dim() == 3 && k % 256 == 0 && t->size(0) == codes.size(0) && t->size(1) == k / 256 &&
+                t->size(2) == P, op, ": 8-bit sub-scales need float16 ", name, " [N/P, K/256, P]");
+  };
+  if (sub) check_supers(supers, "supers");
+  if (affine) {
     TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->is_contiguous() &&
-                offsets->scalar_type() == scales.scalar_type(), op,
-                ": offsets must be shaped like the scales and of their dtype");
-  return {k, P, format, static_cast<int>(block)};
+                offsets->scalar_type() == (sub ? at::kByte : stype), op,
+                ": offsets must be shaped like the scales and of their dtype (uint8 under 8-bit sub-scales)");
+    if (sub) check_supers(super_offsets, "super_offsets");
+  }
+  const int kind = stype == at::kFloat ? kFloat32 : stype == at::kHalf ? kFloat16 : stype == at::kByte ? kUnsigned8 : kSigned8;
+  return {k, P, format, static_cast<int>(block), kind, sub ? static_cast<int>(kUnsigned8) : kind};
+}
+
+ScaleStream scale_stream(const at::Tensor& values, const std::optional<at::Tensor>& supers, int kind) {
+  const bool sub = kind == kUnsigned8 || kind == kSigned8;
+  return {static_cast<const uint8_t*>(values.data_ptr()),
+          sub ? static_cast<const uint8_t*>(supers->data_ptr()) : nullptr, kind,
+          values.size(1) * values.size(2) * values.element_size(), sub ? supers->size(1) * supers->size(2) * 2 : 0};
 }
 
 at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                         const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& bias,
-                        int64_t n, c10::string_view isa_name) {
-  const auto [k, P, format, block] = check_codes(codes, scales, offsets, "specfree::coded_linear");
-  const bool affine = format != kScaled8;
+                        int64_t n, c10::string_view isa_name, const std::optional<at::Tensor>& supers,
+                        const std::optional<at::Tensor>& super_offsets) {
+  const Checked c = check_codes(codes, scales, offsets, supers, super_offsets, "specfree::coded_linear");
+  const int64_t k = c.k, P = c.P;
+  const bool affine = c.format != kScaled8;
   const Isa isa = specfree::parse_isa(std::string(isa_name), "specfree::coded_linear");
   const int64_t count = codes.size(0);
   TORCH_CHECK(P == (isa == Isa::kAvx512 ? 16 : 8), "specfree::coded_linear: codes in panels of ", P,
@@ -340,10 +400,10 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   const at::Tensor x32 = specfree::float_rows(x), b = specfree::bias_as(bias, at::kFloat);
   at::Tensor y = specfree::output_rows(x, n);
   if (m > 0) {
-    const auto bytes = [](const at::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); };
-    const Stream w{bytes(codes), bytes(scales), affine ? bytes(*offsets) : nullptr,
-                   codes.size(1) * P * codes.element_size(), scales.size(1) * P * scales.element_size(),
-                   scales.scalar_type() == at::kHalf, format, block};
+    const Stream w{static_cast<const uint8_t*>(codes.data_ptr()), codes.size(1) * P * codes.element_size(),
+                   scale_stream(scales, supers, c.scale_kind),
+                   affine ? scale_stream(*offsets, super_offsets, c.offset_kind) : ScaleStream{nullptr, nullptr, 0, 0, 0},
+                   c.format, c.block};
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
       coded_range(isa, x32.data_ptr<float>(), m, w, k, b.defined() ? b.data_ptr<float>() : nullptr, n, begin, end,
                   y.data_ptr<float>());
@@ -352,16 +412,27 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+// Each block's float32 scales [N/P, K/B, P]: as held, or sub-scale times super-block scale (one
+// rounding, as the kernel computes it).
+at::Tensor block_scales(const at::Tensor& values, const std::optional<at::Tensor>& supers, int block) {
+  if (values.scalar_type() == at::kFloat || values.scalar_type() == at::kHalf) return values.to(at::kFloat);  // exact
+  return values.to(at::kFloat) * supers->to(at::kFloat).repeat_interleave(256 / block, 1);
+}
+
 // The float32 panels [N/P, K, P] the codes stand for, decoded with the kernel's own operations
 // (fmaf is the vector fma, correctly rounded; q * d is one rounding): what packing compares with
 // the original weight, and what ``.weight`` and the state dict unpack.
-at::Tensor decode_panels(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& offsets) {
-  const auto [k, P, format, block] = check_codes(codes, scales, offsets, "specfree::decode_panels");
+at::Tensor decode_panels(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& offsets,
+                         const std::optional<at::Tensor>& supers, const std::optional<at::Tensor>& super_offsets) {
+  const Checked checked = check_codes(codes, scales, offsets, supers, super_offsets, "specfree::decode_panels");
+  const int64_t k = checked.k, P = checked.P, block = checked.block;
+  const Format format = checked.format;
   const bool affine = format != kScaled8;
   const int64_t count = codes.size(0);
-  at::Tensor panels = at::empty({count, k, P}, scales.options().dtype(at::kFloat));
+  at::Tensor panels = at::empty({count, k, P}, codes.options().dtype(at::kFloat));
   const auto* c = static_cast<const uint8_t*>(codes.data_ptr());
-  const at::Tensor d32 = scales.to(at::kFloat), o32 = affine ? offsets->to(at::kFloat) : at::Tensor();  // exact
+  const at::Tensor d32 = block_scales(scales, supers, block).contiguous();
+  const at::Tensor o32 = affine ? block_scales(*offsets, super_offsets, block).contiguous() : at::Tensor();
   const float *d = d32.data_ptr<float>(), *o = affine ? o32.data_ptr<float>() : nullptr;
   float* w = panels.data_ptr<float>();
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
@@ -390,8 +461,9 @@ at::Tensor decode_panels(const at::Tensor& codes, const at::Tensor& scales, cons
 
 TORCH_LIBRARY_FRAGMENT(specfree, m) {
   m.def("coded_linear(Tensor x, Tensor codes, Tensor scales, Tensor? offsets, Tensor? bias, int n, "
-        "str isa='auto') -> Tensor");
-  m.def("decode_panels(Tensor codes, Tensor scales, Tensor? offsets) -> Tensor");
+        "str isa='auto', Tensor? supers=None, Tensor? super_offsets=None) -> Tensor");
+  m.def("decode_panels(Tensor codes, Tensor scales, Tensor? offsets, Tensor? supers=None, "
+        "Tensor? super_offsets=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specfree, CPU, m) {

@@ -35,11 +35,21 @@ class Codes:
     """A weight's codes in panels of ``lanes`` columns: ``codes`` [N/P, K/8, P] int32 (affine4),
     [N/P, K, P] uint8 (affine8) or int8 (scaled8), ``scales`` and ``offsets`` (affine only)
     [N/P, K/B, P] for blocks of B = 32 inputs (16 for some GGUF K-types), float16 where every one
-    is a float16 value, else float32."""
+    is a float16 value, else float32. A GGUF K-type's scales are its 8-bit sub-scales (uint8, int8
+    for Q6_K/Q3_K) and offsets its uint8 sub-minimums, under ``supers`` and ``super_offsets``
+    [N/P, K/256, P] float16: the super-block's scale and its minimum negated (the kernel multiplies
+    them, the same one rounding as gguf)."""
 
     codes: torch.Tensor
     scales: torch.Tensor
     offsets: torch.Tensor | None
+    supers: torch.Tensor | None = None
+    super_offsets: torch.Tensor | None = None
+
+    FIELDS = ("codes", "scales", "offsets", "supers", "super_offsets")
+
+    def tensors(self) -> tuple:
+        return tuple(getattr(self, key) for key in self.FIELDS)
 
     @property
     def kind(self) -> str:
@@ -47,10 +57,19 @@ class Codes:
 
     def decode(self) -> torch.Tensor:
         """The float32 panels [N/P, K, P] these codes stand for."""
-        return torch.ops.specfree.decode_panels(self.codes, self.scales, self.offsets)
+        return torch.ops.specfree.decode_panels(self.codes, self.scales, self.offsets, self.supers, self.super_offsets)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, n: int, isa: str = "auto") -> torch.Tensor:
+        """``x W^T + bias`` for the ``n`` outputs these codes hold (``specfree::coded_linear``)."""
+        return torch.ops.specfree.coded_linear(x, self.codes, self.scales, self.offsets, bias, n, isa, self.supers,
+                                               self.super_offsets)
+
+    def panel_slice(self, index) -> "Codes":
+        """The codes of the panels ``index`` selects (a slice or index tensor)."""
+        return Codes(*(None if t is None else t[index] for t in self.tensors()))
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets) if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors() if t is not None)
 
 
 def _half_neighbours(value: torch.Tensor, steps: int) -> torch.Tensor:
@@ -115,8 +134,7 @@ def decodes_to(coded: Codes, weight: torch.Tensor) -> bool:
     of a large head)."""
     step = max(1, ROWS_AT_ONCE // coded.codes.shape[2])
     for first in range(0, coded.codes.shape[0], step):
-        part = Codes(*(None if t is None else t[first:first + step] for t in (coded.codes, coded.scales,
-                                                                               coded.offsets)))
+        part = coded.panel_slice(slice(first, first + step))
         rows = weight[first * coded.codes.shape[2]:(first + step) * coded.codes.shape[2]]
         if not torch.equal(unpack(part.decode(), rows.shape[0]), rows):
             return False
@@ -124,27 +142,36 @@ def decodes_to(coded: Codes, weight: torch.Tensor) -> bool:
 
 
 def from_blocks(blocks, lanes: int) -> Codes:
-    """A GGUF tensor's ``gguf_blocks.BlockCodes`` as ``Codes`` in panels of ``lanes`` columns."""
-    return _panels(blocks.q, blocks.d, blocks.m, lanes, blocks.nibbles)
+    """A GGUF tensor's ``gguf_blocks.BlockCodes`` as ``Codes`` in panels of ``lanes`` columns (a
+    K-type with its sub-scales under super-block scales, as the file holds them)."""
+    if blocks.sub is None:
+        return _panels(blocks.q, blocks.d, blocks.m, lanes, blocks.nibbles)
+    sc, super_d, mins, super_m = blocks.sub
+    coded = _panels(blocks.q, sc, mins, lanes, blocks.nibbles)
+    return Codes(coded.codes, coded.scales, coded.offsets, _panel_array(super_d, lanes),
+                 None if super_m is None else _panel_array(super_m, lanes))
+
+
+def _panel_array(t: np.ndarray, lanes: int) -> torch.Tensor:
+    """[N, X] -> [N/P, X, P] (zero columns past N)."""
+    pad = (-t.shape[0]) % lanes
+    t = np.pad(t, ((0, pad), (0, 0))) if pad else t
+    return torch.from_numpy(np.ascontiguousarray(t.reshape(-1, lanes, t.shape[1]).transpose(0, 2, 1)))
 
 
 def _panels(q, d, m, lanes: int, nibbles: bool = True) -> Codes:
     """q [N, K/B, B] (or [N, K]), d and m [N, K/B] (tensors or arrays) -> ``Codes`` in panels (zero
     columns past N); affine codes eight a word where ``nibbles`` (they fit 4 bits), else a byte each.
     numpy does the repacking: torch's strided copies of small integers took 30x longer."""
-    q, d = np.asarray(q), np.asarray(d, dtype=np.float32)
-    m = None if m is None else np.asarray(m, dtype=np.float32)
+    q = np.asarray(q)
     n = q.shape[0]
-    pad = (-n) % lanes
-
-    def panels(t: np.ndarray) -> torch.Tensor:  # [N, X] -> [N/P, X, P]
-        t = np.pad(t, ((0, pad), (0, 0))) if pad else t
-        return torch.from_numpy(np.ascontiguousarray(t.reshape(-1, lanes, t.shape[1]).transpose(0, 2, 1)))
-
+    panels = lambda t: _panel_array(t, lanes)  # noqa: E731
     q = q.reshape(n, -1)
-    # float16 scales and offsets where all are float16 values (a GGUF file's are): fewer bytes read
-    if all(np.array_equal(t.astype(np.float16).astype(np.float32), t) for t in (d, m) if t is not None):
-        d, m = d.astype(np.float16), None if m is None else m.astype(np.float16)
+    if np.asarray(d).dtype.kind == "f":  # float scales (8-bit ones are a K-type's sub-scales, as they are)
+        d, m = np.asarray(d, dtype=np.float32), None if m is None else np.asarray(m, dtype=np.float32)
+        # float16 scales and offsets where all are float16 values (a GGUF file's are): fewer bytes read
+        if all(np.array_equal(t.astype(np.float16).astype(np.float32), t) for t in (d, m) if t is not None):
+            d, m = d.astype(np.float16), None if m is None else m.astype(np.float16)
     if m is not None and not nibbles:
         return Codes(panels(q.astype(np.uint8)), panels(d), panels(m))
     if m is not None:  # eight codes a word: input 8g+i in bits 4i..4i+3 of word g
@@ -168,12 +195,12 @@ class CodedLinear(PanelLinear):
     def _hold(self, coded: Codes) -> None:
         # buffers, not parameters (integer codes cannot be parameters); kept out of the state dict,
         # which holds the stock float32 weight instead
-        for key in ("codes", "scales", "offsets"):
+        for key in Codes.FIELDS:
             self.register_buffer(key, getattr(coded, key), persistent=False)
 
     @property
     def coded(self) -> Codes:
-        return Codes(self.codes, self.scales, self.offsets)
+        return Codes(*(self._buffers[key] for key in Codes.FIELDS))
 
     @property
     def panels(self) -> torch.Tensor:
@@ -194,7 +221,8 @@ class CodedLinear(PanelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         buffers = self._buffers
         return torch.ops.specfree.coded_linear(x, buffers["codes"], buffers["scales"], buffers["offsets"],
-                                               self._parameters["bias"], self.out_features)
+                                               self._parameters["bias"], self.out_features, "auto",
+                                               buffers["supers"], buffers["super_offsets"])
 
     def _load_weight(self, weight: torch.Tensor, prefix: str, error_msgs: list[str]) -> bool:
         coded = find_codes(self._rows_of(weight.to(torch.float32)), self.codes.shape[2])
@@ -245,8 +273,7 @@ class CodedEmbedding(PanelEmbedding):
         lanes = head.codes.shape[2]
         flat = ids.reshape(-1)
         panel = torch.div(flat, lanes, rounding_mode="floor")
-        offsets = None if head.offsets is None else head.offsets[panel]
-        decoded = torch.ops.specfree.decode_panels(head.codes[panel], head.scales[panel], offsets)  # [T, K, P]
+        decoded = head.coded.panel_slice(panel).decode()  # [T, K, P]
         rows = decoded[torch.arange(flat.numel(), device=flat.device), :, flat % lanes]
         return rows.reshape(*ids.shape, self.embedding_dim)
 

@@ -13,11 +13,14 @@ type maps onto one of the kernel's formats without changing a bit:
 | Q5_0 | d·(q−16) | scaled8 | 8.5 (5.5) |
 | Q5_1 | d·q + m | affine8 | 9 (6) |
 | Q8_0 | d·q | scaled8 | 8.5 (8.5) |
-| Q2_K | (d·sc)·q − dmin·m, per 16 | affine8, float32 scales | 12 (2.6) |
-| Q3_K | (d·sc)·q, per 16 | scaled8, float32 scales | 10 (3.4) |
-| Q4_K | (d·sc)·q − dmin·m, per 32 | affine4, float32 scales | 6 (4.5) |
-| Q5_K | (d·sc)·q − dmin·m, per 32 | affine8, float32 scales | 10 (5.5) |
-| Q6_K | (d·sc)·q, per 16 | scaled8, float32 scales | 10 (6.6) |
+| Q2_K | (d·sc)·q − dmin·m, per 16 | affine8, sub-scales | 9.1 (2.6) |
+| Q3_K | (d·sc)·q, per 16 | scaled8, sub-scales | 8.6 (3.4) |
+| Q4_K | (d·sc)·q − dmin·m, per 32 | affine4, sub-scales | 4.6 (4.5) |
+| Q5_K | (d·sc)·q − dmin·m, per 32 | affine8, sub-scales | 8.6 (5.5) |
+| Q6_K | (d·sc)·q, per 16 | scaled8, sub-scales | 8.6 (6.6) |
+
+A K-type keeps its own scale structure ("sub-scales"): each block's 8-bit sc (and m) under its
+256-input super-block's float16 d (and −dmin); the kernel multiplies them as gguf does.
 
 ``BLOCK_TYPES`` is that table: a new type is one decode function and one row. Types outside it
 (F32, F16, BF16: float already; IQ*, TQ*: no code format) are dequantized by ``gguf`` itself.
@@ -39,13 +42,22 @@ QK_K = 256
 @dataclass(frozen=True)
 class BlockCodes:
     """A weight [N, K] as codes: ``q`` [N, K] (uint8, or int8 for scaled8), ``d`` and ``m``
-    [N, K/block] float32 (``m`` None: scaled8); ``nibbles``: q fits 4 bits (affine4)."""
+    [N, K/block] float32 (``m`` None: scaled8); ``nibbles``: q fits 4 bits (affine4). A K-type
+    also has its scales as held (``sub``): 8-bit sub-scales ``sc`` [N, K/block] (int8 or uint8),
+    sub-minimums ``mins`` (uint8, or None) and float16 ``super_d`` and ``super_m`` (−dmin) [N, K/256]."""
 
     q: np.ndarray
     d: np.ndarray
     m: np.ndarray | None
     block: int
     nibbles: bool
+    sub: tuple | None = None  # (sc, super_d, mins, super_m)
+
+    def rows(self, order: np.ndarray) -> "BlockCodes":
+        """These codes with their rows in ``order``."""
+        pick = lambda t: None if t is None else t[order]  # noqa: E731
+        sub = None if self.sub is None else tuple(pick(t) for t in self.sub)
+        return BlockCodes(self.q[order], self.d[order], pick(self.m), self.block, self.nibbles, sub)
 
     def values(self) -> np.ndarray:
         """The float32 values these codes stand for, as the kernel decodes them (float64 fma, then
@@ -100,14 +112,19 @@ def q8_0(blocks: np.ndarray) -> tuple:
     return blocks[:, 2:].copy().view(np.int8), _half(blocks[:, :2].copy()), None, 32, False
 
 
+def _raw_half(raw: np.ndarray) -> np.ndarray:
+    return raw.copy().view(np.float16)
+
+
 def q2_k(blocks: np.ndarray) -> tuple:
     n = len(blocks)
     scales, qs, d, dmin = blocks[:, :16], blocks[:, 16:80], _half(blocks[:, 80:82].copy()), _half(blocks[:, 82:84].copy())
     shift = np.array([0, 2, 4, 6], dtype=np.uint8).reshape((1, 1, 4, 1))
     q = ((qs.reshape((n, -1, 1, 32)) >> shift) & np.uint8(3)).reshape((n, QK_K))
-    dl = d * (scales & 0xF).astype(np.float32)
-    ml = dmin * (scales >> 4).astype(np.float32)
-    return q, dl, -ml, 16, False
+    sc, mins = scales & np.uint8(0xF), scales >> np.uint8(4)
+    dl = d * sc.astype(np.float32)
+    ml = dmin * mins.astype(np.float32)
+    return q, dl, -ml, 16, False, (sc, _raw_half(blocks[:, 80:82]), mins, -_raw_half(blocks[:, 82:84]))
 
 
 def q3_k(blocks: np.ndarray) -> tuple:
@@ -121,7 +138,7 @@ def q3_k(blocks: np.ndarray) -> tuple:
     ql = ql.reshape((n, 16, QK_K // 16)) & np.uint8(3)
     qh = (qh.reshape((n, 16, QK_K // 16)) & np.uint8(1)) ^ np.uint8(1)
     q = (ql.astype(np.int8) - (qh << np.uint8(2)).astype(np.int8)).reshape((n, QK_K))
-    return q, d * sc.astype(np.float32), None, 16, False
+    return q, d * sc.astype(np.float32), None, 16, False, (sc, _raw_half(blocks[:, 108:110]), None, None)
 
 
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -138,7 +155,8 @@ def q4_k(blocks: np.ndarray) -> tuple:
     d, dmin = _half(blocks[:, :2].copy()), _half(blocks[:, 2:4].copy())
     sc, mins = _k_scale_min(blocks[:, 4:16])
     q = _nibbles(blocks[:, 16:], n, 32)
-    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), 32, True
+    sub = (sc, _raw_half(blocks[:, :2]), mins, -_raw_half(blocks[:, 2:4]))
+    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), 32, True, sub
 
 
 def q5_k(blocks: np.ndarray) -> tuple:
@@ -147,7 +165,8 @@ def q5_k(blocks: np.ndarray) -> tuple:
     sc, mins = _k_scale_min(blocks[:, 4:16])
     qh = blocks[:, 16:48].reshape((n, -1, 1, 32)) >> np.arange(8, dtype=np.uint8).reshape((1, 1, 8, 1))
     q = _nibbles(blocks[:, 48:], n, 32) | ((qh & np.uint8(1)).reshape((n, QK_K)) << np.uint8(4))
-    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), 32, False
+    sub = (sc, _raw_half(blocks[:, :2]), mins, -_raw_half(blocks[:, 2:4]))
+    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), 32, False, sub
 
 
 def q6_k(blocks: np.ndarray) -> tuple:
@@ -156,10 +175,12 @@ def q6_k(blocks: np.ndarray) -> tuple:
     low = (ql.reshape((n, -1, 1, 64)) >> np.array([0, 4], dtype=np.uint8).reshape((1, 1, 2, 1))) & np.uint8(0x0F)
     high = (qh.reshape((n, -1, 1, 32)) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape((1, 1, 4, 1))) & np.uint8(3)
     q = (low.reshape((n, -1, 32)) | (high.reshape((n, -1, 32)) << np.uint8(4))).astype(np.int8) - np.int8(32)
-    return q.reshape((n, QK_K)), d * scales.copy().view(np.int8).astype(np.float32), None, 16, False
+    sc = scales.copy().view(np.int8)
+    return q.reshape((n, QK_K)), d * sc.astype(np.float32), None, 16, False, (sc, _raw_half(blocks[:, 208:210]), None, None)
 
 
-# The type-traits table: GGUF type -> its decode (blocks [n, type_size] uint8 -> q, d, m, block, nibbles).
+# The type-traits table: GGUF type -> its decode (blocks [n, type_size] uint8 -> q, d, m, block,
+# nibbles, and a K-type's scales as held: (sc, super d, mins, super -dmin)).
 BLOCK_TYPES: dict[T, Callable[[np.ndarray], tuple]] = {
     T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0, T.Q5_1: q5_1, T.Q8_0: q8_0,
     T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k,
@@ -177,8 +198,14 @@ def block_codes(raw: np.ndarray, qtype: T, rows: int, columns: int) -> BlockCode
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, type_size)
     if len(blocks) * block_size != rows * columns:
         raise ValueError(f"{len(blocks)} blocks of {block_size} cannot be a {rows}x{columns} tensor")
-    q, d, m, block, nibbles = decode(blocks)
+    q, d, m, block, nibbles, *held = decode(blocks)
     d, m = (None if t is None else t.reshape(rows, columns // block).astype(np.float32) for t in (d, m))
     if not np.isfinite(d).all() or (m is not None and not np.isfinite(m).all()):
         return None
-    return BlockCodes(np.ascontiguousarray(q).reshape(rows, columns), d, m, block, nibbles)
+    sub = None
+    if held:
+        sc, super_d, mins, super_m = held[0]
+        per_row = (rows, -1)
+        sub = (sc.reshape(per_row), super_d.reshape(per_row), None if mins is None else mins.reshape(per_row),
+               None if super_m is None else super_m.reshape(per_row))
+    return BlockCodes(np.ascontiguousarray(q).reshape(rows, columns), d, m, block, nibbles, sub)

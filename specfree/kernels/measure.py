@@ -153,8 +153,7 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
         coded = [m.coded if isinstance(m, CodedLinear) else find_codes(w, LANES[paths[-1]])
                  for m, (w, _) in zip(modules, layers)]
         if any(c is not None for c in coded):  # each layer as an engine holds it: codes, else panels
-            products = [(lambda x, c=c, b=b, n=w.shape[0]: torch.ops.specfree.coded_linear(
-                x, c.codes, c.scales, c.offsets, b, n, paths[-1])) if c is not None else
+            products = [(lambda x, c=c, b=b, n=w.shape[0]: c.linear(x, b, n, paths[-1])) if c is not None else
                 (lambda x, p=pack(w, LANES[paths[-1]]), b=b, n=w.shape[0]: torch.ops.specfree.panel_linear(
                     x, p, b, n, paths[-1])) for c, (w, b) in zip(coded, layers)]
             passes[f"few_row-coded-{paths[-1]}"] = {

@@ -79,7 +79,7 @@ class SavedCodes:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.path) as tmp:
-            torch.save({key: (c.codes, c.scales, c.offsets) for key, c in self.codes.items()}, tmp)
+            torch.save({key: c.tensors() for key, c in self.codes.items()}, tmp)
         for old in sorted(self.path.parent.glob("*.pt"), key=lambda p: p.stat().st_mtime)[:-KEEP]:
             old.unlink(missing_ok=True)
 
