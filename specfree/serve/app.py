@@ -41,9 +41,9 @@ class Server:
     """What the routes share: the settings, the engine once ready, its scheduler and metrics."""
 
     def __init__(self, engine, settings: ServeConfig, load: Callable[[], Any] | None, model_name: str,
-                 generation: Any):
+                 generation: Any, on_failure: Callable[[str], None] | None = None):
         self.settings, self.model_name, self.generation = settings, model_name, generation
-        self.engine, self._load = engine, load
+        self.engine, self._load, self._on_failure = engine, load, on_failure
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
         self.state: SharedState | None = None
@@ -65,6 +65,8 @@ class Server:
         except Exception as exc:  # noqa: BLE001 - reported on /health and by the CLI
             self.failure = one_line(exc) if isinstance(exc, SpecfreeError) else f"{type(exc).__name__}: {one_line(exc)}"
             log.error("the model could not be loaded: %s", self.failure)
+            if self._on_failure is not None:
+                self._on_failure(self.failure)
 
     def _ready(self, engine) -> None:
         if self.settings.state_file:
@@ -183,14 +185,18 @@ class Server:
 
 
 def create_app(engine=None, settings: ServeConfig | None = None, *, load: Callable[[], Any] | None = None,
-               model_name: str = "specfree", generation: Any = "model") -> FastAPI:
-    """The app over ``engine`` (or the one ``load()`` returns, built in a thread after startup).
+               model_name: str = "specfree", generation: Any = "model",
+               on_failure: Callable[[str], None] | None = None) -> FastAPI:
+    """The app over ``engine`` (or the one ``load()`` returns, built in a thread after startup;
+    ``on_failure(reason)`` is called if that fails, and the app answers 500 from then on).
 
     ``model_name`` is the id ``/v1/models`` lists; ``generation`` is what per-request verifiers
     follow of the model's ``generation_config`` (``"model"`` or ``"plain"``, as the CLI's setting)."""
     if (engine is None) == (load is None):
         raise ValueError("give an engine or a load function, not both")
-    server = Server(engine, settings or ServeConfig(), load, model_name, generation)
+    server = Server(engine, settings or ServeConfig(), load, model_name, generation, on_failure)
+    if engine is not None and server.settings.state_file:
+        SharedState(engine, server.settings.state_file)  # a strategy without a suffix drafter: say so now
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -12,7 +12,7 @@ import socket
 import sys
 from pathlib import Path
 
-from specfree.errors import ConfigError, SpecfreeError, check_float, check_int, one_line
+from specfree.errors import ConfigError, check_float, check_int
 
 log = logging.getLogger("specfree.serve")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -75,7 +75,6 @@ def run(cfg, reg=None) -> int:
 
         torch.set_num_threads(check_int("threads", cfg.threads, low=1))
     sock = listen(settings.host, settings.port)
-    server: uvicorn.Server | None = None
     failed: list[str] = []
 
     def load():
@@ -84,17 +83,16 @@ def run(cfg, reg=None) -> int:
         from specfree.engine import Engine
 
         hf_logging.disable_progress_bar()
-        try:
-            engine = Engine(**engine_parts(cfg, reg))
-        except Exception as exc:
-            failed.append(one_line(exc) if isinstance(exc, SpecfreeError) else f"{type(exc).__name__}: {one_line(exc)}")
-            if server is not None:
-                server.should_exit = True  # nothing to serve: stop, and say why below
-            raise
+        engine = Engine(**engine_parts(cfg, reg))
         log.info("model %s ready (strategy %s)", served_name(cfg), cfg.strategy.name)
         return engine
 
-    app = create_app(load=load, settings=settings, model_name=served_name(cfg), generation=cfg.get("generation", "model"))
+    def stop(reason: str) -> None:  # nothing to serve: stop, and say why below
+        failed.append(reason)
+        server.should_exit = True
+
+    app = create_app(load=load, settings=settings, model_name=served_name(cfg), generation=cfg.get("generation", "model"),
+                     on_failure=stop)
     config = uvicorn.Config(app, log_level=settings.log_level, timeout_graceful_shutdown=5, lifespan="on")
     server = uvicorn.Server(config)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host

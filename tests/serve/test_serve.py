@@ -321,3 +321,16 @@ def test_the_cli_says_why_it_cannot_listen(tiny_llama_dir, tmp_path):
     assert done.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
     bad = run_cli("serve", "serve.queue_size=0", f"hydra.run.dir={tmp_path}")
     assert bad.returncode == 2 and "serve.queue_size" in bad.stderr, bad.stderr
+    # the model loads after the server listens: a failure there stops it, with the reason
+    no_tree = run_cli("serve", "model=local", f"model.path={tiny_llama_dir}", "strategy=prompt_lookup", "strategy.priced=false", "serve.port=0", "threads=1",
+                      f"serve.state_file={tmp_path / 'x.state'}", f"hydra.run.dir={tmp_path}")
+    assert no_tree.returncode == 2 and "no suffix drafters" in no_tree.stderr.splitlines()[-1], no_tree.stderr
+
+
+def test_a_state_file_needs_a_suffix_drafter(tmp_path):
+    from specfree.conf.schema import ServeConfig
+    from specfree.errors import ConfigError
+    from specfree.serve import create_app
+
+    with pytest.raises(ConfigError, match="suffix drafter"):
+        create_app(tiny_engine("prompt_lookup"), ServeConfig(state_file=str(tmp_path / "s.state")))
