@@ -1,7 +1,7 @@
 """Which families' verify rows equal the one-row forward bit for bit: a Markdown table.
 
-    PYTHONPATH=. python docs/bench/bit_identity.py            # every tiny family of the tests
-    PYTHONPATH=. python docs/bench/bit_identity.py --smollm2  # and SmolLM2-135M
+    PYTHONPATH=. python benchmarks/bit_identity.py            # every tiny family of the tests
+    PYTHONPATH=. python benchmarks/bit_identity.py --smollm2  # and SmolLM2-135M
 
 For each family a tiny random model (``tests/tiny_models.py``) runs a step over a 7-token
 continuation as a causal chain and as a tree with a sibling after every node, against one-row

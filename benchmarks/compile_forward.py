@@ -1,6 +1,6 @@
 """Measure the compiled forward against the eager one on SmolLM2-135M (or another model).
 
-    PYTHONPATH=. python docs/bench/compile_forward.py --threads 2 --variants packages inductor --warm-start \
+    PYTHONPATH=. python benchmarks/compile_forward.py --threads 2 --variants packages inductor --warm-start \
         --inductor-gemm --out cf.json
 
 First the model's linear layers alone (``specfree.kernels.measure``): ms per pass over all of them
@@ -135,7 +135,7 @@ def main() -> None:
     result["linear_curves_ms"] = linear_curves(model, inductor=args.inductor_gemm)
     print(json.dumps({"linear_curves_ms": result["linear_curves_ms"]}), flush=True)
     if args.attention:
-        from tree_attention import model_attention_curves  # docs/bench/tree_attention.py, beside this file
+        from tree_attention import model_attention_curves  # benchmarks/tree_attention.py, beside this file
 
         result["attention_ms"] = model_attention_curves(model)
         print(json.dumps({"attention_ms (op, SDPA)": result["attention_ms"]}), flush=True)

@@ -2,7 +2,7 @@
 context for 1-16 rows, stock (``Conv1D`` through ``addmm``, SDPA) against specfree's (``Conv1D``
 packed into panels, tree attention), the two taking turns in one process.
 
-    PYTHONPATH=. python docs/bench/gpt2_shapes.py
+    PYTHONPATH=. python benchmarks/gpt2_shapes.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Compile and decode a random-weight ~1B Llama built from a config (nothing downloaded), and
 report the peak resident memory against the weights' bytes.
 
-    PYTHONPATH=. python docs/bench/large_model.py --threads 2 --out large.json
+    PYTHONPATH=. python benchmarks/large_model.py --threads 2 --out large.json
 
 The config is TinyLlama-1.1B's shape (22 layers, hidden 2048, MLP 5632, 32 heads, 4 KV heads,
 vocabulary 32000): 1.1B parameters, 4.4 GB in fp32. The compiled forward's package holds no

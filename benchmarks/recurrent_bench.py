@@ -1,7 +1,7 @@
 """What chain verification and rollback cost on a hybrid model (attention + gated delta-net linear
 attention, Qwen3.5 layout), randomly initialised: the mechanism, not a real model's speedup.
 
-    python -m tests.recurrent_bench [threads]
+    python -m benchmarks.recurrent_bench [threads]
 
 Random weights make drafters useless, so drafts come from an oracle that knows the model's own
 greedy continuation and spoils one token of every other draft (``tests.tiny_models.Oracle``):

@@ -1,7 +1,7 @@
 """specfree's tree-attention op against torch's SDPA on a model's attention shapes, ms per forward
 (every layer), for a step of k chain rows over a cache of n tokens:
 
-    PYTHONPATH=. python docs/bench/tree_attention.py --threads 2
+    PYTHONPATH=. python benchmarks/tree_attention.py --threads 2
 
 Two KV layouts: the growing cache (keys = n + k, as the eager adapter runs) and static slots
 (keys = capacity, mostly empty, as the compiled adapter runs; SDPA reads every slot under the

@@ -3,7 +3,7 @@ specfree's proposer, at batch 1 and 4, all checked against vLLM's plain greedy o
 
 Run with specfree's own python; each vLLM method runs in vLLM's environment (docs/vllm.md):
 
-    python scripts/vllm_bench.py [--vllm-python .vllm-venv/bin/python] [--max-tokens 64] [--out DIR]
+    python benchmarks/vllm_bench.py [--vllm-python .vllm-venv/bin/python] [--max-tokens 64] [--out DIR]
 
 One row per (system, k, batch): tokens/s of the timed run after a warm-up on other text, speed-up
 over vLLM plain at the same batch, drafted/accepted tokens, and whether the output equals vLLM
@@ -93,7 +93,7 @@ def main() -> None:
         for k in [0] if method == "plain" else args.k:
             for batch in args.batch:
                 name = f"{system}-k{k}-b{batch}"
-                cmd = [args.vllm_python, str(ROOT / "scripts" / "vllm_compare.py"), str(out / "smollm2-fp32"),
+                cmd = [args.vllm_python, str(ROOT / "benchmarks" / "vllm_compare.py"), str(out / "smollm2-fp32"),
                        str(out / "prompts.json"), str(out / f"{name}.json"), "--method", method, "--k", str(k or 1),
                        "--max-tokens", str(args.max_tokens), "--batch", str(batch), "--memory", str(args.memory)]
                 if args.eager:

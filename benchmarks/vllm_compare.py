@@ -1,6 +1,6 @@
 """One vLLM run of token-id prompts, plain or speculative; run with vLLM's own python (docs/vllm.md).
 
-    .vllm-venv/bin/python scripts/vllm_compare.py MODEL_DIR PROMPTS.json OUT.json --method plain
+    .vllm-venv/bin/python benchmarks/vllm_compare.py MODEL_DIR PROMPTS.json OUT.json --method plain
     ... --method specfree --specfree strategy=hybrid        (specfree's proposer, any overrides)
     ... --method ngram | suffix                              (vLLM's own drafters)
 

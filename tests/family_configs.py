@@ -1,4 +1,4 @@
-"""Tiny random configs of every family transformers ships as a causal LM, for ``tests.families_report``:
+"""Tiny random configs of every family transformers ships as a causal LM, for ``benchmarks.families_report``:
 the family's default config shrunk (sizes named in ``SMALL``), then what each family needs on top of that
 to stay consistent (``FAMILY_FIXES``) and keep what makes it distinct.
 """

@@ -16,7 +16,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
-SCRIPT = ROOT / "scripts" / "vllm_compare.py"
+SCRIPT = ROOT / "benchmarks" / "vllm_compare.py"
 
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON.exists(),
                                 reason=f"no vLLM environment at {VLLM_PYTHON.parent.parent}: "
