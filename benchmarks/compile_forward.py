@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/compile_forward.py --threads 2 --variants packages inductor --warm-start \
         --inductor-gemm --out cf.json
 
-First the model's linear layers alone (``specfree.kernels.measure``): ms per pass over all of them
+First the model's linear layers alone (``specfree.bench.linear_curves``): ms per pass over all of them
 for 1..16 rows, with torch's BLAS, oneDNN with packed weights, specfree's few-row kernel on the
 model's layout and on weights packed into panels (each code path this CPU runs), the read-pass
 floor (``read_pass``: every packed weight read once, same threads) and, with ``--inductor-gemm``, Inductor's C++ GEMM with frozen weights.
@@ -35,7 +35,7 @@ from specfree.bench.cli import cpu_name
 from specfree.cost import CostModel
 from specfree.engine import Engine
 from specfree.kernels import stock_linears
-from specfree.kernels.measure import linear_curves
+from specfree.bench.linear_curves import linear_curves
 from specfree.plugins import build_plugin_manager, registry
 
 SIZES = (1, 2, 4, 8, 16, 32)

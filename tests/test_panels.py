@@ -201,7 +201,7 @@ def test_the_linear_curves_of_a_bf16_model_measure_every_variant_in_its_dtype():
     """bench's cost curves on a bf16 model: every variant multiplies bf16 activations (the library's
     refused float32 ones against bf16 weights), and AMX tiles where the CPU has them."""
     from specfree.kernels import has_amx, prepare_linears
-    from specfree.kernels.measure import linear_curves
+    from specfree.bench.linear_curves import linear_curves
 
     model = fresh_model("llama").to(torch.bfloat16)
     prepare_linears(model)

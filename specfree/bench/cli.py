@@ -148,7 +148,7 @@ def cost_curves(model, eager, compiled) -> dict[str, Any]:
     compiled. What decides how large a draft can pay on this machine."""
     from specfree.cost import CostModel
     from specfree.kernels import linear_path, stock_linears
-    from specfree.kernels.measure import linear_curves
+    from specfree.bench.linear_curves import linear_curves
 
     def forward(adapter) -> dict[int, float]:
         curve = CostModel.measure(adapter, context=256)

@@ -22,8 +22,8 @@ compiler Inductor needs anyway, and kept under
 or the CPU lacks AVX2, ``load_kernels`` warns once and returns None, and the layers run the
 library's ``F.linear``. ``specfree::read_pass`` (one read of tensors: the floor the cost curves are
 read against) and ``specfree::linear_pass`` (products called from C++) are measurement only, in
-``measure_ops.cpp``, for ``measure.py``'s curves, which ``python -m specfree bench`` runs (user-facing,
-so they ship).
+``measure_ops.cpp``, for the curves of ``specfree/bench/linear_curves.py``, which
+``python -m specfree bench`` runs (user-facing, so they ship).
 """
 
 from __future__ import annotations

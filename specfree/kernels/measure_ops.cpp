@@ -1,4 +1,4 @@
-// The cost curves' ops (kernels/measure.py, which `python -m specfree bench` runs for its
+// The cost curves' ops (specfree/bench/linear_curves.py, which `python -m specfree bench` runs for its
 // cost_curves): measurement only, no model calls them. They stay in the shipped library because the
 // bench a user runs reads the linear layers' curves against read_pass's floor.
 //

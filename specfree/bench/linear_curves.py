@@ -1,4 +1,5 @@
-"""Cost curves of a model's linear layers alone, kernel against library, in one process.
+"""Cost curves of a model's linear layers alone, kernel against library, in one process (``python -m
+specfree bench``'s ``cost_curves``; the ops ``read_pass`` and ``linear_pass`` are ``kernels/measure_ops.cpp``).
 
 A pass runs every linear layer of the model once (SmolLM2-135M: 211 products over 538 MB of
 weights), with ``rows`` rows of activations each: what a forward of that many rows spends in
@@ -9,17 +10,17 @@ its products. Variants:
   where torch has it; the packed copies exist only during the measurement;
 - ``few_row-avx2`` / ``few_row-avx512``: specfree's kernel on the model's own ``[N, K]`` layout,
   each code path this CPU runs;
-- ``few_row-panels-avx2`` / ``-avx512``: the same on weights packed into panels (``panels.py``),
+- ``few_row-panels-avx2`` / ``-avx512``: the same on weights packed into panels (``kernels/panels.py``),
   what an engine's model runs, on the same memory (huge pages where the OS offers them,
-  ``hugepages.py``); the variants above read the model's own tensors, on ordinary pages;
+  ``kernels/hugepages.py``); the variants above read the model's own tensors, on ordinary pages;
 - ``few_row-panels-avx512 from C++``: the same products called one after another from C++
   through the dispatcher (``specfree::linear_pass``), as the compiled forward calls them; every
   other variant is called from a Python loop, which adds microseconds a call (SmolLM2 at one row,
   Intel Xeon VM: 2 ms of 18);
 - ``few_row-coded-avx512``: where the model's weights are a quantized file's, dequantized (SmolLM2's
-  GGUF), the same products on those weights held as codes (``codes.py``), as an engine holds them:
+  GGUF), the same products on those weights held as codes (``kernels/codes.py``), as an engine holds them:
   3.7-6x fewer bytes than the panels, the same bits;
-- ``few_row-tiles-amx``: a bfloat16 model's weights on AMX tiles (``tiles.py``), where the CPU has
+- ``few_row-tiles-amx``: a bfloat16 model's weights on AMX tiles (``kernels/tiles.py``), where the CPU has
   AMX (every variant's activations are in the weights' dtype, as the model's forward passes them);
 - ``read_pass``: the floor, one read of every weight (as panels) with the kernel's split among
   threads and no arithmetic to speak of, each thread's share read as 1, 2, 4 or 8 streams side
