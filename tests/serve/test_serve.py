@@ -309,21 +309,25 @@ def test_the_cli_serves_a_model_folder(tiny_llama_dir, tmp_path):
     assert proc.returncode == 0, err
 
 
-def test_the_cli_says_why_it_cannot_listen(tiny_llama_dir, tmp_path):
+def test_the_cli_says_why_it_cannot_serve(tiny_llama_dir, tmp_path):
+    from specfree.conf.schema import ServeConfig
+    from specfree.errors import ConfigError
+    from specfree.serve.cli import check_settings, listen
     from tests.helpers import run_cli
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        done = run_cli("serve", "model=local", f"model.path={tiny_llama_dir}", f"serve.port={port}",
-                       f"hydra.run.dir={tmp_path}")
-    assert done.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
-    bad = run_cli("serve", "serve.queue_size=0", f"hydra.run.dir={tmp_path}")
-    assert bad.returncode == 2 and "serve.queue_size" in bad.stderr, bad.stderr
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            listen("127.0.0.1", port)
+    for bad in ({"queue_size": 0}, {"port": 70000}, {"api_key": " "}, {"log_level": "loud"}):
+        with pytest.raises(ConfigError, match="serve."):
+            check_settings(ServeConfig(**bad))
     # the model loads after the server listens: a failure there stops it, with the reason
-    no_tree = run_cli("serve", "model=local", f"model.path={tiny_llama_dir}", "strategy=prompt_lookup", "strategy.priced=false", "serve.port=0", "threads=1",
-                      f"serve.state_file={tmp_path / 'x.state'}", f"hydra.run.dir={tmp_path}")
+    no_tree = run_cli("serve", "model=local", f"model.path={tiny_llama_dir}", "strategy=prompt_lookup",
+                      "strategy.priced=false", "serve.port=0", "threads=1", f"serve.state_file={tmp_path / 'x.state'}",
+                      f"hydra.run.dir={tmp_path}")
     assert no_tree.returncode == 2 and "no suffix drafters" in no_tree.stderr.splitlines()[-1], no_tree.stderr
 
 
