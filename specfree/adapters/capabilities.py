@@ -81,6 +81,9 @@ class Capabilities:
     max_chain: int | None = None  # drafts a chain may hold (0: one row a step), None: any
     windows: Windows = field(default_factory=Windows)
     compile_blocker: str | None = None  # why the compiled path cannot run this model here, or None
+    # Which attention the prepared model runs (``attention.attention_path``: "tree_attention",
+    # "grouped_sdpa", or transformers' own name), decided once when the adapter swaps its kernels in.
+    attention: str | None = None
 
     @property
     def chain_only(self) -> bool:

@@ -13,6 +13,7 @@ the positions, the store makes the masks and keeps the accepted rows' KV (``comm
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 
 import torch
@@ -71,11 +72,12 @@ class HFAdapter:
         self.model = model.eval()
         # Outside the mode: the weights the kernels repack stay the model's own, usable by any caller.
         self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
+        structure = dataclasses.replace(structure, attention=attention_path(model))  # fixed from here on
         self._device = model_device(model)
         self._compiled_runner = runner
         with grad_free():  # the probes' forwards, and a store's own (a recurrent one finds its mixers)
-            self._attach(capabilities or probes.inspect_model(structure, self._probe, compiled=runner is not None,
-                                                              probe=check_tree_mask), runner)
+            self._attach(structure if capabilities else probes.inspect_model(
+                structure, self._probe, compiled=runner is not None, probe=check_tree_mask), runner)
 
     def _attach(self, capabilities: Capabilities, runner: StepRunner | None) -> None:
         self.capabilities = capabilities
@@ -212,7 +214,7 @@ class HFAdapter:
         holdings = getattr(self.model, "gguf_holdings", None)
         held = f"; {holdings.file}: {holdings.summary()}" if holdings is not None else ""
         if not isinstance(self.runner, StepRunner):
-            return f"{self.capabilities.describe()}; attention: {attention_path(self.model)}{held}"
+            return f"{self.capabilities.describe()}; attention: {self.capabilities.attention}{held}"
         linears = "specfree's few-row kernel" if self.linears != "library" else "torch's"
         weights = ", weights shared with the model" if self.runner.options["weights"] == "shared" else ""
         return f"{self.runner.describe()}, linear layers {linears} ({self.linears}){weights}{held}"
@@ -223,6 +225,6 @@ class HFAdapter:
         forward = "eager" if not self.compiled else "aoti package" if hasattr(self.runner, "package") else "torch.compile"
         return {"forward": forward, "eager_because": None if self.compiled else (self.failure or self.eager_because),
                 "described": self.describe() if self.compiled else None, "linear_kernel": self.linears,
-                "attention": attention_path(self.model), "verification": self.capabilities.describe(),
+                "attention": self.capabilities.attention, "verification": self.capabilities.describe(),
                 "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "gguf": None if getattr(self.model, "gguf_holdings", None) is None else self.model.gguf_holdings.as_dict()}
