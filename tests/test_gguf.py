@@ -226,3 +226,15 @@ def test_a_stock_float32_copy_that_would_not_fit_is_refused_before_unpacking(ggu
         with kernels.stock_linears(model):
             pass
     assert isinstance(model.get_output_embeddings(), CodedLinear)  # nothing was unpacked
+
+
+def test_files_of_one_architecture_in_other_types_get_their_own_compiled_package(gguf_dir, tmp_path):
+    """A package traced on one type's codes (int32 words, float16 scales) cannot run another's (int8
+    codes, 8-bit sub-scales): the package's key names the tensors each layer holds."""
+    from specfree.adapters.packaged import architecture_fingerprint
+
+    keys = {qtype: architecture_fingerprint(load_model(str(tiny_file(gguf_dir, qtype)), cache_dir=tmp_path)[0])
+            for qtype in (T.Q4_0, T.Q6_K)}
+    assert keys[T.Q4_0] != keys[T.Q6_K]
+    again = load_model(str(tiny_file(gguf_dir, T.Q4_0, seed=1)), cache_dir=tmp_path)[0]  # other values, same type
+    assert architecture_fingerprint(again) == keys[T.Q4_0]

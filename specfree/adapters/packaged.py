@@ -87,6 +87,10 @@ def architecture_fingerprint(model: torch.nn.Module) -> str:
     digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode())
     for name, (shape, dtype) in stock_tensor_specs(model).items():  # a packed model's as its stock one's
         digest.update(f"{name}{shape}{dtype}".encode())
+    # and every buffer the step reads, held ones too: layers held as codes of another GGUF type
+    # (int8 codes, float16 scales, K-type sub-scales...) call the op with other tensors
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        digest.update(f"{name}{tuple(buffer.shape)}{buffer.dtype}".encode())
     return digest.hexdigest()[:16]
 
 
