@@ -242,7 +242,9 @@ def test_bench_compiled_rows(tiny_model_dir, prompts, tmp_path):
         assert all(ms > 0 for ms in meta["linear_curves_ms"][f"few_row-panels-{isa} from C++"].values())
     assert any(name.startswith("compiled") for name in meta["forward_curves_ms"])
     assert "linear layers alone, ms per pass (1, 2, 4, 8, 16 rows): blas " in report
-    assert "pricing curve of prompt_lookup(draft_len=4), ms (1, 2, 3, 4, 6, 8" in report  # what pricing read
+    # what pricing read: the engine's first curve is the quick one (1 and 2 rows at least; the rest
+    # is learned from its steps), measured when it was built
+    assert "pricing curve of prompt_lookup(draft_len=4), ms (1, 2" in report
     # the strategy ran compiled, so its per-method speedup divides by the compiled loop's tokens/s
     doc = json.loads((out / "bench.json").read_text())
     assert [s["path"] for s in doc["systems"]] == ["eager", "compiled", "compiled", "transformers"]
