@@ -22,6 +22,20 @@ def pytest_configure(config):
 
 
 # ---- tiny-model property tests (test_fuzz.py, test_lookahead.py, test_lossless.py, ...) --------------------------
+@pytest.fixture
+def quiet_families():
+    """Tiny models of every family: transformers' own notices (slow reference kernels, ...) and
+    specfree's UserWarnings about a family's limits are not what these tests check."""
+    import warnings
+
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models gain nothing from threads, and on a busy 2-core machine lose a lot to them."""

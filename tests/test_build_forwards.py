@@ -6,10 +6,8 @@ measuring that much again fails here by count."""
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
-import transformers
 
 from specfree import Engine
 from specfree.cost import BUDGET, QUICK_SIZES
@@ -26,11 +24,8 @@ MOST = PROBES + CURVE + REQUEST
 
 
 @pytest.fixture(autouse=True)
-def quiet():
-    transformers.utils.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        yield
+def quiet(quiet_families):
+    yield
 
 
 def test_the_bound_is_far_below_the_whole_curve():

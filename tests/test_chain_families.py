@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import warnings
 
 import pytest
 import transformers
@@ -25,11 +24,8 @@ SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[Health
 
 
 @pytest.fixture(autouse=True)
-def quiet():
-    transformers.utils.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        yield
+def quiet(quiet_families):
+    yield
 
 
 @functools.cache

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specfree.kernels.panels import PanelConv1D, PanelEmbedding, PanelLinear, unpack
