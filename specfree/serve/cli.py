@@ -18,6 +18,16 @@ log = logging.getLogger("specfree.serve")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
+class CleanShutdown(logging.Filter):
+    """Drops the one error uvicorn logs on Ctrl-C after a clean shutdown: it re-raises the signal,
+    which cancels the app's lifespan task; starlette reports the cancellation as a failed shutdown
+    with its traceback's text, which uvicorn logs as an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage().rstrip()
+        return not (text.startswith("Traceback") and text.endswith("CancelledError"))
+
+
 def check_settings(s) -> None:
     check_int("serve.port", s.port, low=0, high=65535)
     check_int("serve.queue_size", s.queue_size, low=1)
@@ -101,10 +111,14 @@ def run(cfg, reg=None) -> int:
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"warning: listening on {settings.host} without serve.api_key: anyone who reaches this port "
               "can use the model", file=sys.stderr, flush=True)
+    quiet = CleanShutdown()
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shut down cleanly, then re-raised the Ctrl-C it caught
         pass
+    finally:
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
     if failed:
         print(f"error: {failed[0]}", file=sys.stderr, flush=True)
         return 2
