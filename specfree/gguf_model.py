@@ -37,7 +37,7 @@ from specfree.errors import ModelLoadError
 from specfree.files import write_atomic
 from specfree.kernels import available_memory
 from specfree.kernels.codes import CodedEmbedding, CodedLinear, from_blocks
-from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
+from specfree.kernels.gguf_blocks import BLOCK_TYPES, HELD_BITS, block_codes
 from specfree.kernels.panels import WidePanelLinear
 
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -174,12 +174,13 @@ def _sixteen_bits(weights: GGUFWeights, entry, processor, mapping: dict) -> torc
 
 
 def estimate_bytes(weights: GGUFWeights) -> int:
-    """The memory the model will take: codes at their kernel format's size, the rest as float32."""
+    """The memory the model will take: codes at their kernel format's size, 16-bit weights at 2
+    bytes, the rest as float32."""
     total = 0
     for _, qtype, shape, _, nbytes in weights.tensors:
         numel = int(np.prod(shape))
-        held = qtype in BLOCK_TYPES or qtype.name in ("F16", "BF16")
-        total += int(nbytes * 1.35) if held and len(shape) == 2 else numel * 4
+        bits = HELD_BITS.get(qtype, 16 if qtype.name in ("F16", "BF16") else 32) if len(shape) == 2 else 32
+        total += int(numel * bits / 8)
     return total
 
 

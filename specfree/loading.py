@@ -54,6 +54,11 @@ CACHE_FIX = ("The cache folder must be a writable folder (it keeps the GGUF's co
 HUB_FIX = "Download it first and pass its folder, or use the embedded model: model=smollm2"
 
 
+def cache_folder(cache_dir: str | Path | None) -> Path:
+    """``cache_dir`` (``~`` expanded), else ``DEFAULT_CACHE``."""
+    return Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -145,7 +150,7 @@ def _16bit_lanes(config, device: torch.device, dtype: torch.dtype, cache_dir) ->
     from specfree.kernels import load_kernels
     from specfree.kernels.panels import LANES
 
-    return LANES.get(load_kernels(Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE))
+    return LANES.get(load_kernels(cache_folder(cache_dir)))
 
 
 def _held_16bit(model, lanes: int | None):
@@ -296,7 +301,7 @@ def load_gguf(path: Path, cache_dir: str | Path | None, device: torch.device, dt
     from specfree.kernels import load_kernels
     from specfree.kernels.panels import LANES
 
-    cache = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
+    cache = cache_folder(cache_dir)
     folder = gguf_to_folder(path, cache)
     config, tokenizer = _read_config(folder), _local_tokenizer(folder)
     isa = load_kernels(cache) if device.type == "cpu" and dtype == torch.float32 else None
@@ -339,17 +344,12 @@ def load_tokenizer(name_or_path: str, cache_dir: str | Path | None = None):
 
 def resolve_source(name_or_path: str, cache_dir: str | Path | None = None) -> str | Path:
     """Where transformers should load from: a GGUF (embedded or given) becomes its cached folder."""
+    gguf_file = gguf_path(name_or_path)
+    if gguf_file is not None:
+        return gguf_to_folder(gguf_file, cache_folder(cache_dir))
     with boundary(f"find the model {name_or_path!r}", "give a model folder, a .gguf file or a hub id"):
-        cache_dir = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
         local = Path(name_or_path).expanduser()
         is_file, is_dir = local.is_file(), local.is_dir()
-    if name_or_path in EMBEDDED:
-        return gguf_to_folder(embedded_gguf(name_or_path), cache_dir)
-    if str(name_or_path).endswith(".gguf"):
-        path = local
-        if not is_file:
-            raise ModelLoadError(f"GGUF file not found: {path}")
-        return gguf_to_folder(path, cache_dir)
     if is_file:  # not a hub id either: say what a local model must be
         raise ModelLoadError(f"{local} is a file but not a .gguf file: give a model folder or a .gguf file")
     return str(local) if is_dir else name_or_path

@@ -20,7 +20,7 @@ from specfree.adapters.hf import HFAdapter
 from specfree.errors import ModelLoadError
 from specfree.kernels import load_kernels
 from specfree.kernels.codes import CodedEmbedding, CodedLinear, from_blocks
-from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
+from specfree.kernels.gguf_blocks import BLOCK_TYPES, HELD_BITS, block_codes
 from specfree.kernels.panels import LANES, WidePanelLinear, pack, unpack
 from specfree.loading import load_model
 from tests.gguf_files import CODED, HALF_FIELDS, write_tiny_llama
@@ -59,13 +59,15 @@ def test_every_type_decodes_to_gguf_dequantize_bit_for_bit(qtype, rows, blocks, 
     assert np.array_equal(decoded, expected) and np.array_equal(codes.values(), expected)
     nonzero = expected != 0
     assert np.array_equal(decoded[nonzero].view(np.uint32), expected[nonzero].view(np.uint32))
+    padded = -(-rows // LANES[isa]) * LANES[isa]  # a last panel's zero columns
+    assert coded.nbytes() * 8 == HELD_BITS[qtype] * padded * block * blocks  # what a load is sized by
 
 
 def test_a_type_without_a_code_format_or_with_a_non_finite_scale_has_no_codes():
     raw = random_blocks(T.Q4_0, 2, 1, 0)
     raw[0, :2] = np.array([np.inf], dtype=np.float16).view(np.uint8)
     assert block_codes(raw, T.Q4_0, 2, 32) is None
-    assert block_codes(np.zeros((2, 64), np.uint8), T.IQ4_NL, 2, 32) is None if T.IQ4_NL not in BLOCK_TYPES else True
+    assert T.IQ4_NL not in BLOCK_TYPES and block_codes(np.zeros((2, 18), np.uint8), T.IQ4_NL, 2, 32) is None
 
 
 @settings(max_examples=40, deadline=None)

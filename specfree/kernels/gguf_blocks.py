@@ -187,6 +187,14 @@ BLOCK_TYPES: dict[T, Callable[[np.ndarray], tuple]] = {
 }
 
 
+# Bits a weight each type's codes hold (codes, scales and offsets; panel padding aside): what
+# ``gguf_model.estimate_bytes`` sizes a load by before reading anything.
+HELD_BITS: dict[T, float] = {
+    T.Q4_0: 5, T.Q4_1: 5, T.Q5_0: 8.5, T.Q5_1: 9, T.Q8_0: 8.5,
+    T.Q2_K: 9.125, T.Q3_K: 8.5625, T.Q4_K: 4.625, T.Q5_K: 8.625, T.Q6_K: 8.5625,
+}
+
+
 def block_codes(raw: np.ndarray, qtype: T, rows: int, columns: int) -> BlockCodes | None:
     """The codes of a [rows, columns] tensor stored as ``qtype`` blocks (``raw``: its bytes), or
     None where the type has no code format or a scale is not finite (then ``gguf`` dequantizes it:

@@ -152,6 +152,16 @@ class WidePanelLinear(PanelLinear):
         return super()._load_weight(narrow, prefix, error_msgs)
 
 
+def holders(model: nn.Module) -> dict[int, int]:
+    """How many module slots hold each parameter (by id): more than one is a tie."""
+    counts: dict[int, int] = {}
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None:
+                counts[id(param)] = counts.get(id(param), 0) + 1
+    return counts
+
+
 def hold_16bit_linears(model: nn.Module, lanes: int) -> int:
     """A model loaded in bfloat16 or float16 made a float32 model whose linear layers keep their
     16-bit weights (``WidePanelLinear``): every other parameter and buffer widened to float32 (exact).
@@ -159,11 +169,7 @@ def hold_16bit_linears(model: nn.Module, lanes: int) -> int:
     how many layers keep 16 bits."""
     from specfree.kernels.swap import swap_modules
 
-    counts: dict[int, int] = {}
-    for module in model.modules():
-        for param in module._parameters.values():
-            if param is not None:
-                counts[id(param)] = counts.get(id(param), 0) + 1
+    counts = holders(model)
 
     def convert(module):
         if type(module) is nn.Linear and module.weight.dtype in (torch.bfloat16, torch.float16) \
@@ -294,11 +300,7 @@ def pack_linears(model: nn.Module, fits, lanes: int, coder=None) -> int:
     to a scaled embedding, say) is left as it is."""
     from specfree.kernels.swap import swap_modules
 
-    shared = {}
-    for module in model.modules():
-        for param in module._parameters.values():
-            if param is not None:
-                shared[id(param)] = shared.get(id(param), 0) + 1
+    shared = holders(model)
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     tied_heads: dict[int, PanelLinear] = {}
 
