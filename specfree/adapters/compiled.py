@@ -5,7 +5,7 @@ are fast on some CPUs only. Inductor, with the weights frozen into the graph, ge
 kernels per shape; a compiled graph serves one shape, so the shapes are made static:
 
 - the KV cache is a set of preallocated slots (transformers' ``StaticLayer``, grown in tiers:
-  ``min_slots`` * 2^k for torch.compile, steps of 256 for packages) and the mask spans all of
+  ``min_slots`` * 2^k for torch.compile, steps of 128 for packages) and the mask spans all of
   them (``masks.bucketed.static_mask``);
 - for torch.compile, a step's rows are padded up to a bucket (1, 2, 4, 8, 16, 32;
   ``masks.bucketed.pad_rows``); a package takes any row count up to ``packaged.MAX_ROWS``;
@@ -48,8 +48,11 @@ from specfree.adapters.runners import RUNNERS, PackageRunner
 from specfree.files import fingerprint
 from specfree.masks.bucketed import ROW_BUCKETS
 
-MIN_SLOTS = 512  # KV slots of the first tier
-PACKAGE_TIER_STEP = 256  # packages grow the KV slots by this many at a time
+MIN_SLOTS = 512  # KV slots of torch.compile's first tier (a graph per tier)
+# Packages take any slot count: they start at one step and grow by one. Every step attends over all
+# slots and the KV of a 7B at 512 slots is 0.54 GB, so small steps keep both time and memory down;
+# a growth copies the filled slots once (about 1% of a 2048-token decode on a 7B).
+PACKAGE_TIER_STEP = 128
 AUTOTUNE_MIN_PARAMS = 20_000_000
 
 
@@ -107,7 +110,7 @@ def layer_shapes(model) -> list[tuple[torch.Size, torch.Size]]:
 
 
 def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool | None = None,
-                     backend: str | Callable = "auto", min_slots: int = MIN_SLOTS, package_dir: str | Path | None = None,
+                     backend: str | Callable = "auto", min_slots: int | None = None, package_dir: str | Path | None = None,
                      tier_step: int = PACKAGE_TIER_STEP, check_tree_mask: bool = True, grouped_attention: bool = True,
                      linear_kernel: str = "few_row", cache_dir: str | Path | None = None) -> HFAdapter:
     """An ``HFAdapter`` over static KV slots whose steps run compiled: the same kernels as the
@@ -115,7 +118,8 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
 
     ``backend``: ``"aoti"`` (one package, kept in ``package_dir``; a temporary folder when None), a
     ``torch.compile`` backend (a graph per row bucket in ``buckets`` and slot tier), or ``"auto"``:
-    packages on a CPU, ``"inductor"`` elsewhere. ``max_autotune=None`` autotunes models of
+    packages on a CPU, ``"inductor"`` elsewhere. ``min_slots``: the first tier's KV slots (default
+    ``tier_step`` for packages, ``MIN_SLOTS`` for graphs). ``max_autotune=None`` autotunes models of
     ``AUTOTUNE_MIN_PARAMS`` parameters or more: it benchmarks kernels for every matrix shape,
     minutes of compiling that only large matrices repay. Raises ``UnsupportedModelError`` for a
     model that verifies chains (they run on the eager path).
@@ -126,7 +130,8 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
     device = model_device(model)
     backend = resolve_backend(backend, device)
     packaged = backend == "aoti"
-    slots = StaticSlots(layer_shapes(model), model.dtype, device, min_slots, tier_step if packaged else None)
+    first = min_slots or (tier_step if packaged else MIN_SLOTS)
+    slots = StaticSlots(layer_shapes(model), model.dtype, device, first, tier_step if packaged else None)
     if packaged:
         runner = RUNNERS["package"](model, slots, package_dir, package_options(), buckets)
     else:
