@@ -1,4 +1,4 @@
-"""Weights held as codes (specfree/kernels/codes.py, coded_linear.cpp): the op against float64 and
+"""Weights held as codes (specfree/kernels/codes.py, panel_linear.cpp): the op against float64 and
 bit for bit against the float32 panel kernel on the decoded weights, every code path this CPU
 has; codes found only where they give the weight back exactly; a model whose weights came from a
 quantized file computes what its float32 panels compute, bit for bit, keeps the stock state dict,

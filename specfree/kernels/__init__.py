@@ -2,11 +2,13 @@
 
 A speculative step pushes 1 to 16 rows through every linear layer. Those products are bound by
 streaming the weights from memory, and the BLAS and oneDNN kernels torch ships pay much more
-than one read for 2 to 16 rows. Two ops, one library:
+than one read for 2 to 16 rows. The ops, one library:
 
-- ``specfree::panel_linear`` (``panel_linear.cpp``) on weights packed once, in place, into panels
-  (``panels.py``): one sequential stream per thread; what an engine's model runs
-  (``prepare_linears``, ``PanelLinear``);
+- ``specfree::panel_linear`` and ``specfree::coded_linear`` (``panel_linear.cpp``: one driver, one
+  row of its format table a weight format) on weights packed once, in place, into panels
+  (``panels.py``: float32, float16, bfloat16) or held as small integer codes under block scales
+  (``codes.py``, ``gguf_blocks.py``: a GGUF's types): one sequential stream per thread; what an
+  engine's model runs (``prepare_linears``, ``PanelLinear``, ``CodedLinear``);
 - ``specfree::linear`` (``unpacked_linear.cpp``) on the model's own ``[N, K]`` tensors, for models
   specfree borrows (``unpacked_linears``) and heads tied to a layer it cannot repack;
 - ``specfree::tile_linear`` (``tile_linear.cpp``) on bfloat16 weights packed into AMX tiles
@@ -49,7 +51,6 @@ SOURCE = Path(__file__).with_name("unpacked_linear.cpp")
 SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
            Path(__file__).with_name("panel_linear.cpp"),
            Path(__file__).with_name("top_ids.cpp"),
-           Path(__file__).with_name("coded_linear.cpp"),
            Path(__file__).with_name("tile_linear.cpp"),
            Path(__file__).with_name("measure_ops.cpp"))  # one library, each source compiled side by side
 HEADERS = (Path(__file__).with_name("isa.h"),)  # included by both sources

@@ -1,5 +1,5 @@
 // The CPU code paths both kernels choose between at run time, and how an op's `isa` argument
-// picks one. Included by unpacked_linear.cpp and tree_attention.cpp (one library).
+// picks one. Included by every source of the one library.
 #pragma once
 
 #include <ATen/ATen.h>

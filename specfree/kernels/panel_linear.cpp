@@ -1,19 +1,33 @@
-// specfree::panel_linear -- y = x W^T + b with W packed once into panels (the verify step's linears).
+// specfree::panel_linear and specfree::coded_linear -- y = x W^T + b with W held in panels, in any
+// of the formats of one table, run by one driver.
 //
-// A product of 1-16 rows is bound by reading W. The model's own layout ([N, K]) makes a kernel
-// that computes several outputs at once read several short rows of W side by side, several streams
-// per thread; on Zen 3 that cost 25-50% over one read of the weights. Packed, W is a sequence of
-// panels [N/P, K, P]: P output columns (one vector: 8 floats AVX2, 16 AVX-512), K contiguous, zero
-// columns past N. A thread takes a contiguous run of panels, one sequential stream; at each k one
-// vector of weights meets every row's activation, broadcast from L1.
+// A product of 1-16 rows is bound by reading W (or, on a few cores, by the FMAs that decode it). The
+// model's own layout ([N, K]) makes a kernel that computes several outputs at once read several
+// short rows of W side by side; packed, W is a sequence of panels [N/P, K, P]: P output columns (one
+// vector: 8 floats AVX2, 16 AVX-512), K contiguous, zero columns past N. A thread takes a contiguous
+// run of panels, one sequential stream; at each k one vector of weights meets every row's
+// activation, broadcast from L1.
+//
+// The format table (``Format``; ggml's type traits are the model): one row a format, naming how a
+// vector of P weights at input k is read, and how wide a block of panels a group of rows takes.
+//   f32, f16, bf16  the weights themselves, widened in registers (exact)      [N/P, K, P]
+//   affine4         w = fma(q, d, m), q in 0..15, eight codes a 32-bit word   [N/P, K/8, P] int32
+//   affine8         w = fma(q, d, m), q in 0..255                             [N/P, K, P] uint8
+//   scaled8         w = q * d,        q in -128..127                          [N/P, K, P] int8
+// The coded formats carry scales d and offsets m per block of 16 or 32 inputs and output column,
+// [N/P, K/B, P], float32 or float16, or a GGUF K-type's 8-bit sub-scales under its 256-input
+// super-block's float16 scale (``ScaleStream``). A quantized GGUF's blocks map onto them
+// (``gguf_blocks.py``); every code decodes, with the kernel's own operations, to the float32 value
+// ``gguf``'s dequantize gives (one rounding there too: checked per type in the tests).
 //
 // Every output (m, n) is one lane of one accumulator, fma over k = 0..K-1 in order, then + bias:
-// the same operations whatever the number of rows, which panels share a block, or which thread
-// runs it, so a row's bits never depend on the other rows of the call (batch invariance) -- and
-// the AVX2 and AVX-512 paths, lane for lane, compute the same sums.
+// the same operations whatever the format, the number of rows, which panels share a block, or
+// which thread runs it. So a row's bits never depend on the other rows of the call (batch
+// invariance), a coded layer's output is bit-identical to the float32 panels of its decoded
+// weights, and the AVX2 and AVX-512 paths compute the same sums, lane for lane.
 //
-// The cost curves' ops (specfree::read_pass, the floor; specfree::linear_pass, the products called
-// from C++) are in measure_ops.cpp.
+// The driver (``panel_range``) is the same for every format: row groups, block widths, the
+// decode-once buffer of coded formats under many rows, the split among threads.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -23,162 +37,425 @@
 #include "isa.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
 namespace {
 
 using specfree::Isa;
-using specfree::load16;
-using specfree::load8;
 
-// Rows in one pass over a block of panels: their accumulators fill the registers. More rows go in
-// groups, each group re-reading the block from cache. (AVX2 in groups of 4 rows against 2 panels,
-// so each broadcast meets two weight vectors, measured no faster on Zen 3: 8 rows 1.82x the read
-// pass against 1.69x in one group of 8.)
-constexpr int kGroupRows = 8;
-// More rows than that go, on AVX2, in groups of 6 against 2 panels: 12 FMAs for 8 loads at each k
-// where 8 rows against 1 panel need 9 loads for 8 FMAs. Zen 3, one core, weights in cache: 16-160
-// rows at 74-96 GFLOPS against 48-60; the model's 211 layers (two threads, streamed) 8-20% faster
-// at 12-32 rows. (Up to 8 rows one group of 8 against 1 panel stays: there the weight stream
-// decides, and groups of 4 or 6 were measured 16-23% slower at 8 rows.)
-constexpr int kManyRowsAvx2 = 6;
-
-// Software prefetch this far ahead in each stream (bytes). Measured on SmolLM2's 211 shapes.
-constexpr int64_t kAhead = 1024;
-
-SPECFREE_AVX2 inline __m256 bcast8(const float* p) { return _mm256_broadcast_ss(p); }
-SPECFREE_AVX512 inline __m512 bcast16(const float* p) { return _mm512_set1_ps(*p); }
-
-// Loops over rows and panels unrolled, so the accumulators live in registers (without it GCC 12
-// keeps acc[][] on the stack and stores it every step: 4x slower at 8 rows).
 #define UNROLL _Pragma("GCC unroll 16")
 
-// One k of SPECFREE_PANELS: NB weight vectors meet MB broadcast activations.
-#define SPECFREE_PANEL_K(I, VEC, LANES, LOAD, FMA, BCAST)                                          \
-  {                                                                                                \
-    const int64_t ik = (I);                                                                        \
-    VEC ws[NB];                                                                                    \
-    UNROLL for (int j = 0; j < NB; ++j) ws[j] = LOAD(panels + ik * LANES + j * stride);            \
-    UNROLL for (int m = 0; m < MB; ++m) {                                                          \
-      VEC xv = BCAST(x + m * ldx + ik);                                                            \
-      UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = FMA(xv, ws[j], acc[m][j]);                   \
-    }                                                                                              \
+// ---- the format table -------------------------------------------------------------------------
+enum Format { kF32 = 0, kF16 = 1, kBF16 = 2, kAffine4 = 3, kAffine8 = 4, kScaled8 = 5 };
+constexpr bool coded(int f) { return f >= kAffine4; }
+
+// Rows whose accumulators share the registers; more rows go in groups, each group re-reading the
+// block of panels from cache.
+constexpr int kGroupRows = 8;
+
+// Panels per block for a group of MB rows: MB*NB accumulators and the NB weight vectors fit the
+// registers (16 vectors AVX2, 32 AVX-512); coded formats also hold NB scales and offsets.
+// Plain formats: one row on AVX-512 reads 8 panels side by side, more weight streams in flight
+// (Intel Xeon VM, family 6 model 167, SmolLM2's 211 layers, two threads, medians of 15
+// interleaved passes: 1 row 1.17 -> 1.12x the read pass; 2-8 rows gained nothing from wider
+// blocks). AVX2 groups of 4 rows against 2 panels measured no faster on Zen 3 than 8 against 1.
+constexpr int kPlainAvx512[kGroupRows + 1] = {0, 8, 4, 4, 4, 4, 3, 3, 3};
+constexpr int kPlainAvx2[kGroupRows + 1] = {0, 4, 4, 3, 2, 2, 2, 1, 1};
+constexpr int kCodedAvx512[kGroupRows + 1] = {0, 4, 4, 3, 3, 2, 2, 2, 2};
+constexpr int kCodedAvx2[kGroupRows + 1] = {0, 2, 2, 2, 1, 1, 1, 1, 1};
+
+// Plain formats with more rows than a group go, on AVX2, in groups of 6 against 2 panels: 12 FMAs
+// for 8 loads at each k where 8 rows against 1 panel need 9 loads for 8 FMAs (Zen 3, one core,
+// weights in cache: 16-160 rows at 74-96 GFLOPS against 48-60; SmolLM2's 211 layers, two threads,
+// 8-20% faster at 12-32 rows). Up to 8 rows one group of 8 against 1 panel stays: there the weight
+// stream decides, and groups of 4 or 6 were measured 16-23% slower at 8 rows.
+constexpr int kManyRowsAvx2 = 6;
+
+// Coded formats under three groups of rows or more (a prefill, a wide tree) decode each block of
+// panels once into a float32 buffer that every group then reads from cache as f32 panels. (Intel
+// VM, SmolLM2's 211 layers: decoding per group cost a 300-token prefill's linears 15% over the
+// float32 panels, the buffer 5%; at 16 rows the buffer was 11% slower than decoding twice.)
+constexpr int64_t kDecodeOnceGroups = 3;
+
+// Where a coded panel's per-block scales (or offsets) come from: float32 or float16, or, for a
+// GGUF K-type, an 8-bit integer sub-scale times its 256-input super-block's float16 scale -- the
+// product gguf computes (d * sc, one rounding; held this way a Q4_K weight costs 4.6 bits, not 6).
+// K-type offsets are held with the super-block's minimum negated (-dmin: exact), so the product
+// is the offset -(dmin * m) itself.
+enum ScaleKind { kScale32 = 0, kScale16 = 1, kUnsigned8 = 2, kSigned8 = 3 };
+
+struct ScaleStream {
+  const uint8_t* values;  // panel 0's [K/B, P] scales
+  const uint8_t* supers;  // panel 0's [K/256, P] float16 super-block scales (8-bit kinds only)
+  int kind;
+  int64_t panel_bytes, super_panel_bytes;  // one panel's bytes in each
+  int64_t size() const { return kind == kScale32 ? 4 : kind == kScale16 ? 2 : 1; }
+  ScaleStream at(int64_t p) const {
+    return {values ? values + p * panel_bytes : nullptr, supers ? supers + p * super_panel_bytes : nullptr, kind,
+            panel_bytes, super_panel_bytes};
+  }
+};
+
+// A layer's weights as the driver reads them.
+struct Panels {
+  const uint8_t* data;  // panel 0's weights or codes
+  int64_t panel_bytes;  // one panel's
+  int64_t k;
+  Format format;
+  int block;                    // coded: inputs per scale (16 or 32)
+  ScaleStream scales, offsets;  // coded: offsets.values null for scaled8
+  const uint8_t* at(int64_t p) const { return data + p * panel_bytes; }
+};
+
+// ---- the two ISAs: vector width, and how each format's elements widen to float lanes ----------
+struct Avx512 {
+  using Vec = __m512;
+  using Int = __m512i;
+  static constexpr int P = 16;
+  SPECFREE_AVX512 static Vec zero() { return _mm512_setzero_ps(); }
+  SPECFREE_AVX512 static Vec bcast(const float* p) { return _mm512_set1_ps(*p); }
+  SPECFREE_AVX512 static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  SPECFREE_AVX512 static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  SPECFREE_AVX512 static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+  template <typename W>
+  SPECFREE_AVX512 static Vec load(const W* p) { return specfree::load16(p); }
+  SPECFREE_AVX512 static Int words(const int32_t* p) { return _mm512_loadu_si512(p); }
+  // Code i of each word as a float: a table lookup (vpermps reads an index's low 4 bits), one
+  // instruction where masking and converting take two. i is a constant once the loop unrolls.
+  SPECFREE_AVX512 static Vec nibble(Int v, int i) {
+    const Vec values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_permutexvar_ps(i ? _mm512_srli_epi32(v, 4 * i) : v, values);
+  }
+  SPECFREE_AVX512 static Vec bytes(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  SPECFREE_AVX512 static Vec ubytes(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  SPECFREE_AVX512 static Vec halves(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // Block b's scales (b counts blocks of sb inputs) of one panel.
+  SPECFREE_AVX512 static Vec block_scale(const ScaleStream& s, int64_t b, int sb) {
+    const uint8_t* at = s.values + b * P * s.size();
+    if (s.kind == kScale32) return _mm512_loadu_ps(reinterpret_cast<const float*>(at));
+    if (s.kind == kScale16) return halves(at);
+    const Vec super = halves(s.supers + b * sb / 256 * P * 2);
+    return mul(s.kind == kUnsigned8 ? ubytes(at) : bytes(reinterpret_cast<const int8_t*>(at)), super);
+  }
+};
+
+struct Avx2 {
+  using Vec = __m256;
+  using Int = __m256i;
+  static constexpr int P = 8;
+  SPECFREE_AVX2 static Vec zero() { return _mm256_setzero_ps(); }
+  SPECFREE_AVX2 static Vec bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  SPECFREE_AVX2 static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  SPECFREE_AVX2 static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  SPECFREE_AVX2 static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  template <typename W>
+  SPECFREE_AVX2 static Vec load(const W* p) { return specfree::load8(p); }
+  SPECFREE_AVX2 static Int words(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  SPECFREE_AVX2 static Vec nibble(Int v, int i) {  // vpermps indexes 8 values here: mask and convert
+    return _mm256_cvtepi32_ps(_mm256_and_si256(i ? _mm256_srli_epi32(v, 4 * i) : v, _mm256_set1_epi32(15)));
+  }
+  SPECFREE_AVX2 static Vec bytes(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  SPECFREE_AVX2 static Vec ubytes(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  SPECFREE_AVX2 static Vec halves(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  SPECFREE_AVX2 static Vec block_scale(const ScaleStream& s, int64_t b, int sb) {
+    const uint8_t* at = s.values + b * P * s.size();
+    if (s.kind == kScale32) return _mm256_loadu_ps(reinterpret_cast<const float*>(at));
+    if (s.kind == kScale16) return halves(at);
+    const Vec super = halves(s.supers + b * sb / 256 * P * 2);
+    return mul(s.kind == kUnsigned8 ? ubytes(at) : bytes(reinterpret_cast<const int8_t*>(at)), super);
+  }
+};
+
+// ---- the block kernels: MB rows against NB adjacent panels, all of K --------------------------
+// ``out`` is [MB, NB*P], row stride ldo. Loops over rows and panels unroll, so the accumulators
+// live in registers (without it GCC 12 keeps acc[][] on the stack and stores it every step: 4x
+// slower at 8 rows).
+
+// Software prefetch this far ahead in each stream of plain weights (bytes; SmolLM2's 211 shapes).
+constexpr int64_t kAhead = 1024;
+
+// Plain formats: the k loop steps one cache line of each panel at a time (STEP vectors), and with
+// PREFETCH touches the line kAhead bytes on once per step (a test and a prefetch at every k cost
+// half the FMA throughput at 8 rows: Zen 3, 22 against 42 GFMA/s a core, weights in cache). One k:
+// NB weight vectors meet MB broadcast activations. (A macro, not a lambda: a lambda would not take
+// the enclosing function's target ISA.)
+#define SPECFREE_PLAIN_K(I)                                                                            \
+  {                                                                                                    \
+    const int64_t ik = (I);                                                                            \
+    Vec w[NB];                                                                                         \
+    UNROLL for (int j = 0; j < NB; ++j) w[j] = V::load(panels + ik * P + j * stride);                  \
+    UNROLL for (int m = 0; m < MB; ++m) {                                                              \
+      const Vec xm = V::bcast(x + m * ldx + ik);                                                       \
+      UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::fma(xm, w[j], acc[m][j]);                     \
+    }                                                                                                  \
   }
 
-// MB rows against NB adjacent panels (P = LANES columns each), all of K. Registers: MB*NB
-// accumulators, NB weight vectors, one broadcast. ``out`` is [MB, NB*LANES], row stride ldo.
-// The k loop steps one cache line of each panel at a time (STEP vectors), and with PREFETCH
-// touches the line kAhead bytes on once per step: a test and a prefetch loop at every k cost
-// half the FMA throughput at 8 rows (Zen 3: 22 against 42 GFMA/s a core, weights in cache).
-#define SPECFREE_PANELS(ATTR, NAME, VEC, LANES, ZERO, LOAD, FMA, BCAST, STORE)                     \
-  template <int MB, int NB, bool PREFETCH, typename W>                                             \
-  ATTR void NAME(const float* x, int64_t ldx, const W* panels, int64_t k, float* out, int64_t ldo) { \
-    VEC acc[MB][NB];                                                                               \
-    UNROLL for (int m = 0; m < MB; ++m)                                                            \
-      UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = ZERO();                                      \
-    const int64_t stride = k * LANES; /* one panel */                                              \
-    constexpr int64_t ahead = kAhead / sizeof(W);                                                  \
-    constexpr int STEP = std::max<int>(1, 64 / sizeof(W) / LANES);                                 \
-    int64_t i = 0;                                                                                 \
-    for (; i + STEP <= k; i += STEP) {                                                             \
-      if constexpr (PREFETCH)                                                                      \
-        UNROLL for (int j = 0; j < NB; ++j)                                                        \
-          _mm_prefetch(reinterpret_cast<const char*>(panels + i * LANES + j * stride + ahead), _MM_HINT_T0); \
-      UNROLL for (int s = 0; s < STEP; ++s) SPECFREE_PANEL_K(i + s, VEC, LANES, LOAD, FMA, BCAST); \
-    }                                                                                              \
-    for (; i < k; ++i) SPECFREE_PANEL_K(i, VEC, LANES, LOAD, FMA, BCAST);                          \
-    UNROLL for (int m = 0; m < MB; ++m)                                                            \
-      UNROLL for (int j = 0; j < NB; ++j) STORE(out + m * ldo + j * LANES, acc[m][j]);             \
+#define SPECFREE_PLAIN(ATTR, ISA)                                                                      \
+  template <int MB, int NB, bool PREFETCH, typename W>                                                 \
+  ATTR void plain_##ISA(const float* x, int64_t ldx, const void* weights, int64_t k, float* out, int64_t ldo) { \
+    using V = ISA;                                                                                     \
+    using Vec = typename V::Vec;                                                                       \
+    constexpr int P = V::P;                                                                            \
+    const W* panels = static_cast<const W*>(weights);                                                  \
+    Vec acc[MB][NB];                                                                                   \
+    UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::zero();     \
+    const int64_t stride = k * P; /* one panel */                                                      \
+    constexpr int64_t ahead = kAhead / sizeof(W);                                                      \
+    constexpr int STEP = std::max<int>(1, 64 / sizeof(W) / P);                                         \
+    int64_t i = 0;                                                                                     \
+    for (; i + STEP <= k; i += STEP) {                                                                 \
+      if constexpr (PREFETCH)                                                                          \
+        UNROLL for (int j = 0; j < NB; ++j)                                                            \
+          _mm_prefetch(reinterpret_cast<const char*>(panels + i * P + j * stride + ahead), _MM_HINT_T0); \
+      UNROLL for (int s = 0; s < STEP; ++s) SPECFREE_PLAIN_K(i + s);                                   \
+    }                                                                                                  \
+    for (; i < k; ++i) SPECFREE_PLAIN_K(i);                                                            \
+    UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) V::store(out + m * ldo + j * P, acc[m][j]); \
   }
 
-SPECFREE_PANELS(SPECFREE_AVX2, panels_avx2, __m256, 8, _mm256_setzero_ps, load8, _mm256_fmadd_ps,
-                bcast8, _mm256_storeu_ps)
-SPECFREE_PANELS(SPECFREE_AVX512, panels_avx512, __m512, 16, _mm512_setzero_ps, load16, _mm512_fmadd_ps,
-                bcast16, _mm512_storeu_ps)
+// Coded formats: blocks of SB inputs, each with its scales (and offsets) a panel; inputs go 8 at a
+// time, so affine4 decodes all 8 from one load of P words. Prefetching: while a block of NB panels
+// runs, the same block of the next NB panels (a thread's panels are contiguous, so that is the next
+// stretch of its streams), every line of the codes and the scale and offset lines. (Intel VM,
+// SmolLM2's 211 layers at 1 / 2 / 4 / 8 / 16 rows: 6 / 13 / 15 / 10 / 7% less time than
+// prefetching 1 KB ahead within each panel. Past a thread's last panels this reads ahead into the
+// next thread's, or past the tensor: a prefetch is a hint and never faults.)
+#define SPECFREE_CODED(ATTR, ISA)                                                                      \
+  template <int MB, int NB, int FORMAT, int SB>                                                        \
+  ATTR void coded_##ISA(const float* x, int64_t ldx, const uint8_t* codes, const ScaleStream& scales,  \
+                        const ScaleStream& offsets, int64_t k, float* out, int64_t ldo) {              \
+    using V = ISA;                                                                                     \
+    using Vec = typename V::Vec;                                                                       \
+    constexpr int P = V::P;                                                                            \
+    constexpr bool AFFINE = FORMAT != kScaled8;                                                        \
+    constexpr int64_t block_bytes = FORMAT == kAffine4 ? SB * P / 2 : SB * P;                          \
+    Vec acc[MB][NB];                                                                                   \
+    UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::zero();     \
+    const int64_t cstride = k / SB * block_bytes; /* one panel */                                      \
+    for (int64_t b = 0; b < k / SB; ++b) {                                                             \
+      Vec d[NB], o[NB];                                                                                \
+      UNROLL for (int j = 0; j < NB; ++j) {                                                            \
+        d[j] = V::block_scale(scales.at(j), b, SB);                                                    \
+        if constexpr (AFFINE) o[j] = V::block_scale(offsets.at(j), b, SB);                             \
+        const char* c = reinterpret_cast<const char*>(codes + (NB + j) * cstride + b * block_bytes);    \
+        UNROLL for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(c + line, _MM_HINT_T0); \
+        const int64_t at = b * P * scales.size();                                                      \
+        _mm_prefetch(reinterpret_cast<const char*>(scales.at(NB + j).values + at), _MM_HINT_T0);       \
+        if constexpr (AFFINE) _mm_prefetch(reinterpret_cast<const char*>(offsets.at(NB + j).values + at), _MM_HINT_T0); \
+      }                                                                                                \
+      UNROLL for (int g = 0; g < SB; g += 8) {                                                         \
+        typename V::Int v[NB];                                                                         \
+        if constexpr (FORMAT == kAffine4) UNROLL for (int j = 0; j < NB; ++j)                          \
+          v[j] = V::words(reinterpret_cast<const int32_t*>(codes + j * cstride + b * block_bytes) + g / 8 * P); \
+        UNROLL for (int i = 0; i < 8; ++i) {                                                           \
+          const int64_t at = b * SB + g + i;                                                           \
+          Vec w[NB];                                                                                   \
+          UNROLL for (int j = 0; j < NB; ++j) {                                                        \
+            if constexpr (FORMAT == kAffine4) w[j] = V::fma(V::nibble(v[j], i), d[j], o[j]);           \
+            else if constexpr (FORMAT == kAffine8) w[j] = V::fma(V::ubytes(codes + j * cstride + at * P), d[j], o[j]); \
+            else w[j] = V::mul(V::bytes(reinterpret_cast<const int8_t*>(codes) + j * cstride + at * P), d[j]); \
+          }                                                                                            \
+          UNROLL for (int m = 0; m < MB; ++m) {                                                        \
+            const Vec xm = V::bcast(x + m * ldx + at);                                                 \
+            UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::fma(xm, w[j], acc[m][j]);               \
+          }                                                                                            \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+    UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) V::store(out + m * ldo + j * P, acc[m][j]); \
+  }
 
-template <typename W>
-using PanelFn = void (*)(const float*, int64_t, const W*, int64_t, float*, int64_t);
+// One coded panel decoded into float32 [K, P], with the block kernel's own instructions.
+#define SPECFREE_DECODE(ATTR, ISA)                                                                     \
+  template <int FORMAT, int SB>                                                                        \
+  ATTR void decode_##ISA(const uint8_t* codes, const ScaleStream& scales, const ScaleStream& offsets,  \
+                         int64_t k, float* out) {                                                      \
+    using V = ISA;                                                                                     \
+    constexpr int P = V::P;                                                                            \
+    constexpr bool AFFINE = FORMAT != kScaled8;                                                        \
+    for (int64_t b = 0; b < k / SB; ++b) {                                                             \
+      const typename V::Vec d = V::block_scale(scales, b, SB);                                         \
+      const typename V::Vec o = AFFINE ? V::block_scale(offsets, b, SB) : V::zero();                   \
+      for (int64_t at = b * SB; at < (b + 1) * SB; at += 8) {                                          \
+        if constexpr (FORMAT == kAffine4) {                                                            \
+          const typename V::Int v = V::words(reinterpret_cast<const int32_t*>(codes) + at / 8 * P);     \
+          UNROLL for (int i = 0; i < 8; ++i) V::store(out + (at + i) * P, V::fma(V::nibble(v, i), d, o)); \
+        } else if constexpr (FORMAT == kAffine8) {                                                     \
+          for (int64_t i = at; i < at + 8; ++i) V::store(out + i * P, V::fma(V::ubytes(codes + i * P), d, o)); \
+        } else {                                                                                       \
+          for (int64_t i = at; i < at + 8; ++i)                                                        \
+            V::store(out + i * P, V::mul(V::bytes(reinterpret_cast<const int8_t*>(codes) + i * P), d)); \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+  }
 
-// Panels per block for a group of MB rows, from the register budget (16 vectors AVX2, 32 AVX-512).
-// One row on AVX-512 reads 8 panels side by side: more weight streams in flight. Intel Xeon VM
-// (family 6 model 167), SmolLM2's 211 layers, two threads, medians of 15 interleaved passes: 1 row
-// 1.17 -> 1.12x the read pass; 2-8 rows gained nothing from wider blocks (6 at 3-4 rows, 5 at 5).
-constexpr int kBlockAvx2[kGroupRows + 1] = {0, 4, 4, 3, 2, 2, 2, 1, 1};
-constexpr int kBlockAvx512[kGroupRows + 1] = {0, 8, 4, 4, 4, 4, 3, 3, 3};
+SPECFREE_PLAIN(SPECFREE_AVX512, Avx512)
+SPECFREE_PLAIN(SPECFREE_AVX2, Avx2)
+SPECFREE_CODED(SPECFREE_AVX512, Avx512)
+SPECFREE_CODED(SPECFREE_AVX2, Avx2)
+SPECFREE_DECODE(SPECFREE_AVX512, Avx512)
+SPECFREE_DECODE(SPECFREE_AVX2, Avx2)
 
-// The kernel for MB rows and nb panels: a call's blocks are as wide as its first group allows
-// (that group's own width, or a full group's when later groups follow), the last panels of a
-// thread's range in narrower blocks (``narrower``); only those widths are compiled.
+// ---- choosing a compiled kernel ---------------------------------------------------------------
+using PlainFn = void (*)(const float*, int64_t, const void*, int64_t, float*, int64_t);
+using CodedFn = void (*)(const float*, int64_t, const uint8_t*, const ScaleStream&, const ScaleStream&, int64_t,
+                         float*, int64_t);
+using DecodeFn = void (*)(const uint8_t*, const ScaleStream&, const ScaleStream&, int64_t, float*);
+
+// Only the widths a call can ask for are compiled: a group's own, a full group's (a call whose
+// later groups follow a full one), and the narrower ones a range's last panels take (``narrower``).
 template <int MB, bool PREFETCH, typename W>
-PanelFn<W> pick_rows(Isa isa, int nb) {
+PlainFn pick_plain_rows(Isa isa, int nb) {
   if (isa == Isa::kAvx512) {
-    constexpr int own = kBlockAvx512[MB], full = kBlockAvx512[kGroupRows];
-    return nb == own    ? panels_avx512<MB, own, PREFETCH, W>
-           : nb == full ? panels_avx512<MB, full, PREFETCH, W>
-           : nb == 4    ? panels_avx512<MB, 4, PREFETCH, W>
-           : nb == 2    ? panels_avx512<MB, 2, PREFETCH, W>
-                        : panels_avx512<MB, 1, PREFETCH, W>;
+    constexpr int own = kPlainAvx512[MB], full = kPlainAvx512[kGroupRows];
+    return nb == own    ? plain_Avx512<MB, own, PREFETCH, W>
+           : nb == full ? plain_Avx512<MB, full, PREFETCH, W>
+           : nb == 4    ? plain_Avx512<MB, 4, PREFETCH, W>
+           : nb == 2    ? plain_Avx512<MB, 2, PREFETCH, W>
+                        : plain_Avx512<MB, 1, PREFETCH, W>;
   }
-  constexpr int own = kBlockAvx2[MB], full = kBlockAvx2[kManyRowsAvx2];
-  return nb == own    ? panels_avx2<MB, own, PREFETCH, W>
-         : nb == full ? panels_avx2<MB, full, PREFETCH, W>
-         : nb == 2    ? panels_avx2<MB, 2, PREFETCH, W>
-                      : panels_avx2<MB, 1, PREFETCH, W>;
+  constexpr int own = kPlainAvx2[MB], full = kPlainAvx2[kManyRowsAvx2];
+  return nb == own    ? plain_Avx2<MB, own, PREFETCH, W>
+         : nb == full ? plain_Avx2<MB, full, PREFETCH, W>
+         : nb == 2    ? plain_Avx2<MB, 2, PREFETCH, W>
+                      : plain_Avx2<MB, 1, PREFETCH, W>;
 }
 
-// The next block width down for the panels left at the end of a range: 4 (AVX-512), 2, then 1.
-// (Blocks of 8 with single-panel tails would run a thread's 6 panels of a 192-column layer one
-// at a time.)
-inline int narrower(Isa isa, int width) {
-  return width > 4 && isa == Isa::kAvx512 ? 4 : width > 2 ? 2 : 1;
-}
-
-// The first group of rows streams the block from memory (prefetching); later ones read it from cache.
-template <typename W>
-PanelFn<W> pick(Isa isa, int nb, int64_t mb, bool first) {
+// Plain weights stream from memory in the first group of rows (prefetched), from cache after.
+PlainFn pick_plain(Isa isa, Format format, int nb, int64_t mb, bool first) {
   return specfree::for_rows(mb, [&](auto rows) {
     constexpr int r = decltype(rows)::value;
-    return first ? pick_rows<r, true, W>(isa, nb) : pick_rows<r, false, W>(isa, nb);
+    switch (format) {
+      case kF16: return first ? pick_plain_rows<r, true, at::Half>(isa, nb) : pick_plain_rows<r, false, at::Half>(isa, nb);
+      case kBF16:
+        return first ? pick_plain_rows<r, true, at::BFloat16>(isa, nb) : pick_plain_rows<r, false, at::BFloat16>(isa, nb);
+      default: return first ? pick_plain_rows<r, true, float>(isa, nb) : pick_plain_rows<r, false, float>(isa, nb);
+    }
   });
 }
 
-// Panels [p_begin, p_end) for all m rows into y [m, n]. Blocks are as wide as the first group
-// allows; every group meets a block before the next block is read (later groups from cache).
-template <typename W, typename B>
-void panel_range(Isa isa, int lanes, const float* x, int64_t m, const W* panels, int64_t k, const B* bias,
-                 int64_t n, int64_t p_begin, int64_t p_end, float* y) {
-  const int* widths = isa == Isa::kAvx512 ? kBlockAvx512 : kBlockAvx2;
-  const int64_t group = isa == Isa::kAvx2 && m > kGroupRows ? kManyRowsAvx2 : kGroupRows;
+template <int MB, int FORMAT, int SB>
+CodedFn pick_coded_rows(Isa isa, int nb) {
+  if (isa == Isa::kAvx512) {
+    constexpr int own = kCodedAvx512[MB], full = kCodedAvx512[kGroupRows];
+    return nb == own    ? coded_Avx512<MB, own, FORMAT, SB>
+           : nb == full ? coded_Avx512<MB, full, FORMAT, SB>
+                        : coded_Avx512<MB, 1, FORMAT, SB>;
+  }
+  constexpr int own = kCodedAvx2[MB], full = kCodedAvx2[kGroupRows];
+  return nb == own ? coded_Avx2<MB, own, FORMAT, SB> : nb == full ? coded_Avx2<MB, full, FORMAT, SB> : coded_Avx2<MB, 1, FORMAT, SB>;
+}
+
+// ``sb``: inputs per scale (16 or 32; affine4 takes 32).
+CodedFn pick_coded(Isa isa, Format format, int nb, int64_t mb, int sb) {
+  return specfree::for_rows(mb, [&](auto rows) {
+    constexpr int r = decltype(rows)::value;
+    switch (format) {
+      case kAffine4: return pick_coded_rows<r, kAffine4, 32>(isa, nb);
+      case kAffine8: return sb == 16 ? pick_coded_rows<r, kAffine8, 16>(isa, nb) : pick_coded_rows<r, kAffine8, 32>(isa, nb);
+      default: return sb == 16 ? pick_coded_rows<r, kScaled8, 16>(isa, nb) : pick_coded_rows<r, kScaled8, 32>(isa, nb);
+    }
+  });
+}
+
+template <int FORMAT>
+DecodeFn pick_decode_format(Isa isa, int sb) {
+  if (isa == Isa::kAvx512) return sb == 16 ? decode_Avx512<FORMAT, 16> : decode_Avx512<FORMAT, 32>;
+  return sb == 16 ? decode_Avx2<FORMAT, 16> : decode_Avx2<FORMAT, 32>;
+}
+
+DecodeFn pick_decode(Isa isa, Format format, int sb) {
+  return format == kAffine4   ? pick_decode_format<kAffine4>(isa, 32)
+         : format == kAffine8 ? pick_decode_format<kAffine8>(isa, sb)
+                              : pick_decode_format<kScaled8>(isa, sb);
+}
+
+// The next block width down for the panels left at the end of a range: plain 4 (AVX-512), 2, then
+// 1 (blocks of 8 with single-panel tails would run a thread's 6 panels of a 192-column layer one
+// at a time); coded straight to 1.
+int narrower(Isa isa, Format format, int width) {
+  if (coded(format)) return 1;
+  return width > 4 && isa == Isa::kAvx512 ? 4 : width > 2 ? 2 : 1;
+}
+
+// ---- the driver -------------------------------------------------------------------------------
+// Panels [p_begin, p_end) for all m rows into y [m, n]. Blocks are as wide as the first group of
+// rows allows; every group meets a block before the next block is read (later groups from cache).
+template <typename B>
+void panel_range(Isa isa, const float* x, int64_t m, const Panels& w, const B* bias, int64_t n, int64_t p_begin,
+                 int64_t p_end, float* y) {
+  const bool avx512 = isa == Isa::kAvx512, is_coded = coded(w.format);
+  const int P = avx512 ? 16 : 8;
+  const int64_t k = w.k;
+  const int* widths = is_coded ? (avx512 ? kCodedAvx512 : kCodedAvx2) : (avx512 ? kPlainAvx512 : kPlainAvx2);
+  const int64_t group = !is_coded && !avx512 && m > kGroupRows ? kManyRowsAvx2 : kGroupRows;
   const int64_t first = std::min(group, m);  // (GCC 12 miscompiles min() inside a[])
   const int nb = widths[first];
   const int64_t groups = (m + group - 1) / group;
-  float out[kGroupRows * 4 * 16];  // one group's results for one block, [rows, nb * lanes]
-  const int64_t ldo = nb * lanes;
+  const bool decode_once = is_coded && groups >= kDecodeOnceGroups;
+  std::vector<float> decoded(decode_once ? nb * k * P : 0);
+  float out[kGroupRows * 4 * 16];  // one group's results for one block, [rows, nb * P]
+  const int64_t ldo = nb * P;
   for (int64_t p = p_begin; p < p_end;) {
     int width = nb;
-    while (p + width > p_end) width = narrower(isa, width);
+    while (p + width > p_end) width = narrower(isa, w.format, width);
+    if (decode_once)
+      for (int j = 0; j < width; ++j)
+        pick_decode(isa, w.format, w.block)(w.at(p + j), w.scales.at(p + j), w.offsets.at(p + j), k,
+                                            decoded.data() + j * k * P);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t mb = std::min(group, m - g * group);
-      pick<W>(isa, width, mb, g == 0)(x + g * group * k, k, panels + p * k * lanes, k, out, ldo);
-      specfree::store_block(out, ldo, mb, width * lanes, bias, p * lanes, n, y + g * group * n);
+      const float* rows = x + g * group * k;
+      if (decode_once)
+        pick_plain(isa, kF32, width, mb, false)(rows, k, decoded.data(), k, out, ldo);
+      else if (is_coded)
+        pick_coded(isa, w.format, width, mb, w.block)(rows, k, w.at(p), w.scales.at(p), w.offsets.at(p), k, out, ldo);
+      else
+        pick_plain(isa, w.format, width, mb, g == 0)(rows, k, w.at(p), k, out, ldo);
+      specfree::store_block(out, ldo, mb, width * P, bias, p * P, n, y + g * group * n);
     }
     p += width;
   }
 }
 
-int lanes_of(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }
+constexpr int64_t kPanelsPerTask = 4;  // a thread's share: a contiguous run of panels, one stream
 
-// Panels per task: a thread's share is a contiguous run of panels, one stream.
-constexpr int64_t kPanelsPerTask = 4;
-
-// Every row count runs here, a long prompt's prefill included, so a prompt's rows keep the one-row
-// kernel's bits on both paths. (Until 2026-11-26 AVX-512 handed more than 160 rows to the library's
-// GEMM on unpacked tiles. On an Intel Xeon VM, family 6 model 167, two threads, SmolLM2's 211
+// Every row count runs the driver, a long prompt's prefill included, so a prompt's rows keep the
+// one-row kernel's bits on both paths. (Until 2026-11-26 AVX-512 handed more than 160 rows to the
+// library's GEMM on unpacked tiles. Intel Xeon VM, family 6 model 167, two threads, SmolLM2's 211
 // layers, medians of 15 interleaved passes, ms, groups / GEMM: 256 rows 235 / 306, 512 rows 441 /
-// 502, 1024 and 2048 rows level, 936 / 920 and 1871 / 1871. On Zen 3 AVX2's groups of 6 run level
-// with MKL's GEMM at 256-4096 rows.)
+// 502, 1024 and 2048 rows level. On Zen 3 AVX2's groups of 6 run level with MKL's GEMM at 256-4096.)
+template <typename B>
+at::Tensor run_panels(Isa isa, const at::Tensor& x, const Panels& w, int64_t count, const B* bias, int64_t n) {
+  const int64_t m = x.numel() / std::max<int64_t>(w.k, 1);
+  const at::Tensor x32 = specfree::float_rows(x);
+  at::Tensor y = specfree::output_rows(x, n);
+  if (m > 0)
+    at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
+      panel_range(isa, x32.data_ptr<float>(), m, w, bias, n, begin, end, y.data_ptr<float>());
+    });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
 
+int lanes_of(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }
+const char* isa_label(Isa isa) { return isa == Isa::kAvx512 ? "avx512" : "avx2"; }
+
+// ---- the ops ----------------------------------------------------------------------------------
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
                         int64_t n, c10::string_view isa_name) {
   TORCH_CHECK(x.device().is_cpu() && panels.device().is_cpu(), "specfree::panel_linear runs on the CPU");
@@ -190,38 +467,155 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   const Isa isa = specfree::parse_isa(std::string(isa_name), "specfree::panel_linear");
   const int64_t k = panels.size(1), lanes = panels.size(2), count = panels.size(0);
   TORCH_CHECK(lanes == lanes_of(isa), "specfree::panel_linear: panels of ", lanes, " columns cannot run the ",
-              isa == Isa::kAvx512 ? "avx512" : "avx2", " path (", lanes_of(isa), " columns); pack for it");
+              isa_label(isa), " path (", lanes_of(isa), " columns); pack for it");
   TORCH_CHECK(x.size(-1) == k && n <= count * lanes && n > count * lanes - lanes, "specfree::panel_linear: shapes ",
               x.sizes(), " and panels ", panels.sizes(), " for ", n, " outputs do not multiply");
-  const int64_t m = x.numel() / std::max<int64_t>(k, 1);
+  const Format format = dtype == at::kFloat ? kF32 : dtype == at::kHalf ? kF16 : kBF16;
+  const ScaleStream none{nullptr, nullptr, kScale32, 0, 0};
+  const Panels w{static_cast<const uint8_t*>(panels.data_ptr()), k * lanes * panels.element_size(), k, format, 0,
+                 none, none};
   // A bias in float32 stays float32 (16-bit weights computed in float32, the model's float32 bias);
   // else it is taken in the weights' dtype, as a 16-bit model holds it.
   const bool wide_bias = bias.has_value() && bias->defined() && bias->scalar_type() == at::kFloat;
-  const at::Tensor x32 = specfree::float_rows(x), b = specfree::bias_as(bias, wide_bias ? at::kFloat : dtype);
-  at::Tensor y = specfree::output_rows(x, n);
-  if (m > 0) {
-    at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
-      const auto run = [&](auto* w, auto* bias_values) {
-        panel_range(isa, lanes, x32.data_ptr<float>(), m, w, k, bias_values, n, begin, end, y.data_ptr<float>());
-      };
-      const float* wide = wide_bias ? b.data_ptr<float>() : nullptr;
-      if (dtype == at::kFloat)
-        run(panels.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr);
-      else if (dtype == at::kBFloat16)
-        wide || !b.defined() ? run(panels.data_ptr<at::BFloat16>(), wide) : run(panels.data_ptr<at::BFloat16>(), b.data_ptr<at::BFloat16>());
-      else
-        wide || !b.defined() ? run(panels.data_ptr<at::Half>(), wide) : run(panels.data_ptr<at::Half>(), b.data_ptr<at::Half>());
-    });
+  const at::Tensor b = specfree::bias_as(bias, wide_bias ? at::kFloat : dtype);
+  if (!b.defined()) return run_panels<float>(isa, x, w, count, nullptr, n);
+  if (b.scalar_type() == at::kFloat) return run_panels(isa, x, w, count, b.data_ptr<float>(), n);
+  if (b.scalar_type() == at::kHalf) return run_panels(isa, x, w, count, b.data_ptr<at::Half>(), n);
+  return run_panels(isa, x, w, count, b.data_ptr<at::BFloat16>(), n);
+}
+
+struct Checked {
+  int64_t k, P;
+  Format format;
+  int block;
+  int scale_kind, offset_kind;
+};
+
+// Checks shared by the coded ops. The format follows from the codes' dtype: int32 affine4 (eight a
+// word), uint8 affine8, int8 scaled8; the scales' kind from theirs: float32 or float16 read as
+// they are, uint8 or int8 sub-scales under ``supers`` (float16 [N/P, K/256, P]; offsets, uint8,
+// under ``super_offsets``, the super-blocks' minimums negated).
+Checked check_codes(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& offsets,
+                    const std::optional<at::Tensor>& supers, const std::optional<at::Tensor>& super_offsets,
+                    const char* op) {
+  const bool affine = offsets.has_value() && offsets->defined();
+  const auto stype = scales.scalar_type();
+  const bool sub = stype == at::kByte || stype == at::kChar;
+  TORCH_CHECK(codes.device().is_cpu() && scales.device().is_cpu(), op, " runs on the CPU");
+  TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && scales.dim() == 3 && scales.is_contiguous() &&
+              scales.size(1) > 0 && (stype == at::kFloat || stype == at::kHalf || sub), op,
+              ": codes [N/P, K/8 or K, P] and float32, float16 or 8-bit scales [N/P, K/B, P], contiguous "
+              "(specfree.kernels.codes), not ", codes.sizes(), " and ", scales.sizes());
+  const auto type = codes.scalar_type();
+  TORCH_CHECK(affine ? (type == at::kInt || type == at::kByte) : type == at::kChar, op, ": ",
+              affine ? "affine codes are int32 (affine4, eight a word) or uint8 (affine8)" : "scaled8 codes are int8");
+  const Format format = type == at::kInt ? kAffine4 : type == at::kByte ? kAffine8 : kScaled8;
+  const int64_t P = codes.size(2), k = codes.size(1) * (format == kAffine4 ? 8 : 1);
+  const int64_t block = k / scales.size(1);
+  TORCH_CHECK(scales.size(0) == codes.size(0) && scales.size(2) == P && block * scales.size(1) == k &&
+              (block == 32 || (block == 16 && format != kAffine4)), op,
+              ": codes ", codes.sizes(), " do not match scales ", scales.sizes(),
+              " (blocks of 32 inputs, or 16 for uint8 and int8 codes)");
+  const auto check_supers = [&](const std::optional<at::Tensor>& t, const char* name) {
+    TORCH_CHECK(t.has_value() && t->defined() && t->scalar_type() == at::kHalf && t->is_contiguous() &&
+                t->dim() == 3 && k % 256 == 0 && t->size(0) == codes.size(0) && t->size(1) == k / 256 &&
+                t->size(2) == P, op, ": 8-bit sub-scales need float16 ", name, " [N/P, K/256, P]");
+  };
+  if (sub) check_supers(supers, "supers");
+  if (affine) {
+    TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->is_contiguous() &&
+                offsets->scalar_type() == (sub ? at::kByte : stype), op,
+                ": offsets must be shaped like the scales and of their dtype (uint8 under 8-bit sub-scales)");
+    if (sub) check_supers(super_offsets, "super_offsets");
   }
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  const int kind = stype == at::kFloat ? kScale32 : stype == at::kHalf ? kScale16 : stype == at::kByte ? kUnsigned8 : kSigned8;
+  return {k, P, format, static_cast<int>(block), kind, sub ? static_cast<int>(kUnsigned8) : kind};
+}
+
+ScaleStream scale_stream(const at::Tensor& values, const std::optional<at::Tensor>& supers, int kind) {
+  const bool sub = kind == kUnsigned8 || kind == kSigned8;
+  return {static_cast<const uint8_t*>(values.data_ptr()),
+          sub ? static_cast<const uint8_t*>(supers->data_ptr()) : nullptr, kind,
+          values.size(1) * values.size(2) * values.element_size(), sub ? supers->size(1) * supers->size(2) * 2 : 0};
+}
+
+at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                        const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& bias,
+                        int64_t n, c10::string_view isa_name, const std::optional<at::Tensor>& supers,
+                        const std::optional<at::Tensor>& super_offsets) {
+  const Checked c = check_codes(codes, scales, offsets, supers, super_offsets, "specfree::coded_linear");
+  const Isa isa = specfree::parse_isa(std::string(isa_name), "specfree::coded_linear");
+  const int64_t count = codes.size(0);
+  TORCH_CHECK(c.P == lanes_of(isa), "specfree::coded_linear: codes in panels of ", c.P,
+              " columns cannot run the ", isa_label(isa), " path; code for it");
+  TORCH_CHECK(x.device().is_cpu() && x.size(-1) == c.k && n <= count * c.P && n > count * c.P - c.P,
+              "specfree::coded_linear: shapes ", x.sizes(), " and codes for ", c.k, " inputs and ", n,
+              " outputs do not multiply");
+  const bool affine = c.format != kScaled8;
+  const Panels w{static_cast<const uint8_t*>(codes.data_ptr()), codes.size(1) * c.P * codes.element_size(), c.k,
+                 c.format, c.block, scale_stream(scales, supers, c.scale_kind),
+                 affine ? scale_stream(*offsets, super_offsets, c.offset_kind) : ScaleStream{nullptr, nullptr, 0, 0, 0}};
+  const at::Tensor b = specfree::bias_as(bias, at::kFloat);
+  return run_panels(isa, x, w, count, b.defined() ? b.data_ptr<float>() : nullptr, n);
+}
+
+// Each block's float32 scales [N/P, K/B, P]: as held, or sub-scale times super-block scale (one
+// rounding, as the kernel computes it).
+at::Tensor block_scales(const at::Tensor& values, const std::optional<at::Tensor>& supers, int block) {
+  if (values.scalar_type() == at::kFloat || values.scalar_type() == at::kHalf) return values.to(at::kFloat);  // exact
+  return values.to(at::kFloat) * supers->to(at::kFloat).repeat_interleave(256 / block, 1);
+}
+
+// The float32 panels [N/P, K, P] the codes stand for, decoded with the kernel's own operations
+// (fmaf is the vector fma, correctly rounded; q * d is one rounding): what packing compares with
+// the original weight, and what ``.weight`` and the state dict unpack.
+at::Tensor decode_panels(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& offsets,
+                         const std::optional<at::Tensor>& supers, const std::optional<at::Tensor>& super_offsets) {
+  const Checked checked = check_codes(codes, scales, offsets, supers, super_offsets, "specfree::decode_panels");
+  const int64_t k = checked.k, P = checked.P, block = checked.block;
+  const Format format = checked.format;
+  const bool affine = format != kScaled8;
+  const int64_t count = codes.size(0);
+  at::Tensor panels = at::empty({count, k, P}, codes.options().dtype(at::kFloat));
+  const auto* c = static_cast<const uint8_t*>(codes.data_ptr());
+  const at::Tensor d32 = block_scales(scales, supers, block).contiguous();
+  const at::Tensor o32 = affine ? block_scales(*offsets, super_offsets, block).contiguous() : at::Tensor();
+  const float *d = d32.data_ptr<float>(), *o = affine ? o32.data_ptr<float>() : nullptr;
+  float* w = panels.data_ptr<float>();
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t col = 0; col < P; ++col) {
+          const int64_t s = (p * (k / block) + i / block) * P + col;
+          float q;
+          if (format == kAffine4) {
+            const auto word = static_cast<uint32_t>(reinterpret_cast<const int32_t*>(c)[(p * (k / 8) + i / 8) * P + col]);
+            q = static_cast<float>(word >> (4 * (i % 8)) & 15);
+            w[(p * k + i) * P + col] = std::fmaf(q, d[s], o[s]);
+          } else if (format == kAffine8) {
+            q = static_cast<float>(c[(p * k + i) * P + col]);
+            w[(p * k + i) * P + col] = std::fmaf(q, d[s], o[s]);
+          } else {
+            q = static_cast<float>(static_cast<int8_t>(c[(p * k + i) * P + col]));
+            w[(p * k + i) * P + col] = q * d[s];
+          }
+        }
+  });
+  return panels;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specfree, m) {
   m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n, str isa='auto') -> Tensor");
+  m.def("coded_linear(Tensor x, Tensor codes, Tensor scales, Tensor? offsets, Tensor? bias, int n, "
+        "str isa='auto', Tensor? supers=None, Tensor? super_offsets=None) -> Tensor");
+  m.def("decode_panels(Tensor codes, Tensor scales, Tensor? offsets, Tensor? supers=None, "
+        "Tensor? super_offsets=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specfree, CPU, m) {
   m.impl("panel_linear", &panel_linear);
+  m.impl("coded_linear", &coded_linear);
+  m.impl("decode_panels", &decode_panels);
 }
