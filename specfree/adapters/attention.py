@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
 
 import torch
 from transformers import AttentionInterface
@@ -66,8 +65,8 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                            **kwargs) -> tuple[torch.Tensor, None]:
     """specfree's tree-attention operator where it computes what the model asks, else
     ``grouped_sdpa_attention``. query [B, H, Q, D]; key, value [B, Hkv, S, D]; mask [B or 1, 1, Q, S].
-    What the layer fixes is decided once per layer (``layer_covered``); only what a call carries
-    (its row count, dropout, extra arguments, mask) is tested per call."""
+    What the layer fixes (``layer_covered``) and what a call carries (its row count, dropout, extra
+    arguments, mask) are both tested per call: a few attribute reads, traced once when compiled."""
     from specfree.kernels.tree_attention import LONG_ROWS, library_tree_attention, tree_attention
 
     if attention_mask is not None:
@@ -90,27 +89,19 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     return tree_attention(query, key, value, attention_mask, scale, softcap=softcap), None
 
 
-# Each attention layer's verdict (``layer_covered``), kept for as long as the layer lives.
-_LAYER_VERDICTS: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
-
-
 def layer_covered(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   softcap: float | None) -> bool:
     """Whether the operator computes this layer's attention, as far as the layer itself decides:
     the CPU, one fp32 or bf16 dtype for query, key and value, a cap that is none or positive, no
     attention sinks, one head dim for query, key and value (MLA's values are narrower), whole query
-    groups. All of it is fixed once the model is wrapped (its device, dtype, heads and config), so
-    it is decided at the layer's first call (the adapter's build runs one: its probes or first
-    prompt) and kept; calls differ only in what ``tree_attention_forward`` tests per call."""
-    verdict = _LAYER_VERDICTS.get(module)
-    if verdict is None:
-        verdict = _LAYER_VERDICTS[module] = (
-            query.device.type == "cpu" and query.dtype == key.dtype == value.dtype and query.dtype in TREE_DTYPES
+    groups. Not cached: a module-level table of verdicts was global state that torch.compile guarded
+    on, and its guards broke when a collected layer left the table (IndexError while creating a
+    guard, the compiled path given up)."""
+    return (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype and query.dtype in TREE_DTYPES
             and (softcap or 0) >= 0
             and getattr(module, "sinks", None) is None
             and query.shape[-1] == key.shape[-1] == value.shape[-1] and key.shape[:3] == value.shape[:3]
             and query.shape[1] % key.shape[1] == 0)
-    return verdict
 
 
 def tree_attention_covers(model, cache_dir=None) -> bool:

@@ -85,6 +85,11 @@ class StepRunner:
     def compiles(self, rows: int) -> bool:
         raise NotImplementedError
 
+    def step_kind(self, rows: int) -> tuple:
+        """What a new compiled step is made for: the first call of each kind counts as compile time
+        (a graph per row bucket and slot tier)."""
+        return rows, self.slots.capacity
+
     def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
         raise NotImplementedError
 
@@ -100,7 +105,7 @@ class StepRunner:
     def _step_logits(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         rows, slots = ids.shape[1], self.slots
         if self.compiled and self.compiles(rows):
-            shape, start = (rows, slots.capacity), time.perf_counter()
+            shape, start = self.step_kind(rows), time.perf_counter()
             try:
                 logits = self._compiled_step(ids, positions, mask)
             except Exception as exc:  # any compiler failure: the same step, eagerly
@@ -134,6 +139,9 @@ class PackageRunner(StepRunner):
 
     def compiles(self, rows: int) -> bool:
         return rows <= PACKAGE_MAX_ROWS
+
+    def step_kind(self, rows: int) -> tuple:
+        return ()  # one package for every row count and slot count: only its build or load compiles
 
     def ready(self) -> bool:
         """Whether the package is already on disk (no compiling before the first step)."""
