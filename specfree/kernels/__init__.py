@@ -53,7 +53,7 @@ SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
            Path(__file__).with_name("top_ids.cpp"),
            Path(__file__).with_name("tile_linear.cpp"),
            Path(__file__).with_name("measure_ops.cpp"))  # one library, each source compiled side by side
-HEADERS = (Path(__file__).with_name("isa.h"),)  # included by both sources
+HEADERS = (Path(__file__).with_name("isa.h"),)  # included by every source
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 # The values of ``linear_kernel=`` (configs, CLI, docs: user-facing, so their names stay):
 # "few_row": specfree's kernels (``prepare_linears``): weights packed into panels, held as codes where

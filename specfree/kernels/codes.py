@@ -6,9 +6,9 @@ values of its code: ``fma(q, d, m)`` with q in 0..15 (affine4: Q4_1 and the like
 ``q * d`` with q in -128..127 (scaled8: Q8_0). ``find_codes`` recovers d, m and the codes from
 the float32 weight alone (no file format involved) and keeps them only if decoding them, with the
 kernel's own operations (``specfree::decode_panels``), gives the float32 weight back bit for bit.
-``specfree::coded_linear`` (``panel_linear.cpp``, the coded rows of its format table) then reads 5 (affine4) or 8.5 (scaled8) bits a weight instead of 32 (6
-or 9 where the scales are not float16 values), and computes what ``panel_linear`` computes on the
-float32 panels, bit for bit.
+``specfree::coded_linear`` (``panel_linear.cpp``, the coded rows of its format table) then reads
+5 (affine4) or 8.5 (scaled8) bits a weight instead of 32 (6 or 9 where the scales are not float16
+values), and computes what ``panel_linear`` computes on the float32 panels, bit for bit.
 
 ``CodedLinear`` replaces a ``PanelLinear`` where its weight codes; a tied embedding becomes a
 ``CodedEmbedding`` that decodes its rows from the head's codes. As with the panels, ``.weight``,

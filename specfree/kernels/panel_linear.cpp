@@ -97,6 +97,7 @@ struct ScaleStream {
             panel_bytes, super_panel_bytes};
   }
 };
+constexpr ScaleStream kNoScales{nullptr, nullptr, kScale32, 0, 0};  // plain weights, scaled8's offsets
 
 // A layer's weights as the driver reads them.
 struct Panels {
@@ -394,13 +395,15 @@ int narrower(Isa isa, Format format, int width) {
 }
 
 // ---- the driver -------------------------------------------------------------------------------
+int lanes_of(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }
+
 // Panels [p_begin, p_end) for all m rows into y [m, n]. Blocks are as wide as the first group of
 // rows allows; every group meets a block before the next block is read (later groups from cache).
 template <typename B>
 void panel_range(Isa isa, const float* x, int64_t m, const Panels& w, const B* bias, int64_t n, int64_t p_begin,
                  int64_t p_end, float* y) {
   const bool avx512 = isa == Isa::kAvx512, is_coded = coded(w.format);
-  const int P = avx512 ? 16 : 8;
+  const int P = lanes_of(isa);
   const int64_t k = w.k;
   const int* widths = is_coded ? (avx512 ? kCodedAvx512 : kCodedAvx2) : (avx512 ? kPlainAvx512 : kPlainAvx2);
   const int64_t group = !is_coded && !avx512 && m > kGroupRows ? kManyRowsAvx2 : kGroupRows;
@@ -452,7 +455,6 @@ at::Tensor run_panels(Isa isa, const at::Tensor& x, const Panels& w, int64_t cou
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
-int lanes_of(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }
 const char* isa_label(Isa isa) { return isa == Isa::kAvx512 ? "avx512" : "avx2"; }
 
 // ---- the ops ----------------------------------------------------------------------------------
@@ -471,9 +473,8 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std
   TORCH_CHECK(x.size(-1) == k && n <= count * lanes && n > count * lanes - lanes, "specfree::panel_linear: shapes ",
               x.sizes(), " and panels ", panels.sizes(), " for ", n, " outputs do not multiply");
   const Format format = dtype == at::kFloat ? kF32 : dtype == at::kHalf ? kF16 : kBF16;
-  const ScaleStream none{nullptr, nullptr, kScale32, 0, 0};
   const Panels w{static_cast<const uint8_t*>(panels.data_ptr()), k * lanes * panels.element_size(), k, format, 0,
-                 none, none};
+                 kNoScales, kNoScales};
   // A bias in float32 stays float32 (16-bit weights computed in float32, the model's float32 bias);
   // else it is taken in the weights' dtype, as a 16-bit model holds it.
   const bool wide_bias = bias.has_value() && bias->defined() && bias->scalar_type() == at::kFloat;
@@ -554,7 +555,7 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   const bool affine = c.format != kScaled8;
   const Panels w{static_cast<const uint8_t*>(codes.data_ptr()), codes.size(1) * c.P * codes.element_size(), c.k,
                  c.format, c.block, scale_stream(scales, supers, c.scale_kind),
-                 affine ? scale_stream(*offsets, super_offsets, c.offset_kind) : ScaleStream{nullptr, nullptr, 0, 0, 0}};
+                 affine ? scale_stream(*offsets, super_offsets, c.offset_kind) : kNoScales};
   const at::Tensor b = specfree::bias_as(bias, at::kFloat);
   return run_panels(isa, x, w, count, b.defined() ? b.data_ptr<float>() : nullptr, n);
 }
