@@ -35,8 +35,9 @@ from torch import nn
 
 from specfree.errors import ModelLoadError
 from specfree.files import write_atomic
+from specfree.gguf_config import check_shapes
 from specfree.kernels import available_memory
-from specfree.kernels.codes import CodedEmbedding, CodedLinear, from_blocks
+from specfree.kernels.codes import CodedEmbedding, CodedLinear, carries_embedding, carries_linear, from_blocks
 from specfree.kernels.gguf_blocks import BLOCK_TYPES, HELD_BITS, block_codes
 from specfree.kernels.panels import WidePanelLinear
 
@@ -52,6 +53,7 @@ class GGUFHoldings:
     file: str
     coded: dict[str, Counter] = field(default_factory=dict)  # group ("attn_q", "ffn_down", "output") -> types
     dequantized: dict[str, str] = field(default_factory=dict)  # tensor -> its type
+    kept: dict[str, str] = field(default_factory=dict)  # tensor -> the model's own module class it stays in
     code_bytes: int = 0
 
     def add(self, name: str, qtype: str) -> None:
@@ -69,7 +71,7 @@ class GGUFHoldings:
 
     def as_dict(self) -> dict:
         return {"file": self.file, "coded": {g: dict(t) for g, t in self.coded.items()},
-                "dequantized": dict(self.dequantized), "code_bytes": self.code_bytes}
+                "dequantized": dict(self.dequantized), "kept": dict(self.kept), "code_bytes": self.code_bytes}
 
 
 def _parameter(tensor: torch.Tensor) -> nn.Parameter:
@@ -134,13 +136,15 @@ def _row_order(processor, name: str, rows: int, mapping: dict) -> np.ndarray | N
     return None if np.array_equal(order, probe[:, 0]) else order
 
 
-def _dequantized(weights: GGUFWeights, entry, processor, mapping: dict) -> torch.Tensor:
+def _dequantized(weights: GGUFWeights, entry, processor, mapping: dict, fused: dict | None = None) -> torch.Tensor:
+    """The tensor as float32, processed as transformers does. ``fused``: the parsed parameters a processor
+    fills itself (MoE experts' tensors, several to one parameter)."""
     import gguf
 
     name, qtype, shape, offset, nbytes = entry
     values = np.asarray(gguf.quants.dequantize(weights.read(offset, nbytes), qtype)).reshape(shape)
     result = processor.process(weights=values, name=name, tensor_key_mapping=mapping,
-                               parsed_parameters={"tensors": {}, "config": {}})
+                               parsed_parameters=fused if fused is not None else {"tensors": {}, "config": {}})
     return torch.from_numpy(np.ascontiguousarray(result.weights, dtype=np.float32))
 
 
@@ -205,9 +209,9 @@ def gguf_names(model: nn.Module, processor, architecture: str) -> dict[str, str]
             if gguf_name is not None:
                 mapping.setdefault(gguf_name + dot + suffix, full)
                 break
-        else:
-            name, dot, suffix = full.rpartition(".")
-            processor.perform_fallback_tensor_mapping(mapping, dot + suffix, "", full)
+        else:  # a fused parameter (MoE experts' gate_up_proj): keys without a suffix, as transformers makes them
+            suffix = "." + full.rpartition(".")[2] if full.endswith((".weight", ".bias")) else ""
+            processor.perform_fallback_tensor_mapping(mapping, suffix, "", full)
     return mapping
 
 
@@ -219,6 +223,8 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
+    from specfree.loading import with_supported_attention
+
     weights = GGUFWeights(path, table)
     need, free = estimate_bytes(weights), available_memory()
     if free is not None and need > free:
@@ -226,30 +232,38 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
                              f"(its codes, and float32 for tensors without a kernel) and {free / 2**30:.1f} GiB "
                              "is available. Free memory, or use a smaller or more quantized file")
     with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
-                                                 dtype=torch.float32)
+        model = with_supported_attention(
+            lambda attention: AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                               dtype=torch.float32), attn_implementation)
     processor = TENSOR_PROCESSORS.get(weights.architecture, TensorProcessor)(config=config.to_dict())
     mapping = gguf_names(model, processor, weights.architecture)
+    check_shapes(model, weights, mapping, path)
     holdings = GGUFHoldings(path.name)
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and getattr(config, "tie_word_embeddings", False)
     embedding_codes = None
     head_if_tied = head if tied else None
+    fused: dict = {"tensors": {}, "config": {}}  # parameters the processor builds from several tensors
     with torch.no_grad():
         for entry in weights.tensors:
             name, qtype = entry[0], entry[1]
-            hf_name = mapping.get(name)
+            hf_name = mapping.get(name) or mapping.get(name.removesuffix(".weight"))
             if hf_name is None:
+                continue
+            if not hf_name.endswith((".weight", ".bias")):  # MoE experts: dequantized into a fused parameter
+                if qtype.name not in FLOAT_TYPES:
+                    holdings.dequantized[name] = qtype.name
+                _dequantized(weights, entry, processor, mapping, fused)
                 continue
             module_name, _, key = hf_name.rpartition(".")
             module = model.get_submodule(module_name)
             codes = None
-            if key == "weight" and type(module) is nn.Linear and module is not head_if_tied:
+            if key == "weight" and carries_linear(module) and module is not head_if_tied:
                 narrow = _sixteen_bits(weights, entry, processor, mapping)
                 if narrow is not None:  # float32 computed on the file's 16-bit values
                     _replace(model, module_name, WidePanelLinear(narrow, module.bias, lanes))
                     continue
-            if key == "weight" and (type(module) is nn.Linear or module is embedding):
+            if key == "weight" and (carries_linear(module) or (module is embedding and carries_embedding(module))):
                 codes = _coded(weights, entry, processor, mapping, lanes)
             if codes is not None:
                 holdings.add(name, qtype.name)
@@ -261,9 +275,15 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
                 continue
             if qtype.name not in FLOAT_TYPES:
                 holdings.dequantized[name] = qtype.name
+                if module is embedding:
+                    holdings.kept[name] = type(module).__name__
             tensor = _dequantized(weights, entry, processor, mapping)
             target = getattr(module, key)
             module._parameters[key] = _parameter(tensor.reshape(target.shape))
+        for hf_name, tensor in fused["tensors"].items():
+            module_name, _, key = hf_name.rpartition(".")
+            module = model.get_submodule(module_name)
+            module._parameters[key] = _parameter(tensor.float().reshape(getattr(module, key).shape))
         if embedding_codes is not None:
             source = nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False, device="meta")
             table = CodedLinear(source, embedding_codes)
@@ -278,7 +298,10 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     if missing:
         raise ModelLoadError(f"could not load {path}: the file lacks {len(missing)} tensor(s) the "
                              f"{config.model_type} model needs ({', '.join(missing[:3])}). Download it again")
-    if holdings.dequantized:
+    for name, cls in holdings.kept.items():
+        warnings.warn(f"{path.name}: the input embedding ({cls}) computes more than a lookup, which specfree's "
+                      f"coded embedding does not carry: {name} stays in {cls}, dequantized as float32", stacklevel=3)
+    if holdings.dequantized.keys() - holdings.kept.keys():
         warnings.warn(f"{path.name}: {holdings.summary().split('; run as float32: ')[1]} have no kernel "
                       "here and run dequantized as float32", stacklevel=3)
     model.gguf_holdings = holdings

@@ -27,6 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, one_line
 from specfree.files import atomic_path, file_digest, fingerprint, remember_digest
+from specfree.gguf_config import file_config, read_fields
 from specfree.gguf_model import TENSOR_TABLE, GGUFWeights
 
 def ignores_custom_masks(attn_implementation: str | None) -> bool:
@@ -205,13 +206,9 @@ def _from_pretrained(folder, config, dtype, attn_implementation, revision):
     kwargs = dict(dtype=dtype, revision=revision, output_loading_info=True, ignore_mismatched_sizes=True,
                   **({"config": config} if config is not None else {}))
     with transformers_errors_only():
-        try:
-            model, info = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attn_implementation,
-                                                               **kwargs)
-        except ValueError as exc:
-            if not (attn_implementation == "sdpa" and "scaled_dot_product_attention" in str(exc)):
-                raise
-            model, info = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", **kwargs)
+        model, info = with_supported_attention(
+            lambda attention: AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attention, **kwargs),
+            attn_implementation)
     missing = sorted(info.get("missing_keys") or [])
     mismatched = sorted(info.get("mismatched_keys") or [])
     if missing or mismatched:
@@ -225,6 +222,17 @@ def _from_pretrained(folder, config, dtype, attn_implementation, revision):
         warnings.warn(f"{folder}: {_count(unused)} in the weights files not used by the model "
                       f"({_first(unused)}); ignored", stacklevel=3)
     return model
+
+
+def with_supported_attention(build, attn_implementation: str | None):
+    """``build(attn_implementation)``; where the family refuses SDPA (Gemma 2: its soft-capping), the
+    family's own choice, as transformers' ``from_pretrained`` makes it when asked for none."""
+    try:
+        return build(attn_implementation)
+    except ValueError as exc:
+        if not (attn_implementation == "sdpa" and "scaled_dot_product_attention" in str(exc)):
+            raise
+    return build(None)
 
 
 def _count(items: list) -> str:
@@ -257,7 +265,7 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
     memo = cache_dir / "gguf" / "digests"
     with boundary(f"read GGUF file {path}", GGUF_FIX):
         digest = file_digest(path, memo)
-        folder = cache_dir / "gguf" / f"{path.stem}-{fingerprint(digest, transformers.__version__, 'no weights')}"
+        folder = cache_dir / "gguf" / f"{path.stem}-{fingerprint(digest, transformers.__version__, 'no weights', 'file dims')}"
         if all((folder / name).is_file() for name in ("config.json", "tokenizer_config.json", TENSOR_TABLE)):
             remember_digest(path, memo, digest)
             return folder
@@ -268,6 +276,7 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
         if tokenizer.chat_template is None:
             tokenizer.chat_template = gguf_chat_template(path)
         config = type(config).from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
+        file_config(config, read_fields(path), weights.architecture, {entry[0] for entry in weights.tensors})
 
     def write(tmp: Path) -> None:
         config.save_pretrained(tmp)
@@ -309,8 +318,10 @@ def load_gguf(path: Path, cache_dir: str | Path | None, device: torch.device, dt
         with boundary(f"read the weights of GGUF file {path}", GGUF_FIX), transformers_errors_only():
             return load_coded(path, config, LANES[isa], attn_implementation, folder / TENSOR_TABLE), tokenizer
     with boundary(f"read the weights of GGUF file {path}", GGUF_FIX), transformers_errors_only():
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                     attn_implementation=attn_implementation)
+        model = with_supported_attention(
+            lambda attention: AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                                   attn_implementation=attention),
+            attn_implementation)
     return model.to(device).eval(), tokenizer
 
 

@@ -241,17 +241,47 @@ class CodedConv1D(CodedLinear, PanelConv1D):
     """GPT-2's ``Conv1D`` held as codes: its stock layout ([K, N]) from ``PanelConv1D``."""
 
 
+# Linear classes whose forward only restates x W^T + b (Falcon's, as a matmul): held as codes like nn.Linear.
+RESTATED_LINEARS = ("FalconLinear",)
+
+
+def carries_linear(module: nn.Module) -> bool:
+    """Whether ``CodedLinear`` computes what ``module``'s own class computes: x W^T + b."""
+    return type(module) is nn.Linear or (isinstance(module, nn.Linear) and type(module).__name__ in RESTATED_LINEARS)
+
+
+def carries_embedding(embedding: nn.Module) -> bool:
+    """Whether ``CodedEmbedding`` computes what ``embedding``'s own class computes: a plain
+    ``nn.Embedding``, or a scaled one (Gemma's ``*ScaledWordEmbedding``: the looked-up rows times its
+    ``embed_scale``, sqrt(hidden)). Any other class's arithmetic is not carried: it keeps its module."""
+    if type(embedding) is nn.Embedding:
+        return True
+    cls = type(embedding)
+    return (cls.__name__.endswith("ScaledWordEmbedding") and cls.__bases__ == (nn.Embedding,)
+            and hasattr(embedding, "embed_scale"))
+
+
 class CodedEmbedding(PanelEmbedding):
-    """A plain ``nn.Embedding`` tied to a ``CodedLinear`` head: each looked-up row decoded from the
-    head's codes (the panels holding it, decoded by the same op, so the same bits as the head's).
-    ``own=True``: the codes are the embedding's own (a GGUF whose head is another tensor), held as
-    its submodule ``table``."""
+    """An embedding tied to a ``CodedLinear`` head: each looked-up row decoded from the head's codes
+    (the panels holding it, decoded by the same op, so the same bits as the head's). ``own=True``: the
+    codes are the embedding's own (a GGUF whose head is another tensor), held as its submodule
+    ``table``. What the model's own embedding class adds is carried (``carries_embedding``): a scaled
+    one's rows are multiplied by its ``embed_scale`` as its forward does; ``to_embedding`` gives that
+    class back."""
 
     def __init__(self, embedding: nn.Embedding, head: CodedLinear, own: bool = False):
         nn.Module.__init__(self)
+        if not carries_embedding(embedding):
+            raise TypeError(f"{type(embedding).__name__} adds arithmetic a CodedEmbedding does not carry")
         self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
         self.padding_idx = embedding.padding_idx
         self.head = [head]  # not a submodule when tied: the head is the model's own, its codes its storage
+        self.stock = [embedding]  # the model's own module (its weight on the meta device): its class and scale
+        scale = getattr(embedding, "embed_scale", None)
+        if isinstance(scale, torch.Tensor):
+            self.register_buffer("embed_scale", scale.detach().clone(), persistent=False)
+        else:
+            self.embed_scale = scale
         if own:
             self.table = head
 
@@ -274,8 +304,19 @@ class CodedEmbedding(PanelEmbedding):
         panel = torch.div(flat, lanes, rounding_mode="floor")
         decoded = head.coded.panel_slice(panel).decode()  # [T, K, P]
         rows = decoded[torch.arange(flat.numel(), device=flat.device), :, flat % lanes]
-        return rows.reshape(*ids.shape, self.embedding_dim)
+        rows = rows.reshape(*ids.shape, self.embedding_dim)
+        if self.embed_scale is None:
+            return rows
+        scale = self.embed_scale  # as the scaled class multiplies: a tensor in the weight's dtype, or a float
+        return rows * (scale.to(rows.dtype) if isinstance(scale, torch.Tensor) else scale)
+
+    def to_embedding(self, weight: nn.Parameter | None = None) -> nn.Module:
+        stock = self.stock[0]
+        if type(stock) is nn.Embedding:
+            return super().to_embedding(weight)
+        stock.weight = weight if weight is not None else nn.Parameter(self.weight, requires_grad=False)
+        return stock
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, tied to a CodedLinear head's codes"
-
+        scaled = "" if self.embed_scale is None else f", rows times {float(self.embed_scale):g}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, tied to a CodedLinear head's codes{scaled}"

@@ -1,0 +1,230 @@
+"""Tiny random models of every architecture transformers reads from GGUF, written as GGUF files the way
+llama.cpp's converter lays them out, so the tests need neither a download nor llama.cpp.
+
+The writer works from transformers' own tables, inverted: the config goes out under the keys transformers'
+GGUF config map reads (plus the ones llama.cpp writes that transformers drops: ``attention.key_length``,
+``expert_feed_forward_length``), and each parameter under the tensor name ``gguf``'s map gives it, put back
+into the file's layout by undoing transformers' tensor processor (a row permutation, a transpose, or an
+offset, found by probing it). ``file_model`` is the reference: the source model with every parameter set to
+what transformers' processor makes of the file's tensor, so it holds exactly the file's values.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter, quants
+
+from tests.gguf_files import HALF_FIELDS, vocabulary
+
+HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
+TYPES = ("F16", "Q8_0", "Q4_K_M")
+# gguf architecture name where it is not the model type without underscores
+GGUF_ARCH = {"mistral": "llama", "gpt_oss": "gpt-oss", "gemma3_text": "gemma3"}
+# transformers' config-map section where it is not the model type
+MAP_SECTION = {"gemma3_text": "gemma3"}
+# What each family needs on top of the common sizes to be a consistent tiny model.
+CONFIGS: dict[str, dict] = {
+    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": dict(head_dim=32), "phi3": {},
+    # transformers' default scale (no GGUF key states it): 1/sqrt(256), as the released Gemmas have it
+    "gemma2": dict(head_dim=32, sliding_window=16, query_pre_attn_scalar=256),
+    "gemma3_text": dict(head_dim=32, sliding_window=16, query_pre_attn_scalar=256),
+    "starcoder2": {}, "stablelm": dict(partial_rotary_factor=0.25),
+    "nemotron": dict(partial_rotary_factor=0.5),
+    "falcon": dict(new_decoder_architecture=True, num_kv_heads=KV_HEADS, parallel_attn=True, bias=False),
+    "qwen3_moe": dict(head_dim=32, norm_topk_prob=True, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+                      decoder_sparse_step=1, mlp_only_layers=[]),
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+                      shared_expert_intermediate_size=256),
+}
+ARCHITECTURES = tuple(CONFIGS)
+
+
+def tiny_config(model_type: str):
+    from transformers import AutoConfig
+
+    sizes = dict(vocab_size=len(vocabulary()[0]), hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+                 num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                 max_position_embeddings=512, bos_token_id=511, eos_token_id=511, pad_token_id=0,
+                 tie_word_embeddings=True)
+    # epsilons a float32 field holds exactly: the file's model then has the source's
+    sizes.update(dict.fromkeys(("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps", "layer_norm_epsilon"),
+                               2.0 ** -17))
+    config = AutoConfig.for_model(model_type, **{**sizes, **CONFIGS[model_type]})
+    config.architectures = None
+    return config
+
+
+def source_model(model_type: str, seed: int = 0):
+    """A random float32 model of ``model_type`` whose weights keep activations in range."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.5 if "embed" in name or "wte" in name else 0.05)
+            elif "norm" in name or "ln" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0, 0.02)
+    return model
+
+
+def _processor(model_type: str, config):
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    arch = GGUF_ARCH.get(model_type, model_type.replace("_", ""))
+    return arch, TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+
+
+def _inverse(processor, name: str, value: np.ndarray) -> np.ndarray:
+    """The file's layout of ``value`` (transformers' layout) for tensor ``name``: the processor undone."""
+    shape = value.shape
+    probe = processor.process(weights=np.zeros(shape), name=name, tensor_key_mapping={},
+                              parsed_parameters={"tensors": {}, "config": {}})
+    if probe.name is None:
+        raise NotImplementedError(name)
+    offset = np.asarray(probe.weights)
+    if offset.shape != shape:
+        if offset.shape == shape[::-1]:  # a transpose
+            return np.ascontiguousarray(value.T)
+        if offset.shape == (1, *shape):  # a dimension added (Qwen2-MoE's shared expert gate)
+            return value.reshape(shape[1:]) if shape[0] == 1 else value
+        raise NotImplementedError(f"{name}: {shape} -> {offset.shape}")
+    if value.ndim == 2:
+        rows = np.arange(shape[0], dtype=np.float64)[:, None] * np.ones((1, shape[1]))
+        moved = np.asarray(processor.process(weights=rows, name=name, tensor_key_mapping={},
+                                             parsed_parameters={"tensors": {}, "config": {}}).weights)
+        order = moved[:, 0].astype(np.int64)
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        return np.ascontiguousarray(value[back]) if not np.array_equal(order, np.arange(len(order))) else value
+    return value - offset  # an offset (Gemma's norms: the file holds 1 + w)
+
+
+def _coded_type(name: str, shape: tuple, kind: str) -> T | None:
+    if len(shape) < 2 or kind == "F32":
+        return None
+    if kind == "F16":
+        return T.F16
+    if kind == "Q8_0":
+        return T.Q8_0 if shape[-1] % 32 == 0 else T.F16
+    if shape[-1] % 256:  # Q4_K_M: Q6_K for the embedding, head and ffn_down as llama.cpp mixes them
+        return T.Q8_0 if shape[-1] % 32 == 0 else T.F16
+    return T.Q6_K if ("token_embd" in name or name.startswith("output") or "ffn_down" in name) else T.Q4_K
+
+
+def _encode(rng: np.random.Generator, values: np.ndarray, qtype: T) -> np.ndarray:
+    if qtype == T.F16:
+        return values.astype(np.float16)
+    if qtype in HALF_FIELDS:  # gguf quantizes no K-type: random blocks with small scales
+        block, size = GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, size=(values.size // block, size), dtype=np.uint8)
+        for offset in HALF_FIELDS[qtype]:
+            raw[:, offset:offset + 2] = rng.uniform(2e-4, 1e-3, size=len(raw)).astype(np.float16).view(
+                np.uint8).reshape(-1, 2)
+        return raw.reshape(*values.shape[:-1], values.shape[-1] // block * size)
+    return quants.quantize(values.astype(np.float32), qtype)
+
+
+def _add_value(writer: GGUFWriter, key: str, value) -> None:
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, (list, tuple)):
+        writer.add_array(key, list(value))
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+
+
+def write_architecture(path: Path, model_type: str, kind: str, seed: int = 0):
+    """``path`` written as a GGUF of ``model_type`` in ``kind`` (F16, Q8_0, Q4_K_M); returns the source model."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    from specfree.gguf_model import gguf_names
+
+    model = source_model(model_type, seed)
+    config = model.config
+    arch, processor = _processor(model_type, config)
+    rng = np.random.default_rng(seed)
+    tokens, merges = vocabulary()
+    writer = GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{model_type}")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    values = {key: getattr(config, field, None) if isinstance(field, str) else None
+              for key, field in GGUF_CONFIG_MAPPING[MAP_SECTION.get(model_type, model_type)].items()}
+    # what llama.cpp's converter writes besides, read by specfree where transformers' map drops it
+    values.update({"attention.key_length": head_dim, "attention.value_length": head_dim,
+                   "rope.dimension_count": int(head_dim * getattr(config, "partial_rotary_factor", 1.0)),
+                   "expert_feed_forward_length": getattr(config, "moe_intermediate_size", None),
+                   "expert_shared_feed_forward_length": getattr(config, "shared_expert_intermediate_size", None),
+                   "vocab_size": len(tokens)})
+    if model_type == "falcon":
+        values["attention.layer_norm_epsilon"] = config.layer_norm_epsilon
+    for key, value in values.items():
+        if value is not None:
+            _add_value(writer, f"{arch}.{key}", value)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 1) + [3])
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_bos_token_id(len(tokens) - 1)
+    writer.add_pad_token_id(0)
+    state = dict(model.named_parameters())  # a tied head is not a tensor of its own
+    for gguf_name, hf_name in gguf_names(model, processor, arch).items():
+        if hf_name not in state:
+            continue
+        value = state[hf_name].detach().numpy()
+        if not gguf_name.endswith((".weight", ".bias")):  # a fused parameter's key: the file's tensor is a weight
+            gguf_name += ".weight"
+        merged = re.fullmatch(r".*ffn_(gate|up)_exps\.weight", gguf_name)
+        if merged:  # gate_up_proj [E, 2I, H]: gate the first half, up the second
+            half = value.shape[1] // 2
+            value = value[:, :half] if merged[1] == "gate" else value[:, half:]
+        else:
+            value = _inverse(processor, gguf_name, value)
+        qtype = _coded_type(gguf_name, value.shape, kind)
+        if qtype is None:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(value, dtype=np.float32))
+        else:
+            writer.add_tensor(gguf_name, _encode(rng, np.ascontiguousarray(value), qtype),
+                              raw_dtype=None if qtype == T.F16 else qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model
+
+
+def file_model(path: Path, model):
+    """``model`` with every parameter set to transformers' processing of the file's tensor (float32): the
+    model of the file, built on the source config (so metadata transformers drops cannot hide a fault)."""
+    import gguf
+
+    from specfree.gguf_model import gguf_names
+
+    arch, processor = _processor(model.config.model_type, model.config)
+    mapping = gguf_names(model, processor, arch)
+    found: dict = {"tensors": {}, "config": {}}
+    reader = gguf.GGUFReader(str(path))
+    params = dict(model.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for tensor in reader.tensors:
+            values = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            result = processor.process(weights=values, name=tensor.name, tensor_key_mapping=mapping,
+                                       parsed_parameters=found)
+            if result.name is not None:
+                found["tensors"][mapping[result.name]] = torch.from_numpy(np.ascontiguousarray(result.weights))
+        for hf_name, value in found["tensors"].items():
+            params[hf_name].copy_(value.reshape(params[hf_name].shape))
+    return model
