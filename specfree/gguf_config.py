@@ -20,6 +20,8 @@ STATED = {
     "expert_feed_forward_length": "moe_intermediate_size",
     "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
     "attention.layer_norm_epsilon": "layer_norm_epsilon",  # Falcon's (transformers maps an RMS key there)
+    "context_length": "n_positions",  # GPT-2's position table (transformers sets n_ctx only)
+    "feed_forward_length": "n_inner",  # GPT-2's (transformers sets a field GPT-2 does not read)
 }
 # Fields named in a shape disagreement's line (those the config has).
 SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "head_dim",

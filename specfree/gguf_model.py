@@ -123,13 +123,17 @@ class GGUFWeights:
         return out
 
 
-def _row_order(processor, name: str, rows: int, mapping: dict) -> np.ndarray | None:
+def _row_order(processor, name: str, rows: int, columns: int, mapping: dict) -> np.ndarray | None:
     """The order transformers' tensor processor puts ``rows`` rows of tensor ``name`` in, when all
     it does is reorder rows (identity: None); raises LookupError when it does more."""
-    probe = np.arange(rows, dtype=np.float64)[:, None]
-    result = processor.process(weights=probe, name=name, tensor_key_mapping=mapping,
-                               parsed_parameters={"tensors": {}, "config": {}})
-    moved = np.asarray(result.weights)
+    probe = np.broadcast_to(np.arange(rows, dtype=np.float64)[:, None], (rows, columns))  # no copy
+    try:
+        result = processor.process(weights=probe, name=name, tensor_key_mapping=mapping,
+                                   parsed_parameters={"tensors": {}, "config": {}})
+    except ValueError:  # a processor that reshapes the whole tensor (Bloom's fused heads): not rows alone
+        raise LookupError(name) from None
+    moved = np.asarray(result.weights)[:, :1] if np.ndim(result.weights) == 2 else np.asarray(result.weights)
+    probe = probe[:, :1]
     if result.name != name or moved.shape != probe.shape or not np.array_equal(np.sort(moved[:, 0]), probe[:, 0]):
         raise LookupError(name)
     order = moved[:, 0].astype(np.int64)
@@ -154,7 +158,7 @@ def _coded(weights: GGUFWeights, entry, processor, mapping: dict, lanes: int):
     if qtype not in BLOCK_TYPES or len(shape) != 2:
         return None
     try:
-        order = _row_order(processor, name, shape[0], mapping)
+        order = _row_order(processor, name, *shape, mapping)
     except LookupError:
         return None
     blocks = block_codes(weights.read(offset, nbytes), qtype, *shape)
@@ -170,7 +174,7 @@ def _sixteen_bits(weights: GGUFWeights, entry, processor, mapping: dict) -> torc
     if dtype is None or len(shape) != 2:
         return None
     try:
-        order = _row_order(processor, name, shape[0], mapping)
+        order = _row_order(processor, name, *shape, mapping)
     except LookupError:
         return None
     values = torch.from_numpy(weights.read(offset, nbytes)).view(dtype).reshape(shape)
@@ -250,10 +254,11 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
             hf_name = mapping.get(name) or mapping.get(name.removesuffix(".weight"))
             if hf_name is None:
                 continue
-            if not hf_name.endswith((".weight", ".bias")):  # MoE experts: dequantized into a fused parameter
+            if not hf_name.endswith((".weight", ".bias")):  # MoE experts (the processor fuses them), Mamba's A, D
                 if qtype.name not in FLOAT_TYPES:
                     holdings.dequantized[name] = qtype.name
-                _dequantized(weights, entry, processor, mapping, fused)
+                tensor = _dequantized(weights, entry, processor, mapping, fused)
+                fused["tensors"].setdefault(hf_name, tensor)
                 continue
             module_name, _, key = hf_name.rpartition(".")
             module = model.get_submodule(module_name)

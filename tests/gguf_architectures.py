@@ -40,6 +40,13 @@ CONFIGS: dict[str, dict] = {
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
                       shared_expert_intermediate_size=256),
 }
+CONFIGS.update({"gpt2": dict(n_inner=512, n_positions=512), "bloom": {}, "mamba": dict(state_size=16),
+                "lfm2": dict(layer_types=["conv", "full_attention"], block_auto_adjust_ff_dim=False)})
+# In transformers' GGUF support but not written here, and why (docs/families.md, GGUF files)
+NOT_WRITTEN = {
+    "deci": "transformers has no model of the deci architecture (DeciLM is remote code): its files cannot be built",
+    "gpt_oss": "its experts are MXFP4 and its attention sinks a tensor transformers' name map does not place",
+}
 ARCHITECTURES = tuple(CONFIGS)
 
 
@@ -82,29 +89,38 @@ def _processor(model_type: str, config):
     return arch, TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
 
 
+def _process(processor, name: str, values: np.ndarray) -> np.ndarray | None:
+    result = processor.process(weights=values, name=name, tensor_key_mapping={},
+                               parsed_parameters={"tensors": {}, "config": {}})
+    return None if result.name is None else np.asarray(result.weights)
+
+
 def _inverse(processor, name: str, value: np.ndarray) -> np.ndarray:
-    """The file's layout of ``value`` (transformers' layout) for tensor ``name``: the processor undone."""
+    """The file's layout of ``value`` (transformers' layout) for tensor ``name``: the processor undone. It
+    is found by probing: an offset (Gemma's norms: the file holds 1 + w), then any rearrangement of the
+    elements (a row permutation, a transpose, Bloom's fused heads), on the shape itself or with a
+    singleton axis the processor adds (Mamba's and LFM2's convolutions)."""
+    if "ssm_a" in name:  # Mamba: the file holds A, transformers log(-A)
+        return -np.exp(value)
     shape = value.shape
-    probe = processor.process(weights=np.zeros(shape), name=name, tensor_key_mapping={},
-                              parsed_parameters={"tensors": {}, "config": {}})
-    if probe.name is None:
-        raise NotImplementedError(name)
-    offset = np.asarray(probe.weights)
-    if offset.shape != shape:
-        if offset.shape == shape[::-1]:  # a transpose
-            return np.ascontiguousarray(value.T)
-        if offset.shape == (1, *shape):  # a dimension added (Qwen2-MoE's shared expert gate)
-            return value.reshape(shape[1:]) if shape[0] == 1 else value
-        raise NotImplementedError(f"{name}: {shape} -> {offset.shape}")
-    if value.ndim == 2:
-        rows = np.arange(shape[0], dtype=np.float64)[:, None] * np.ones((1, shape[1]))
-        moved = np.asarray(processor.process(weights=rows, name=name, tensor_key_mapping={},
-                                             parsed_parameters={"tensors": {}, "config": {}}).weights)
-        order = moved[:, 0].astype(np.int64)
-        back = np.empty_like(order)
-        back[order] = np.arange(len(order))
-        return np.ascontiguousarray(value[back]) if not np.array_equal(order, np.arange(len(order))) else value
-    return value - offset  # an offset (Gemma's norms: the file holds 1 + w)
+    candidates = [shape, shape[::-1]] + [shape[:i] + shape[i + 1:] for i in range(len(shape)) if shape[i] == 1]
+    for layout in candidates:
+        try:
+            offset = _process(processor, name, np.zeros(layout))
+            moved = _process(processor, name, np.arange(value.size, dtype=np.float64).reshape(layout))
+        except ValueError:
+            continue
+        if offset is None or moved is None:
+            raise NotImplementedError(name)
+        moved = moved - offset
+        if moved.size != value.size or moved.shape != shape and moved.shape != (1, *shape):
+            continue
+        if not np.array_equal(np.sort(moved.reshape(-1)), np.arange(value.size)):
+            continue
+        out = np.empty(value.size, dtype=value.dtype)
+        out[moved.reshape(-1).astype(np.int64)] = (value - offset.reshape(value.shape)).reshape(-1)
+        return out.reshape(layout)
+    raise NotImplementedError(f"{name}: {shape}")
 
 
 def _coded_type(name: str, shape: tuple, kind: str) -> T | None:
@@ -167,8 +183,14 @@ def write_architecture(path: Path, model_type: str, kind: str, seed: int = 0):
                    "expert_feed_forward_length": getattr(config, "moe_intermediate_size", None),
                    "expert_shared_feed_forward_length": getattr(config, "shared_expert_intermediate_size", None),
                    "vocab_size": len(tokens)})
+    if getattr(config, "n_positions", None):  # GPT-2's position table: llama.cpp writes it as the context
+        values["context_length"] = config.n_positions
+        values["feed_forward_length"] = config.n_inner
     if model_type == "falcon":
         values["attention.layer_norm_epsilon"] = config.layer_norm_epsilon
+    if model_type == "lfm2":  # key/value heads per layer, 0 for a convolution layer
+        values["attention.head_count_kv"] = [KV_HEADS if kind == "full_attention" else 0 for kind in config.layer_types]
+        values["rope.freq_base"] = float(config.rope_parameters["rope_theta"])
     for key, value in values.items():
         if value is not None:
             _add_value(writer, f"{arch}.{key}", value)
@@ -185,7 +207,7 @@ def write_architecture(path: Path, model_type: str, kind: str, seed: int = 0):
         if hf_name not in state:
             continue
         value = state[hf_name].detach().numpy()
-        if not gguf_name.endswith((".weight", ".bias")):  # a fused parameter's key: the file's tensor is a weight
+        if "_exps" in gguf_name and not gguf_name.endswith(".weight"):  # a fused parameter's key: the file's is a weight
             gguf_name += ".weight"
         merged = re.fullmatch(r".*ffn_(gate|up)_exps\.weight", gguf_name)
         if merged:  # gate_up_proj [E, 2I, H]: gate the first half, up the second
@@ -224,7 +246,7 @@ def file_model(path: Path, model):
             result = processor.process(weights=values, name=tensor.name, tensor_key_mapping=mapping,
                                        parsed_parameters=found)
             if result.name is not None:
-                found["tensors"][mapping[result.name]] = torch.from_numpy(np.ascontiguousarray(result.weights))
+                found["tensors"][mapping.get(result.name) or mapping[result.name.removesuffix(".weight")]] = torch.from_numpy(np.ascontiguousarray(result.weights))
         for hf_name, value in found["tensors"].items():
             params[hf_name].copy_(value.reshape(params[hf_name].shape))
     return model

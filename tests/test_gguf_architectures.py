@@ -27,6 +27,8 @@ PROMPTS = ([5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 300, 301], [40, 41, 42, 100, 200, 300
 NEW = 10
 # Experts' 3-D tensors run dequantized (named in one warning line); everything else 2-D is held as codes.
 EXPERT_TENSORS = ("_exps.", "ffn_gate_inp.")
+# Architectures whose layers run dequantized, with the reason (docs/families.md, GGUF files).
+DEQUANTIZED = {"gpt2": "its Conv1D layers hold the file's tensors transposed: no code layout for them yet"}
 
 
 def greedy(model, prompt: list[int], new: int = NEW) -> list[int]:
@@ -66,7 +68,10 @@ def test_every_architecture_and_type_decodes_as_the_model_of_the_file_with_its_l
             warnings.simplefilter("always")
             model, _ = load_model(str(path), cache_dir=tmp_path)
         holdings = model.gguf_holdings
-        if kind == "F16":
+        if architecture in DEQUANTIZED:
+            assert not any(isinstance(m, CodedLinear) for m in model.modules() if m is not model.get_output_embeddings())
+            assert kind == "F16" or holdings.dequantized
+        elif kind == "F16":
             assert not holdings.coded and any(isinstance(m, WidePanelLinear) for m in model.modules())
         else:
             assert not holdings.kept, kind
