@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from specfree.errors import ModelLoadError
 from specfree.files import write_atomic
 from specfree.gguf_config import check_shapes
 from specfree.kernels import available_memory
+from specfree.kernels.experts import EXPERT_PARAMETERS, ExpertCodes, carries_experts, row_routers, use_coded_experts
 from specfree.kernels.codes import CodedEmbedding, CodedLinear, carries_embedding, carries_linear, from_blocks
 from specfree.kernels.gguf_blocks import BLOCK_TYPES, HELD_BITS, block_codes
 from specfree.kernels.panels import WidePanelLinear
@@ -181,6 +183,27 @@ def _sixteen_bits(weights: GGUFWeights, entry, processor, mapping: dict) -> torc
     return values if order is None else values[torch.from_numpy(order)].contiguous()
 
 
+def _expert_layers(weights: GGUFWeights, entry, lanes: int) -> list[nn.Module] | None:
+    """One layer per expert of a 3-D experts tensor [experts, rows, columns]: ``CodedLinear`` from its
+    blocks, ``WidePanelLinear`` from 16-bit values; None for other types (then it is dequantized)."""
+    name, qtype, shape, offset, nbytes = entry
+    if len(shape) != 3:
+        return None
+    count, rows, columns = shape
+    dtype = {"F16": torch.float16, "BF16": torch.bfloat16}.get(qtype.name)
+    if dtype is not None:
+        values = torch.from_numpy(weights.read(offset, nbytes)).view(dtype).reshape(shape)
+        return [WidePanelLinear(values[e].clone(), None, lanes) for e in range(count)]
+    if qtype not in BLOCK_TYPES:
+        return None
+    blocks = block_codes(weights.read(offset, nbytes), qtype, count * rows, columns)
+    if blocks is None:
+        return None
+    source = nn.Linear(columns, rows, bias=False, device="meta")
+    return [CodedLinear(source, from_blocks(blocks.rows(np.arange(e * rows, (e + 1) * rows)), lanes))
+            for e in range(count)]
+
+
 def estimate_bytes(weights: GGUFWeights) -> int:
     """The memory the model will take: codes at their kernel format's size, 16-bit weights at 2
     bytes, the rest as float32."""
@@ -248,11 +271,17 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     embedding_codes = None
     head_if_tied = head if tied else None
     fused: dict = {"tensors": {}, "config": {}}  # parameters the processor builds from several tensors
+    experts: dict[str, list] = {}  # an experts module -> its file tensors (gate, up, down)
+    coded_experts = False
     with torch.no_grad():
         for entry in weights.tensors:
             name, qtype = entry[0], entry[1]
             hf_name = mapping.get(name) or mapping.get(name.removesuffix(".weight"))
             if hf_name is None:
+                continue
+            module_name, _, key = hf_name.rpartition(".")
+            if key in EXPERT_PARAMETERS and carries_experts(model.get_submodule(module_name)):
+                experts.setdefault(module_name, []).append(entry)
                 continue
             if not hf_name.endswith((".weight", ".bias")):  # MoE experts (the processor fuses them), Mamba's A, D
                 if qtype.name not in FLOAT_TYPES:
@@ -285,6 +314,26 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
             tensor = _dequantized(weights, entry, processor, mapping)
             target = getattr(module, key)
             module._parameters[key] = _parameter(tensor.reshape(target.shape))
+        for module_name, entries in experts.items():
+            layers = {entry[0]: _expert_layers(weights, entry, lanes) for entry in entries}
+            held = {re.search(r"ffn_(gate|up|down)_exps", name)[1]: found for name, found in layers.items()}
+            if len(entries) == 3 and all(found is not None for found in layers.values()):
+                module = model.get_submodule(module_name)
+                module.specfree_codes = ExpertCodes(held["gate"], held["up"], held["down"])
+                for key in EXPERT_PARAMETERS:
+                    del module._parameters[key]
+                for name, qtype, *_ in entries:
+                    if qtype.name not in FLOAT_TYPES:
+                        holdings.add(name, qtype.name)
+                        holdings.code_bytes += sum(layer.coded.nbytes() for layer in layers[name])
+                coded_experts = True
+                continue
+            for entry in entries:  # a type without a code format: dequantized, fused by the processor
+                if entry[1].name not in FLOAT_TYPES:
+                    holdings.dequantized[entry[0]] = entry[1].name
+                _dequantized(weights, entry, processor, mapping, fused)
+        if coded_experts:
+            use_coded_experts(model)
         for hf_name, tensor in fused["tensors"].items():
             module_name, _, key = hf_name.rpartition(".")
             module = model.get_submodule(module_name)
@@ -299,6 +348,8 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
                 _replace(model, _name_of(model, embedding), CodedEmbedding(embedding, table, own=True))
         elif tied and not _has_tensor(model, head):
             model.tie_weights()
+    if coded_experts:
+        row_routers(model, lanes)  # after the routers' weights are read
     missing = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.device.type == "meta"]
     if missing:
         raise ModelLoadError(f"could not load {path}: the file lacks {len(missing)} tensor(s) the "

@@ -18,6 +18,7 @@ from specfree.adapters.hf import HFAdapter
 from specfree.errors import ModelLoadError
 from specfree.kernels import load_kernels
 from specfree.kernels.codes import CodedEmbedding, CodedLinear, carries_embedding, find_codes
+from specfree.kernels.experts import CODED_EXPERTS
 from specfree.kernels.panels import LANES, WidePanelLinear
 from specfree.loading import load_model
 from tests.gguf_architectures import ARCHITECTURES, TYPES, file_model, write_architecture
@@ -25,8 +26,8 @@ from tests.test_tree_attention import CONTEXT, CONTINUATION, chain_and_tree_agai
 
 PROMPTS = ([5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 300, 301], [40, 41, 42, 100, 200, 300, 12, 13])
 NEW = 10
-# Experts' 3-D tensors run dequantized (named in one warning line); everything else 2-D is held as codes.
-EXPERT_TENSORS = ("_exps.", "ffn_gate_inp.")
+# MoE routers that are not nn.Linear run dequantized (named in one warning line); every other layer is codes.
+ROUTERS = ("ffn_gate_inp",)  # ffn_gate_inp_shexp too: a 1-D tensor in the file
 # Architectures whose layers run dequantized, with the reason (docs/families.md, GGUF files).
 DEQUANTIZED = {"gpt2": "its Conv1D layers hold the file's tensors transposed: no code layout for them yet"}
 
@@ -75,11 +76,14 @@ def test_every_architecture_and_type_decodes_as_the_model_of_the_file_with_its_l
             assert not holdings.coded and any(isinstance(m, WidePanelLinear) for m in model.modules())
         else:
             assert not holdings.kept, kind
-            assert all(any(part in name for part in EXPERT_TENSORS) for name in holdings.dequantized), kind
+            assert all(any(part in name for part in ROUTERS) for name in holdings.dequantized), kind
+            if "moe" in architecture:  # each expert's rows held as codes, run through transformers' experts interface
+                assert {'ffn_gate_exps', 'ffn_up_exps', 'ffn_down_exps'} <= holdings.coded.keys()
+                assert model.config._experts_implementation == CODED_EXPERTS
             assert isinstance(model.get_input_embeddings(), CodedEmbedding)
             linears = [m for m in model.modules() if type(m) is nn.Linear or type(m).__name__ == "FalconLinear"]
             assert all(m.weight.numel() < 256 * 64 for m in linears), kind  # routers at most, never a layer
-        if holdings.dequantized:  # the experts run float32, and one line says so
+        if holdings.dequantized:  # the routers run float32, and one line says so
             assert any("run dequantized as float32" in str(w.message) for w in caught)
         engine = Engine.from_model(model, None, "hybrid")
         assert [engine.generate(prompt, NEW, ignore_eos=True).tokens for prompt in PROMPTS] == expected, kind
@@ -104,12 +108,7 @@ def test_every_strategy_is_lossless_and_verify_rows_equal_the_one_row_forward(ar
         PROMPTS[0], NEW, ignore_eos=True).tokens
     adapter = HFAdapter(model, check_tree_mask=False)
     chain, tree, one_row = chain_and_tree_against_one_row(adapter, CONTEXT, CONTINUATION)
-    if "moe" in architecture:  # transformers' expert products run on each expert's rows of the step: the
-        # bits depend on how many rows reach an expert (docs/families.md, GGUF files), so rows agree closely
-        torch.testing.assert_close(chain, one_row, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(tree, one_row, rtol=1e-4, atol=1e-4)
-    else:
-        assert torch.equal(chain, one_row) and torch.equal(tree, one_row)
+    assert torch.equal(chain, one_row) and torch.equal(tree, one_row)  # MoE experts too: coded, row by row
 
 
 def scaled_embedding_classes():
