@@ -38,10 +38,10 @@ from specfree.errors import ModelLoadError
 from specfree.files import write_atomic
 from specfree.gguf_config import check_shapes
 from specfree.kernels import available_memory
+from specfree.kernels.codes import CodedConv1D, CodedEmbedding, CodedLinear, carries_embedding, carries_linear, from_blocks
 from specfree.kernels.experts import EXPERT_PARAMETERS, ExpertCodes, carries_experts, row_routers, use_coded_experts
-from specfree.kernels.codes import CodedEmbedding, CodedLinear, carries_embedding, carries_linear, from_blocks
 from specfree.kernels.gguf_blocks import BLOCK_TYPES, HELD_BITS, block_codes
-from specfree.kernels.panels import WidePanelLinear
+from specfree.kernels.panels import WidePanelLinear, is_conv1d
 
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 TENSOR_TABLE = "tensors.json"  # the file's table of tensors, in its cache entry
@@ -154,15 +154,30 @@ def _dequantized(weights: GGUFWeights, entry, processor, mapping: dict, fused: d
     return torch.from_numpy(np.ascontiguousarray(result.weights, dtype=np.float32))
 
 
-def _coded(weights: GGUFWeights, entry, processor, mapping: dict, lanes: int):
-    """``Codes`` of a 2-D quantized tensor, rows in transformers' order, or None (no code format)."""
+def _transposes(processor, name: str, rows: int, columns: int, mapping: dict) -> bool:
+    """Whether transformers' tensor processor only transposes tensor ``name`` (GPT-2's Conv1D weights)."""
+    probe = np.broadcast_to(np.arange(rows, dtype=np.float64)[:, None], (rows, columns))
+    moved = np.asarray(processor.process(weights=probe, name=name, tensor_key_mapping=mapping,
+                                         parsed_parameters={"tensors": {}, "config": {}}).weights)
+    return moved.shape == (columns, rows) and np.array_equal(moved[0], probe[:, 0])
+
+
+def _coded(weights: GGUFWeights, entry, processor, mapping: dict, lanes: int, transposed: bool = False):
+    """``Codes`` of a 2-D quantized tensor, rows in transformers' order, or None (no code format).
+    ``transposed``: for a layer that holds the weight [K, N] (``Conv1D``), whose codes are the file's rows
+    as they are, where the processor only transposes them."""
     name, qtype, shape, offset, nbytes = entry
     if qtype not in BLOCK_TYPES or len(shape) != 2:
         return None
-    try:
-        order = _row_order(processor, name, *shape, mapping)
-    except LookupError:
-        return None
+    if transposed:
+        order = None
+        if not _transposes(processor, name, *shape, mapping):
+            return None
+    else:
+        try:
+            order = _row_order(processor, name, *shape, mapping)
+        except LookupError:
+            return None
     blocks = block_codes(weights.read(offset, nbytes), qtype, *shape)
     if blocks is None:
         return None
@@ -299,13 +314,15 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
                     continue
             if key == "weight" and (carries_linear(module) or (module is embedding and carries_embedding(module))):
                 codes = _coded(weights, entry, processor, mapping, lanes)
+            elif key == "weight" and is_conv1d(module):
+                codes = _coded(weights, entry, processor, mapping, lanes, transposed=True)
             if codes is not None:
                 holdings.add(name, qtype.name)
                 holdings.code_bytes += codes.nbytes()
                 if module is embedding:
                     embedding_codes = codes
                 else:
-                    _replace(model, module_name, CodedLinear(module, codes))
+                    _replace(model, module_name, (CodedConv1D if is_conv1d(module) else CodedLinear)(module, codes))
                 continue
             if qtype.name not in FLOAT_TYPES:
                 holdings.dequantized[name] = qtype.name

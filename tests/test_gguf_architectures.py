@@ -26,10 +26,9 @@ from tests.test_tree_attention import CONTEXT, CONTINUATION, chain_and_tree_agai
 
 PROMPTS = ([5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 300, 301], [40, 41, 42, 100, 200, 300, 12, 13])
 NEW = 10
-# MoE routers that are not nn.Linear run dequantized (named in one warning line); every other layer is codes.
-ROUTERS = ("ffn_gate_inp",)  # ffn_gate_inp_shexp too: a 1-D tensor in the file
-# Architectures whose layers run dequantized, with the reason (docs/families.md, GGUF files).
-DEQUANTIZED = {"gpt2": "its Conv1D layers hold the file's tensors transposed: no code layout for them yet"}
+# Run dequantized (named in one warning line); every other layer is held as codes:
+# MoE routers that are not nn.Linear (ffn_gate_inp_shexp: a 1-D tensor in the file) and GPT-2's position table
+ROUTERS = ("ffn_gate_inp", "position_embd")
 
 
 def greedy(model, prompt: list[int], new: int = NEW) -> list[int]:
@@ -69,11 +68,9 @@ def test_every_architecture_and_type_decodes_as_the_model_of_the_file_with_its_l
             warnings.simplefilter("always")
             model, _ = load_model(str(path), cache_dir=tmp_path)
         holdings = model.gguf_holdings
-        if architecture in DEQUANTIZED:
-            assert not any(isinstance(m, CodedLinear) for m in model.modules() if m is not model.get_output_embeddings())
-            assert kind == "F16" or holdings.dequantized
-        elif kind == "F16":
-            assert not holdings.coded and any(isinstance(m, WidePanelLinear) for m in model.modules())
+        if kind == "F16":
+            assert not holdings.coded
+            assert architecture == "gpt2" or any(isinstance(m, WidePanelLinear) for m in model.modules())
         else:
             assert not holdings.kept, kind
             assert all(any(part in name for part in ROUTERS) for name in holdings.dequantized), kind
