@@ -100,6 +100,12 @@ class Generation:
     wall_s: float  # prefill + all steps
     stop_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "context_length"
     drafted_mask: list[bool] = field(default_factory=list)  # per token: came from an accepted draft
+    cached_tokens: int = 0  # prompt tokens whose KV ``Engine(prompt_cache=True)`` reused from the last call
+
+    @property
+    def prefilled_tokens(self) -> int:
+        """Prompt tokens this call's prefill ran (all but the last, which the first step runs, less the reused)."""
+        return max(0, self.prompt_tokens - 1 - self.cached_tokens)
 
     @property
     def forwards(self) -> int:

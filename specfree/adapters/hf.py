@@ -159,6 +159,30 @@ class HFAdapter:
         """
         self.store.keep(keep, rows)
 
+    # ---- the prompt cache ------------------------------------------------------------------
+    @property
+    def can_truncate(self) -> bool:
+        """Whether ``truncate`` can cut the kept tokens back to a prefix (not recurrent or rerun stores)."""
+        return self.store.croppable
+
+    @property
+    def rows_exact(self) -> bool:
+        """Whether a row's KV has the same bits whatever else its forward runs (up to ``LONG_ROWS``
+        rows): the row-exact attention operator and no decoder linear layer left on torch's GEMM,
+        so a row computed in a prefill chunk or a verify step equals the one-row forward's."""
+        if self.capabilities.attention != "tree_attention" or not self.kernel_linears:
+            return False
+        head = self.model.get_output_embeddings()
+        return not any(type(m) is torch.nn.Linear and m is not head for m in self.model.modules())
+
+    @grad_free()
+    def truncate(self, length: int) -> bool:
+        """Keep the first ``length`` tokens' KV, drop the rest; False (nothing changed) where the store cannot."""
+        if not self.store.croppable or not 0 <= length <= self.store.past:
+            return False
+        self.store.crop(length)
+        return True
+
     # ---- the compiled runners ---------------------------------------------------------------
     @property
     def compiled(self) -> bool:
