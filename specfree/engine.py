@@ -28,7 +28,7 @@ from specfree.pricing import AcceptanceModel, Pricer
 from specfree.strategies.base import Outcome, Strategy
 from specfree.timing import clock
 from specfree.draft_tree import DraftTree
-from specfree.types import AuxBlock, Generation, StepRecord
+from specfree.types import AuxBlock, Generation, StepRecord, TokenLogprob
 from specfree.verifiers import GreedyVerifier
 
 
@@ -49,6 +49,7 @@ class Chunk:
     text: str
     tokens: list[int]
     from_draft: list[bool]  # per token: it was a drafted token the model accepted
+    logprobs: list[TokenLogprob] | None = None  # per token, when the call asked for them
 
 
 # Lays out one step's rows: (tree, aux rows, root position) -> tokens, positions, mask.
@@ -56,6 +57,17 @@ MaskBuilder = Callable[[DraftTree, "AuxBlock | None", int], Layout]
 DEFAULT_STRATEGY = "hybrid"  # the strategy that measures best on `bench`
 # ``prompt_cache``'s prefill chunk: at most this many rows run the row-exact attention (more go to SDPA).
 EXACT_CHUNK = LONG_ROWS
+
+
+def _logprobs(logits: torch.Tensor, rows: list[int], tokens: list[int], k: int) -> list[TokenLogprob]:
+    """Each token's log-probability in its row's log-softmax (float32), and the row's ``k`` best."""
+    if not rows:
+        return []
+    table = torch.log_softmax(logits[rows].float(), dim=-1)
+    best = torch.topk(table, k, dim=-1) if k else None
+    return [TokenLogprob(token, float(table[i, token]),
+                         list(zip(best.indices[i].tolist(), best.values[i].tolist())) if best is not None else [])
+            for i, token in enumerate(tokens)]
 
 
 class Engine:
@@ -229,9 +241,14 @@ class Engine:
 
     # ---- decoding -----------------------------------------------------------------------
     def generate(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
-                 seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True) -> Generation:
-        """``cache_prompt=False``: prefill the whole prompt even where ``prompt_cache`` could reuse a prefix."""
-        run = self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt)
+                 seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True,
+                 logprobs: int | None = None) -> Generation:
+        """``cache_prompt=False``: prefill the whole prompt even where ``prompt_cache`` could reuse a prefix.
+        ``logprobs=k``: each new token's log-probability under the model (log-softmax of the raw
+        logits of the verify row that predicted it, before any processor) and its ``k`` most likely
+        alternatives, in ``Generation.logprobs``; a verify row has the one-row forward's bits, so
+        they are the same with or without speculation."""
+        run = self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt, logprobs)
         while True:
             try:
                 next(run)
@@ -239,9 +256,12 @@ class Engine:
                 return done.value
 
     def stream(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
-               seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True) -> Iterator[Chunk]:
-        """Yield text as steps are accepted; the final ``Generation`` is the generator's return value."""
-        return (yield from self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt))
+               seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True,
+               logprobs: int | None = None) -> Iterator[Chunk]:
+        """Yield text as steps are accepted; the final ``Generation`` is the generator's return value
+        (``cache_prompt``, ``logprobs``: see ``generate``)."""
+        return (yield from self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt,
+                                     logprobs))
 
     # ---- the prompt cache ---------------------------------------------------------------
     @property
@@ -280,8 +300,11 @@ class Engine:
             self.adapter.prefill(torch.from_numpy(ids[at : at + EXACT_CHUNK]))
 
     def _run(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
-             ignore_eos: bool, cache_prompt: bool = True):
+             ignore_eos: bool, cache_prompt: bool = True, logprobs: int | None = None):
         check_int("max_new_tokens", max_new_tokens, low=1)
+        if logprobs is not None:
+            check_int("logprobs", logprobs, low=0)
+        token_logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
         if isinstance(stop, str):
             stop = [stop]
         if stop and self.tokenizer is None:
@@ -351,6 +374,9 @@ class Engine:
                     stop_reason = self.should_stop(token, detok, stop, ignore_eos)
                     if stop_reason or n >= limit:
                         break
+                if token_logprobs is not None:  # token i was predicted by row i of [root, *path]
+                    token_logprobs += _logprobs(logits, [0, *verdict.path][:emitted], verdict.tokens[:emitted],
+                                                logprobs)
                 strategy.observe(Outcome(tree, verdict, buffer[:n],
                                          logits[layout.num_tree :] if aux is not None else None,
                                          logits[: layout.num_tree], plan.aux_logits(logits)))
@@ -367,7 +393,8 @@ class Engine:
                     stop_reason = "max_new_tokens" if len(new_tokens) >= max_new_tokens else "context_length"
                 if stop_reason and detok is not None:
                     text += detok.flush()
-                yield Chunk(text, new_tokens[-emitted:], from_draft[-emitted:])
+                yield Chunk(text, new_tokens[-emitted:], from_draft[-emitted:],
+                            token_logprobs[-emitted:] if token_logprobs is not None else None)
         finally:
             strategy.end()
             if self.prompt_cache and steady:
@@ -378,7 +405,7 @@ class Engine:
         text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else ""
         return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,
                           prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft,
-                          cached_tokens=reused)
+                          cached_tokens=reused, logprobs=token_logprobs)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -88,6 +89,14 @@ class StepRecord:
     offered: int = 0  # rows the drafters offered (root + distinct drafted nodes + aux); ``rows`` were kept
 
 
+class TokenLogprob(NamedTuple):
+    """One generated token's log-probability under the model, and the ``k`` most likely ids of its row."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
 @dataclass
 class Generation:
     """The result of one ``Engine.generate`` call."""
@@ -101,6 +110,7 @@ class Generation:
     stop_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "context_length"
     drafted_mask: list[bool] = field(default_factory=list)  # per token: came from an accepted draft
     cached_tokens: int = 0  # prompt tokens whose KV ``Engine(prompt_cache=True)`` reused from the last call
+    logprobs: list[TokenLogprob] | None = None  # per token, when asked (``generate(..., logprobs=k)``)
 
     @property
     def prefilled_tokens(self) -> int:
