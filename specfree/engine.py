@@ -91,9 +91,10 @@ class Engine:
     rows' bits depend on the prompt's length (so a prefix could not be reused exactly); the two
     settings can differ in a last bit of the prompt's KV, hence, at a near tie, in a token.
     Reuse needs an adapter whose rows are exact and whose KV can be cropped
-    (``prompt_cache_off``: why not, else None); a compiled adapter reuses only rows its eager
-    prefill computed (its compiled steps match the eager rows to rounding, not bit for bit);
-    recurrent and hybrid families, whose state cannot be cropped, never reuse."""
+    (``prompt_cache_off``: why not, else None; there the prompt is prefilled in one call, as
+    without the cache); a compiled adapter reuses only rows its eager prefill computed (its
+    compiled steps match the eager rows to rounding, not bit for bit); recurrent and hybrid
+    families, whose state cannot be cropped, never reuse."""
 
     def __init__(self, adapter: Adapter, strategy: Strategy, verifier=None, tokenizer=None,
                  cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None, *,
@@ -293,7 +294,9 @@ class Engine:
         return int(differ[0]) if differ.size else m
 
     def _prefill(self, ids: np.ndarray) -> None:
-        if not self.prompt_cache:
+        # Chunks only where a prefix can be reused: elsewhere one call, as without the cache (a Mamba-1
+        # mixer, for one, cannot continue its state over a second multi-token call).
+        if not self.prompt_cache or self.prompt_cache_off is not None:
             self.adapter.prefill(torch.from_numpy(ids))
             return
         for at in range(0, len(ids), EXACT_CHUNK):  # each chunk through the row-exact attention

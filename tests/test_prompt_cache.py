@@ -81,11 +81,12 @@ def test_the_prefix_is_reused_where_prompts_diverge_and_cache_prompt_false_prefi
     assert cached.generate(other, 12).cached_tokens == 0
 
 
-def test_a_recurrent_model_says_why_it_does_not_reuse():
-    model = tiny_model("mamba2")
+@pytest.mark.parametrize("family", ["mamba", "mamba2"])
+def test_a_recurrent_model_says_why_it_does_not_reuse(family):
+    model = tiny_model(family)
     cached = Engine.from_model(model, None, "prompt_lookup", costs=CPU_LIKE, prompt_cache=True)
     assert cached.prompt_cache_off is not None and "cannot be cut back" in cached.prompt_cache_off
-    prompt = conversation(5, 1, 30)[0]
+    prompt = conversation(5, 1, EXACT_CHUNK + 20)[0]  # one prefill call: a Mamba-1 mixer cannot take a second
     first = cached.generate(prompt, 8, ignore_eos=True)
     second = cached.generate(prompt + first.tokens + [9, 10], 8, ignore_eos=True)
     assert second.cached_tokens == 0

@@ -172,8 +172,10 @@ class HFAdapter:
         so a row computed in a prefill chunk or a verify step equals the one-row forward's."""
         if self.capabilities.attention != "tree_attention" or not self.kernel_linears:
             return False
-        head = self.model.get_output_embeddings()
-        return not any(type(m) is torch.nn.Linear and m is not head for m in self.model.modules())
+        if getattr(self, "_rows_exact", None) is None:  # the layers do not change once prepared
+            head = self.model.get_output_embeddings()
+            self._rows_exact = not any(type(m) is torch.nn.Linear and m is not head for m in self.model.modules())
+        return self._rows_exact
 
     @grad_free()
     def truncate(self, length: int) -> bool:
