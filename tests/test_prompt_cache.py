@@ -104,3 +104,12 @@ def test_a_compiled_adapter_reuses_only_its_eager_prefill():
     second = cached.generate(follow, 12, ignore_eos=True)
     assert second.cached_tokens == len(prompt) - 1  # not the rows its compiled steps made
     assert second.tokens == reference_greedy(model, follow, 12, ignore_eos=True)
+
+
+def test_the_config_key_reaches_the_engine(tiny_llama_dir):
+    on = Engine.from_config({"model": {"name": "local", "path": str(tiny_llama_dir)}, "prompt_cache": True},
+                            overrides=["strategy=autoregressive", "compile=false"])
+    assert on.prompt_cache is True and on.prompt_cache_off is None
+    off = Engine.from_config({"model": {"name": "local", "path": str(tiny_llama_dir)}},
+                             overrides=["strategy=autoregressive", "compile=false"])
+    assert off.prompt_cache is False

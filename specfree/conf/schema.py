@@ -107,6 +107,7 @@ class SpecfreeConfig:
     cache_dir: str | None = None
     output: str | None = None
     verify_against_baseline: bool = False
+    prompt_cache: bool = False  # Engine(prompt_cache=...): reuse the last call's prefix (row-exact chunked prefill)
 
 
 # ---- config nodes made from the registry ---------------------------------------------------

@@ -83,6 +83,7 @@ class Server:
         self.failure: str | None = None
         self.created = int(time.time())
         self._encoder = None
+        self._pieces = None
         self._reg = None
         self.named: set[str] = set()  # ignored fields already named in the log
         # One thread parses, templates, tokenizes and builds verifiers (a tokenizer is not
@@ -111,9 +112,12 @@ class Server:
             if state.load():
                 log.info("loaded %d requests into the suffix tree from %s", state.requests(), state.path)
             self.state = state
-        encoder = copy.copy(engine)  # tokenizes on the event loop with a tokenizer of its own
+        encoder = copy.copy(engine)  # tokenizes in the preparing thread with a tokenizer of its own
         encoder.tokenizer = copy.deepcopy(engine.tokenizer)
         self._encoder = encoder
+        # log-probabilities' token pieces, decoded on the event loop: a third copy (a fast tokenizer
+        # may not be used from two threads at once)
+        self._pieces = copy.deepcopy(engine.tokenizer)
         # The configured verifier, read here once: while a request runs, the worker lends the engine its own.
         self.verifier = engine.verifier
         self.configured = configured_knobs(engine.verifier)
@@ -488,7 +492,7 @@ class Answer:
 
     # ---- log-probabilities ----------------------------------------------------------------------
     def _piece(self, token: int) -> str:
-        return self.server._encoder.tokenizer.decode([token])
+        return self.server._pieces.decode([token])
 
     def _chat_logprobs(self, logprobs) -> dict:
         def entry(token: int, logprob: float) -> dict:
