@@ -121,7 +121,8 @@ class Engine:
         self.eos_ids = self._eos_ids()
         self.model_settings = model_settings or ModelSettings()
         self.prompt_cache = prompt_cache
-        self._held: np.ndarray | None = None  # ids whose KV the adapter holds, reusable by the next call
+        # (ids whose KV the adapter holds, the adapter's state_version then): reusable by the next call
+        self._held: tuple[np.ndarray, int] | None = None
 
     @property
     def priced(self) -> bool:
@@ -271,7 +272,9 @@ class Engine:
         if not self.prompt_cache:
             return None
         adapter = self.adapter
-        if not callable(getattr(adapter, "truncate", None)) or not getattr(adapter, "can_truncate", False):
+        if not callable(getattr(adapter, "truncate", None)) or not hasattr(adapter, "state_version"):
+            return f"the adapter {type(adapter).__name__} cannot cut its KV back to a prefix (no truncate, state_version)"
+        if not adapter.can_truncate:
             return f"the {adapter.family} model's state cannot be cut back to a prefix (recurrent or rerun)"
         if not getattr(adapter, "rows_exact", False):
             return ("its rows are not bit-equal to the one-row forward (attention or linear layers outside "
@@ -286,6 +289,9 @@ class Engine:
         """How many leading ids of this prompt the adapter's KV already holds (at most all but the last)."""
         held, self._held = self._held, None  # nothing is held while this call changes the KV
         if not (self.prompt_cache and cache_prompt) or held is None or self.prompt_cache_off is not None:
+            return 0
+        held, version = held
+        if version != self.adapter.state_version:  # another engine (or anything else) used the adapter since
             return 0
         m = min(len(held), len(ids) - 1)
         if m <= 0:
@@ -403,7 +409,8 @@ class Engine:
             if self.prompt_cache and steady:
                 # The adapter holds the KV of the first past_len ids of prompt + answer (a step cut
                 # short by a stop may have kept rows past n: those ids are not in the buffer).
-                self._held = buffer[: min(n, adapter.past_len) if exact_steps else len(ids) - 1].copy()
+                kept = min(n, adapter.past_len) if exact_steps else len(ids) - 1
+                self._held = (buffer[:kept].copy(), adapter.state_version)
         wall = self._elapsed(start)
         text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else ""
         return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,

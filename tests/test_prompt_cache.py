@@ -81,6 +81,20 @@ def test_the_prefix_is_reused_where_prompts_diverge_and_cache_prompt_false_prefi
     assert cached.generate(other, 12).cached_tokens == 0
 
 
+def test_engines_sharing_an_adapter_never_reuse_what_the_other_left():
+    first = engine(strategy="prompt_lookup")
+    second = Engine.from_model(first.adapter.model, None, "prompt_lookup", costs=CPU_LIKE, adapter=first.adapter,
+                               prompt_cache=True)
+    a, b = conversation(21, 2, 50)
+    answer = first.generate(a, 8, ignore_eos=True)
+    second.generate(b, 8, ignore_eos=True)  # the adapter now holds b
+    follow = a + answer.tokens + [4, 5]
+    again = first.generate(follow, 8, ignore_eos=True)
+    assert again.cached_tokens == 0
+    assert again.tokens == reference_greedy(first.adapter.model, follow, 8, ignore_eos=True)
+    assert first.generate(follow + again.tokens, 4).cached_tokens == len(follow + again.tokens) - 1
+
+
 @pytest.mark.parametrize("family", ["mamba", "mamba2"])
 def test_a_recurrent_model_says_why_it_does_not_reuse(family):
     model = tiny_model(family)

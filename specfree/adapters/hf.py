@@ -123,13 +123,24 @@ class HFAdapter:
         return self.store.rollback_s
 
     # ---- a step ---------------------------------------------------------------------------
+    @property
+    def state_version(self) -> int:
+        """A count of the calls that changed the kept KV: the prompt cache reuses what an engine left
+        only if nothing (another engine on this adapter, a cost measurement) touched it since."""
+        return getattr(self, "_version", 0)
+
+    def _touch(self) -> None:
+        self._version = self.state_version + 1
+
     @grad_free()
     def reset(self) -> None:
+        self._touch()
         self.store.reset()
 
     @grad_free()
     def prefill(self, ids: torch.Tensor) -> None:
         """Keep the KV of ``ids`` [L] (a plain causal forward; its logits are not needed)."""
+        self._touch()
         if ids.numel():
             self.store.prefill(ids)
 
@@ -141,6 +152,7 @@ class HFAdapter:
         Without ``positions`` a row's position is the number of entries it sees minus one.
         ``allowed=None`` means plain causal rows.
         """
+        self._touch()
         if positions is None:
             seen = allowed.sum(-1) if allowed is not None else torch.arange(1, tokens.numel() + 1)
             positions = self.store.past + seen - 1
@@ -149,6 +161,7 @@ class HFAdapter:
     @grad_free()
     def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits of rows under the model's own causal mask, no mask passed (the probes' reference)."""
+        self._touch()
         return self.store.run_plain(tokens, positions)
 
     @grad_free()
@@ -157,6 +170,7 @@ class HFAdapter:
 
         ``rows`` is how many rows the step's forward appended.
         """
+        self._touch()
         self.store.keep(keep, rows)
 
     # ---- the prompt cache ------------------------------------------------------------------
@@ -182,6 +196,7 @@ class HFAdapter:
         """Keep the first ``length`` tokens' KV, drop the rest; False (nothing changed) where the store cannot."""
         if not self.store.croppable or not 0 <= length <= self.store.past:
             return False
+        self._touch()
         self.store.crop(length)
         return True
 

@@ -81,8 +81,9 @@ class Adapter(Protocol):
 
     # Optional (the engine's ``prompt_cache`` reuses a prefix only where an adapter has them):
     # ``can_truncate`` (bool), ``rows_exact`` (bool: a row's bits do not depend on the other rows of
-    # its forward, up to ``LONG_ROWS``) and ``truncate(length) -> bool`` (keep the first ``length``
-    # tokens' KV). ``HFAdapter`` has all three.
+    # its forward, up to ``LONG_ROWS``), ``state_version`` (int, changed by every call that changes
+    # the kept KV) and ``truncate(length) -> bool`` (keep the first ``length`` tokens' KV).
+    # ``HFAdapter`` has all four.
 
     def commit(self, keep: list[int], rows: int) -> None:
         """Keep the KV of the last step's rows ``keep`` (ascending, keep[0] == 0) of its ``rows``."""

@@ -161,7 +161,7 @@ def _logprobs(kind: str, body: dict) -> int | None:
         return _int(body, "logprobs", 0, top)
     on = _typed(body, "logprobs", bool)
     k = _int(body, "top_logprobs", 0, top)
-    if k is not None and not on:
+    if k and not on:
         raise bad("`top_logprobs` needs `logprobs: true`", "top_logprobs")
     return (k or 0) if on else None
 
