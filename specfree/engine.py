@@ -278,7 +278,8 @@ class Engine:
             return f"the {adapter.family} model's state cannot be cut back to a prefix (recurrent or rerun)"
         if not getattr(adapter, "rows_exact", False):
             return ("its rows are not bit-equal to the one-row forward (attention or linear layers outside "
-                    "specfree's row-exact kernels), so a reused row could differ from a fresh prefill's")
+                    "specfree's row-exact kernels, or a probe of 24 rows against one at a time differed), so a "
+                    "reused row could differ from a fresh prefill's")
         return None
 
     def forget(self) -> None:

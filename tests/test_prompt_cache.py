@@ -107,6 +107,17 @@ def test_a_recurrent_model_says_why_it_does_not_reuse(family):
     assert second.tokens == reference_greedy(model, prompt + first.tokens + [9, 10], 8, ignore_eos=True)
 
 
+def test_a_family_whose_rows_are_not_exact_does_not_reuse():
+    """Mixtral runs the row-exact operator, but its experts take rows together: the probe sees it."""
+    model = tiny_model("mixtral")
+    cached = Engine.from_model(model, None, "prompt_lookup", costs=CPU_LIKE, prompt_cache=True)
+    assert cached.adapter.capabilities.attention == "tree_attention"
+    assert "probe" in cached.prompt_cache_off
+    prompt = conversation(9, 1, 20)[0]
+    first = cached.generate(prompt, 6, ignore_eos=True)
+    assert cached.generate(prompt + first.tokens + [4], 6, ignore_eos=True).cached_tokens == 0
+
+
 def test_a_compiled_adapter_reuses_only_its_eager_prefill():
     model = tiny_model("qwen2")
     adapter = compiled_adapter(model, backend="eager", min_slots=16, buckets=(1, 8))

@@ -24,6 +24,7 @@ from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_ma
 from specfree.adapters.capabilities import Capabilities, model_device, model_structure
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.runners import EagerRunner, StepRunner
+from specfree.adapters.kv_buffers import growing_cache
 from specfree.adapters.stores import STORES, KVStore
 from specfree.kernels import linear_path, prepare_linears
 from specfree.progress import progress_bar
@@ -181,15 +182,33 @@ class HFAdapter:
 
     @property
     def rows_exact(self) -> bool:
-        """Whether a row's KV has the same bits whatever else its forward runs (up to ``LONG_ROWS``
-        rows): the row-exact attention operator and no decoder linear layer left on torch's GEMM,
-        so a row computed in a prefill chunk or a verify step equals the one-row forward's."""
-        if self.capabilities.attention != "tree_attention" or not self.kernel_linears:
-            return False
-        if getattr(self, "_rows_exact", None) is None:  # the layers do not change once prepared
+        """Whether a row has the same bits whatever else its forward runs (up to ``LONG_ROWS`` rows),
+        so a row computed in a prefill chunk or a verify step equals the one-row forward's: the
+        row-exact attention operator, no decoder linear layer left on torch's GEMM, and a probe
+        (``_rows_probe``: one forward of 24 rows against 8 rows and then 16 of one) agreeing bit
+        for bit. Families that run the operator but route rows together (Mixtral's experts) fail
+        the probe. Decided once: the layers do not change once prepared."""
+        if getattr(self, "_rows_exact", None) is None:
             head = self.model.get_output_embeddings()
-            self._rows_exact = not any(type(m) is torch.nn.Linear and m is not head for m in self.model.modules())
+            self._rows_exact = (self.capabilities.attention == "tree_attention" and bool(self.kernel_linears)
+                                and not any(type(m) is torch.nn.Linear and m is not head for m in self.model.modules())
+                                and self._rows_probe())
         return self._rows_exact
+
+    @grad_free()
+    def _rows_probe(self, rows: int = 24, first: int = 8) -> bool:
+        """Logits of ``rows`` random tokens in one eager forward against ``first`` of them and then
+        one row at a time, over caches of their own (the adapter's KV is not touched): bit-equal?"""
+        runner = EagerRunner(self.model, self.capabilities.cache_argument, self.capabilities.takes_positions)
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.vocab_size, (1, rows), generator=generator).to(self.device)
+        positions = torch.arange(rows, device=self.device)[None]
+        whole, _ = runner(ids, positions, None, growing_cache())
+        cache = growing_cache()
+        parts = [runner(ids[:, :first], positions[:, :first], None, cache)[0]]
+        for at in range(first, rows):
+            parts.append(runner(ids[:, at : at + 1], positions[:, at : at + 1], None, cache)[0])
+        return bool(torch.equal(whole, torch.cat(parts, dim=1)))
 
     @grad_free()
     def truncate(self, length: int) -> bool:
