@@ -173,6 +173,7 @@ def test_a_request_without_the_key_gets_401(guarded):
         answer = httpx.post(guarded.url + "/v1/chat/completions", json={"messages": chat("hi")}, headers=headers)
         assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(guarded.url + "/metrics").status_code == 401
+    assert httpx.post(guarded.url + "/tokenize", json={"content": "hi"}).status_code == 401
     with pytest.raises(openai.AuthenticationError):
         guarded.client("wrong").models.list()
     got = guarded.client("sekrit").chat.completions.create(model="tiny", messages=chat("hi"), max_tokens=4)
