@@ -88,7 +88,7 @@ def test_engines_sharing_an_adapter_never_reuse_what_the_other_left():
     first = engine(strategy="prompt_lookup")
     second = Engine.from_model(first.adapter.model, None, "prompt_lookup", costs=CPU_LIKE, adapter=first.adapter,
                                prompt_cache=True)
-    a, b = conversation(21, 2, 50)
+    a, b = conversation(21, 1, 50)[0], conversation(22, 1, 80)[0]  # b longer: the KV it leaves could be cut to a's
     answer = first.generate(a, 8, ignore_eos=True)
     second.generate(b, 8, ignore_eos=True)  # the adapter now holds b
     follow = a + answer.tokens + [4, 5]
