@@ -95,7 +95,8 @@ def help_text() -> str:
     lines += ["", "config groups (pick an option with group=option, set a field with group.field=value):"]
     lines += [f"  {group:<9} {', '.join(options) or '(none registered)'}" for group, options in group_options().items()]
     lines += ["", "top-level settings: prompt, prompt_file, chat, max_new_tokens, stop, ignore_eos, seed,",
-              "  generation, device, dtype, threads, cache_dir, output, verify_against_baseline", "", EXAMPLES]
+              "  generation, device, dtype, threads, cache_dir, output, verify_against_baseline, prompt_cache", "",
+              EXAMPLES]
     return "\n".join(lines)
 
 

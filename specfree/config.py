@@ -262,6 +262,7 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
                         adapter_name=model_cfg.adapter, compile=cfg.get("compile", "auto"),
                         linear_kernel=model_cfg.linear_kernel, cache_dir=cfg.cache_dir)
     # cache_dir: the cost curve is kept beside the kernels and packages, where the config says
-    return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, "cache_dir": cfg.cache_dir, **step}
+    return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, "cache_dir": cfg.cache_dir,
+            "prompt_cache": bool(cfg.get("prompt_cache", False)), **step}
 
 

@@ -21,13 +21,14 @@ from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
 from specfree.generation import ModelSettings, for_call
+from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.masks.tree import Layout, build_layout
 from specfree.planner import StepPlanner
 from specfree.pricing import AcceptanceModel, Pricer
 from specfree.strategies.base import Outcome, Strategy
 from specfree.timing import clock
 from specfree.draft_tree import DraftTree
-from specfree.types import AuxBlock, Generation, StepRecord
+from specfree.types import AuxBlock, Generation, StepRecord, TokenLogprob
 from specfree.verifiers import GreedyVerifier
 
 
@@ -48,11 +49,25 @@ class Chunk:
     text: str
     tokens: list[int]
     from_draft: list[bool]  # per token: it was a drafted token the model accepted
+    logprobs: list[TokenLogprob] | None = None  # per token, when the call asked for them
 
 
 # Lays out one step's rows: (tree, aux rows, root position) -> tokens, positions, mask.
 MaskBuilder = Callable[[DraftTree, "AuxBlock | None", int], Layout]
 DEFAULT_STRATEGY = "hybrid"  # the strategy that measures best on `bench`
+# ``prompt_cache``'s prefill chunk: at most this many rows run the row-exact attention (more go to SDPA).
+EXACT_CHUNK = LONG_ROWS
+
+
+def _logprobs(logits: torch.Tensor, rows: list[int], tokens: list[int], k: int) -> list[TokenLogprob]:
+    """Each token's log-probability in its row's log-softmax (float32), and the row's ``k`` best."""
+    if not rows:
+        return []
+    table = torch.log_softmax(logits[rows].float(), dim=-1)
+    best = torch.topk(table, k, dim=-1) if k else None
+    return [TokenLogprob(token, float(table[i, token]),
+                         list(zip(best.indices[i].tolist(), best.values[i].tolist())) if best is not None else [])
+            for i, token in enumerate(tokens)]
 
 
 class Engine:
@@ -64,13 +79,28 @@ class Engine:
     the curve's reference context (256 tokens). ``costs``: a cost curve to use instead
     of the measured one; ``acceptance``: statistics to start from (and keep learning into).
     ``model_settings``: which of the model's generation settings the verifier follows (a record,
-    for reports; ``specfree.generation``)."""
+    for reports; ``specfree.generation``).
+
+    ``prompt_cache``: keep the KV of the last call's tokens and, on the next call, prefill only
+    what follows the longest common prefix of token ids (``Generation.cached_tokens`` says how
+    many were reused; ``generate(..., cache_prompt=False)`` prefills the whole prompt once).
+    To keep that lossless, a prompt is then prefilled in chunks of at most ``EXACT_CHUNK`` rows,
+    which run the row-exact attention, so every kept row has the bits of the one-row forward
+    whichever call computed it: the answer equals a fresh ``Engine(prompt_cache=True)``'s bit for
+    bit. Without it a prompt of more than 161 tokens is prefilled in one call through SDPA, whose
+    rows' bits depend on the prompt's length (so a prefix could not be reused exactly); the two
+    settings can differ in a last bit of the prompt's KV, hence, at a near tie, in a token.
+    Reuse needs an adapter whose rows are exact and whose KV can be cropped
+    (``prompt_cache_off``: why not, else None; there the prompt is prefilled in one call, as
+    without the cache); a compiled adapter reuses only rows its eager prefill computed (its
+    compiled steps match the eager rows to rounding, not bit for bit); recurrent and hybrid
+    families, whose state cannot be cropped, never reuse."""
 
     def __init__(self, adapter: Adapter, strategy: Strategy, verifier=None, tokenizer=None,
                  cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None, *,
                  priced: bool = True, adapt_costs: bool = False, price_context: bool = True,
                  costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
-                 model_settings: ModelSettings | None = None):
+                 model_settings: ModelSettings | None = None, prompt_cache: bool = False):
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
@@ -90,6 +120,9 @@ class Engine:
         self.price_context = price_context
         self.eos_ids = self._eos_ids()
         self.model_settings = model_settings or ModelSettings()
+        self.prompt_cache = prompt_cache
+        # (ids whose KV the adapter holds, the adapter's state_version then): reusable by the next call
+        self._held: tuple[np.ndarray, int] | None = None
 
     @property
     def priced(self) -> bool:
@@ -103,7 +136,7 @@ class Engine:
         """Load ``model`` (embedded name, .gguf, folder or hub id) and build an engine.
 
         ``knobs`` holds sampling settings (do_sample, temperature, top_k, top_p,
-        repetition_penalty, seed), ``generation``, ``priced``/``adapt_costs`` (see ``from_model``)
+        repetition_penalty, seed), ``generation``, ``priced``/``adapt_costs``/``prompt_cache`` (see ``from_model``)
         and the strategy's own knobs. ``compile``: see ``from_model``.
         """
         from specfree.loading import load_model
@@ -116,7 +149,8 @@ class Engine:
                    cache_dir: str | None = None, linear_kernel: str = "few_row", compile: str | bool = False,
                    adapter: Adapter | None = None, priced: bool = True, adapt_costs: bool = False,
                    price_context: bool = True, costs: CostModel | None = None,
-                   acceptance: AcceptanceModel | None = None, generation: str | GenerationConfig = "model", **knobs: Any) -> "Engine":
+                   acceptance: AcceptanceModel | None = None, generation: str | GenerationConfig = "model",
+                   prompt_cache: bool = False, **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model (``linear_kernel``: see ``HFAdapter``).
 
         ``generation``: ``"model"`` (the default) follows what the model's ``generation_config``
@@ -129,7 +163,7 @@ class Engine:
         a machine takes minutes), ``auto`` only where one compiled here before is ready within
         seconds, ``false`` (the default here; ``from_pretrained`` and configs default to ``auto``) never.
         ``adapter``: one built before for this model (a compiled one is reused, not recompiled).
-        ``priced``, ``adapt_costs``, ``price_context``, ``costs``, ``acceptance``: see ``Engine``.
+        ``priced``, ``adapt_costs``, ``price_context``, ``costs``, ``acceptance``, ``prompt_cache``: see ``Engine``.
         """
         from specfree.adapters.compiled import check_compile
         from specfree.parts import build_parts
@@ -149,7 +183,7 @@ class Engine:
         if parts["model_settings"].ignored:
             warnings.warn(parts["model_settings"].line(), stacklevel=2)
         return cls(**parts, tokenizer=tokenizer, cache_dir=cache_dir, priced=priced, adapt_costs=adapt_costs,
-                   price_context=price_context, costs=costs, acceptance=acceptance)
+                   price_context=price_context, costs=costs, acceptance=acceptance, prompt_cache=prompt_cache)
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":
@@ -209,8 +243,14 @@ class Engine:
 
     # ---- decoding -----------------------------------------------------------------------
     def generate(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
-                 seed: int | None = None, ignore_eos: bool = False) -> Generation:
-        run = self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos)
+                 seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True,
+                 logprobs: int | None = None) -> Generation:
+        """``cache_prompt=False``: prefill the whole prompt even where ``prompt_cache`` could reuse a prefix.
+        ``logprobs=k``: each new token's log-probability under the model (log-softmax of the raw
+        logits of the verify row that predicted it, before any processor) and its ``k`` most likely
+        alternatives, in ``Generation.logprobs``; a verify row has the one-row forward's bits, so
+        they are the same with or without speculation."""
+        run = self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt, logprobs)
         while True:
             try:
                 next(run)
@@ -218,13 +258,63 @@ class Engine:
                 return done.value
 
     def stream(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
-               seed: int | None = None, ignore_eos: bool = False) -> Iterator[Chunk]:
-        """Yield text as steps are accepted; the final ``Generation`` is the generator's return value."""
-        return (yield from self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos))
+               seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True,
+               logprobs: int | None = None) -> Iterator[Chunk]:
+        """Yield text as steps are accepted; the final ``Generation`` is the generator's return value
+        (``cache_prompt``, ``logprobs``: see ``generate``)."""
+        return (yield from self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt,
+                                     logprobs))
+
+    # ---- the prompt cache ---------------------------------------------------------------
+    @property
+    def prompt_cache_off(self) -> str | None:
+        """Why this engine's ``prompt_cache`` cannot reuse a prefix (None: it can, or it is off)."""
+        if not self.prompt_cache:
+            return None
+        adapter = self.adapter
+        if not callable(getattr(adapter, "truncate", None)) or not hasattr(adapter, "state_version"):
+            return f"the adapter {type(adapter).__name__} cannot cut its KV back to a prefix (no truncate, state_version)"
+        if not adapter.can_truncate:
+            return f"the {adapter.family} model's state cannot be cut back to a prefix (recurrent or rerun)"
+        if not getattr(adapter, "rows_exact", False):
+            return ("its rows are not bit-equal to the one-row forward (attention or linear layers outside "
+                    "specfree's row-exact kernels, or a probe of 24 rows against one at a time differed), so a "
+                    "reused row could differ from a fresh prefill's")
+        return None
+
+    def forget(self) -> None:
+        """Drop what ``prompt_cache`` holds: the next call prefills its whole prompt."""
+        self._held = None
+
+    def _reusable(self, ids: list[int], cache_prompt: bool) -> int:
+        """How many leading ids of this prompt the adapter's KV already holds (at most all but the last)."""
+        held, self._held = self._held, None  # nothing is held while this call changes the KV
+        if not (self.prompt_cache and cache_prompt) or held is None or self.prompt_cache_off is not None:
+            return 0
+        held, version = held
+        if version != self.adapter.state_version:  # another engine (or anything else) used the adapter since
+            return 0
+        m = min(len(held), len(ids) - 1)
+        if m <= 0:
+            return 0
+        differ = np.flatnonzero(held[:m] != np.asarray(ids[:m], dtype=np.int64))
+        return int(differ[0]) if differ.size else m
+
+    def _prefill(self, ids: np.ndarray) -> None:
+        # Chunks only where a prefix can be reused: elsewhere one call, as without the cache (a Mamba-1
+        # mixer, for one, cannot continue its state over a second multi-token call).
+        if not self.prompt_cache or self.prompt_cache_off is not None:
+            self.adapter.prefill(torch.from_numpy(ids))
+            return
+        for at in range(0, len(ids), EXACT_CHUNK):  # each chunk through the row-exact attention
+            self.adapter.prefill(torch.from_numpy(ids[at : at + EXACT_CHUNK]))
 
     def _run(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
-             ignore_eos: bool):
+             ignore_eos: bool, cache_prompt: bool = True, logprobs: int | None = None):
         check_int("max_new_tokens", max_new_tokens, low=1)
+        if logprobs is not None:
+            check_int("logprobs", logprobs, low=0)
+        token_logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
         if isinstance(stop, str):
             stop = [stop]
         if stop and self.tokenizer is None:
@@ -250,10 +340,17 @@ class Engine:
 
         planner = StepPlanner.for_adapter(self.pricer, adapter, price_context=self.price_context, timing=self._costs)
         start = time.perf_counter()
-        adapter.reset()
-        adapter.prefill(torch.from_numpy(buffer[: n - 1]))
+        reused = self._reusable(ids, cache_prompt)
+        if not (reused and adapter.truncate(reused)):
+            reused = 0
+            adapter.reset()
+        self._prefill(buffer[reused : n - 1])
         strategy.begin(buffer[:n].copy())
         prefill_s = self._elapsed(start)
+        # The ids whose KV may be reused: every kept row on the eager path; on a compiled one the
+        # eager prefill's only (its compiled steps equal the eager rows to rounding, not in bits).
+        exact_steps = not getattr(adapter, "compiled", False)
+        steady = True  # False while a step's forward has run but its commit has not
         try:
             while stop_reason is None:
                 t0 = time.perf_counter()
@@ -265,6 +362,7 @@ class Engine:
                 layout = self.mask_builder(tree, aux, n - 1)
                 t2 = time.perf_counter()
                 # [Q, V]; a lone root row needs no mask: the plain causal path is fastest.
+                steady = False
                 logits = adapter.forward(layout.tokens, None if layout.rows == 1 else layout.allowed,
                                          layout.positions)
                 t3 = clock(adapter.device)
@@ -272,6 +370,7 @@ class Engine:
                 verdict = verifier.verify(logits[: layout.num_tree], tree, torch.from_numpy(context))
                 t4 = time.perf_counter()
                 adapter.commit([0, *verdict.path], rows=layout.rows)
+                steady = True
 
                 emitted, text, stop_reason = 0, "", None
                 for token in verdict.tokens:
@@ -285,6 +384,9 @@ class Engine:
                     stop_reason = self.should_stop(token, detok, stop, ignore_eos)
                     if stop_reason or n >= limit:
                         break
+                if token_logprobs is not None:  # token i was predicted by row i of [root, *path]
+                    token_logprobs += _logprobs(logits, [0, *verdict.path][:emitted], verdict.tokens[:emitted],
+                                                logprobs)
                 strategy.observe(Outcome(tree, verdict, buffer[:n],
                                          logits[layout.num_tree :] if aux is not None else None,
                                          logits[: layout.num_tree], plan.aux_logits(logits)))
@@ -301,13 +403,20 @@ class Engine:
                     stop_reason = "max_new_tokens" if len(new_tokens) >= max_new_tokens else "context_length"
                 if stop_reason and detok is not None:
                     text += detok.flush()
-                yield Chunk(text, new_tokens[-emitted:], from_draft[-emitted:])
+                yield Chunk(text, new_tokens[-emitted:], from_draft[-emitted:],
+                            token_logprobs[-emitted:] if token_logprobs is not None else None)
         finally:
             strategy.end()
+            if self.prompt_cache and steady:
+                # The adapter holds the KV of the first past_len ids of prompt + answer (a step cut
+                # short by a stop may have kept rows past n: those ids are not in the buffer).
+                kept = min(n, adapter.past_len) if exact_steps else len(ids) - 1
+                self._held = (buffer[:kept].copy(), adapter.state_version)
         wall = self._elapsed(start)
         text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else ""
         return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,
-                          prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft)
+                          prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft,
+                          cached_tokens=reused, logprobs=token_logprobs)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:

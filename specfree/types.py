@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -88,6 +89,14 @@ class StepRecord:
     offered: int = 0  # rows the drafters offered (root + distinct drafted nodes + aux); ``rows`` were kept
 
 
+class TokenLogprob(NamedTuple):
+    """One generated token's log-probability under the model, and the ``k`` most likely ids of its row."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
 @dataclass
 class Generation:
     """The result of one ``Engine.generate`` call."""
@@ -100,6 +109,13 @@ class Generation:
     wall_s: float  # prefill + all steps
     stop_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "context_length"
     drafted_mask: list[bool] = field(default_factory=list)  # per token: came from an accepted draft
+    cached_tokens: int = 0  # prompt tokens whose KV ``Engine(prompt_cache=True)`` reused from the last call
+    logprobs: list[TokenLogprob] | None = None  # per token, when asked (``generate(..., logprobs=k)``)
+
+    @property
+    def prefilled_tokens(self) -> int:
+        """Prompt tokens this call's prefill ran (all but the last, which the first step runs, less the reused)."""
+        return max(0, self.prompt_tokens - 1 - self.cached_tokens)
 
     @property
     def forwards(self) -> int:

@@ -24,6 +24,7 @@ from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_ma
 from specfree.adapters.capabilities import Capabilities, model_device, model_structure
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.runners import EagerRunner, StepRunner
+from specfree.adapters.kv_buffers import growing_cache
 from specfree.adapters.stores import STORES, KVStore
 from specfree.kernels import linear_path, prepare_linears
 from specfree.progress import progress_bar
@@ -123,13 +124,24 @@ class HFAdapter:
         return self.store.rollback_s
 
     # ---- a step ---------------------------------------------------------------------------
+    @property
+    def state_version(self) -> int:
+        """A count of the calls that changed the kept KV: the prompt cache reuses what an engine left
+        only if nothing (another engine on this adapter, a cost measurement) touched it since."""
+        return getattr(self, "_version", 0)
+
+    def _touch(self) -> None:
+        self._version = self.state_version + 1
+
     @grad_free()
     def reset(self) -> None:
+        self._touch()
         self.store.reset()
 
     @grad_free()
     def prefill(self, ids: torch.Tensor) -> None:
         """Keep the KV of ``ids`` [L] (a plain causal forward; its logits are not needed)."""
+        self._touch()
         if ids.numel():
             self.store.prefill(ids)
 
@@ -141,6 +153,7 @@ class HFAdapter:
         Without ``positions`` a row's position is the number of entries it sees minus one.
         ``allowed=None`` means plain causal rows.
         """
+        self._touch()
         if positions is None:
             seen = allowed.sum(-1) if allowed is not None else torch.arange(1, tokens.numel() + 1)
             positions = self.store.past + seen - 1
@@ -149,6 +162,7 @@ class HFAdapter:
     @grad_free()
     def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits of rows under the model's own causal mask, no mask passed (the probes' reference)."""
+        self._touch()
         return self.store.run_plain(tokens, positions)
 
     @grad_free()
@@ -157,7 +171,53 @@ class HFAdapter:
 
         ``rows`` is how many rows the step's forward appended.
         """
+        self._touch()
         self.store.keep(keep, rows)
+
+    # ---- the prompt cache ------------------------------------------------------------------
+    @property
+    def can_truncate(self) -> bool:
+        """Whether ``truncate`` can cut the kept tokens back to a prefix (not recurrent or rerun stores)."""
+        return self.store.croppable
+
+    @property
+    def rows_exact(self) -> bool:
+        """Whether a row has the same bits whatever else its forward runs (up to ``LONG_ROWS`` rows),
+        so a row computed in a prefill chunk or a verify step equals the one-row forward's: the
+        row-exact attention operator, no decoder linear layer left on torch's GEMM, and a probe
+        (``_rows_probe``: one forward of 24 rows against 8 rows and then 16 of one) agreeing bit
+        for bit. Families that run the operator but route rows together (Mixtral's experts) fail
+        the probe. Decided once: the layers do not change once prepared."""
+        if getattr(self, "_rows_exact", None) is None:
+            head = self.model.get_output_embeddings()
+            self._rows_exact = (self.capabilities.attention == "tree_attention" and bool(self.kernel_linears)
+                                and not any(type(m) is torch.nn.Linear and m is not head for m in self.model.modules())
+                                and self._rows_probe())
+        return self._rows_exact
+
+    @grad_free()
+    def _rows_probe(self, rows: int = 24, first: int = 8) -> bool:
+        """Logits of ``rows`` random tokens in one eager forward against ``first`` of them and then
+        one row at a time, over caches of their own (the adapter's KV is not touched): bit-equal?"""
+        runner = EagerRunner(self.model, self.capabilities.cache_argument, self.capabilities.takes_positions)
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.vocab_size, (1, rows), generator=generator).to(self.device)
+        positions = torch.arange(rows, device=self.device)[None]
+        whole, _ = runner(ids, positions, None, growing_cache())
+        cache = growing_cache()
+        parts = [runner(ids[:, :first], positions[:, :first], None, cache)[0]]
+        for at in range(first, rows):
+            parts.append(runner(ids[:, at : at + 1], positions[:, at : at + 1], None, cache)[0])
+        return bool(torch.equal(whole, torch.cat(parts, dim=1)))
+
+    @grad_free()
+    def truncate(self, length: int) -> bool:
+        """Keep the first ``length`` tokens' KV, drop the rest; False (nothing changed) where the store cannot."""
+        if not self.store.croppable or not 0 <= length <= self.store.past:
+            return False
+        self._touch()
+        self.store.crop(length)
+        return True
 
     # ---- the compiled runners ---------------------------------------------------------------
     @property

@@ -59,6 +59,12 @@ class KVStore:
     def keep(self, keep: list[int], rows: int) -> None:
         raise NotImplementedError
 
+    croppable = False  # whether ``crop`` can cut the kept tokens back to a prefix
+
+    def crop(self, length: int) -> None:
+        """Keep the KV of the first ``length`` tokens only (the prompt cache; stores that can)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be cut back to a prefix")
+
     def _mask(self, allowed: torch.Tensor, past: int, positions: torch.Tensor, slots: int | None = None):
         return self.caps.windows.mask(allowed, past, positions, self.dtype, self.device, slots)
 
@@ -106,9 +112,14 @@ class GrowingStore(KVStore):
     def keep(self, keep: list[int], rows: int) -> None:
         start, n = self.past - rows, len(keep)
         keep_rows(self.cache.layers, keep, start, self.device)
+        self.crop(start + n)
+
+    croppable = True
+
+    def crop(self, length: int) -> None:
         for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, : start + n]
-            layer.values = layer.values[:, :, : start + n]
+            layer.keys = layer.keys[:, :, :length]
+            layer.values = layer.values[:, :, :length]
 
 
 class RecurrentStore(GrowingStore):
@@ -121,6 +132,8 @@ class RecurrentStore(GrowingStore):
         self.replay = recurrent.MixerReplay.find(model, self.cache, lambda: self.prefill(torch.arange(3, 6))) \
             if caps.cache_kind == "states" else None
         self.reset()
+
+    croppable = False  # a recurrent state holds no rows to cut
 
     @property
     def past(self) -> int:
@@ -265,6 +278,11 @@ class SlotStore(KVStore):
 
     def keep(self, keep: list[int], rows: int) -> None:
         self.slots.commit(keep, self._start)
+
+    croppable = True
+
+    def crop(self, length: int) -> None:
+        self.slots.set_length(length)  # the slots past it are written over by the next rows
 
     @contextmanager
     def eager_steps(self):

@@ -79,6 +79,8 @@ class ServeConfig:
     max_tokens: int = 1024  # the most tokens a request may ask for; also the default when it asks none
     state_file: str | None = None  # the suffix drafter's global tree: loaded at start if present, saved at shutdown
     log_level: str = "info"  # uvicorn's: critical | error | warning | info | debug | trace
+    prompt_cache: bool = True  # reuse the KV of the longest common prefix with the last request (docs/serve.md)
+    cors_origins: list[str] = field(default_factory=list)  # origins a browser may call from ("*": any); none: no CORS
 
 
 @dataclass
@@ -105,6 +107,7 @@ class SpecfreeConfig:
     cache_dir: str | None = None
     output: str | None = None
     verify_against_baseline: bool = False
+    prompt_cache: bool = False  # Engine(prompt_cache=...): reuse the last call's prefix (row-exact chunked prefill)
 
 
 # ---- config nodes made from the registry ---------------------------------------------------

@@ -2,12 +2,19 @@
 answer 503 while a loader builds the engine in the background.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed as server-sent
-events or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus).
+events or not), ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``, ``GET /health``,
+``GET /metrics`` (Prometheus).
+
+The event loop only moves bytes: parsing a body, the chat template, tokenizing and building a
+request's verifier run in one thread of their own (``Server.prepare``), decoding in the
+scheduler's worker. A watcher beside each completion's handler cancels its job as soon as the
+client disconnects, streamed or not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import hmac
 import json
@@ -21,20 +28,46 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from transformers import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                          TopKLogitsWarper, TopPLogitsWarper)
 
 from specfree.conf.schema import ServeConfig
 from specfree.errors import SpecfreeError, one_line
 from specfree.serve.errors import APIError, error_body
 from specfree.serve.metrics import CONTENT_TYPE_LATEST, Metrics
-from specfree.serve.protocol import Ask, check_model, parse
+from specfree.serve.protocol import Ask, parse
 from specfree.serve.scheduler import Job, Scheduler
 from specfree.serve.state import SharedState
 from specfree.serve.text import FINISH, StopTrim
+from specfree.verifiers.processors import LogitBias, PresenceFrequencyPenalty
 
 log = logging.getLogger("specfree.serve")
-POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
+IGNORED_HEADER = "X-Specfree-Ignored-Fields"
+
+
+def load_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def configured_knobs(verifier) -> dict[str, float]:
+    """The sampling knobs a verifier was built with, read from its processors (what a request leaves out keeps)."""
+    out: dict[str, float] = {}
+    for processor in getattr(verifier, "processors", None) or ():
+        if isinstance(processor, TemperatureLogitsWarper):
+            out["temperature"] = float(processor.temperature)
+        elif isinstance(processor, TopKLogitsWarper):
+            out["top_k"] = int(processor.top_k)
+        elif isinstance(processor, TopPLogitsWarper):
+            out["top_p"] = float(processor.top_p)
+        elif isinstance(processor, RepetitionPenaltyLogitsProcessor):
+            out["repetition_penalty"] = float(processor.penalty)
+    return out
 
 
 class Server:
@@ -50,7 +83,12 @@ class Server:
         self.failure: str | None = None
         self.created = int(time.time())
         self._encoder = None
+        self._pieces = None
         self._reg = None
+        self.named: set[str] = set()  # ignored fields already named in the log
+        # One thread parses, templates, tokenizes and builds verifiers (a tokenizer is not
+        # thread-safe), so a 1 MB prompt never holds up the event loop.
+        self.prep = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specfree-prepare")
 
     # ---- life ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -74,19 +112,29 @@ class Server:
             if state.load():
                 log.info("loaded %d requests into the suffix tree from %s", state.requests(), state.path)
             self.state = state
-        encoder = copy.copy(engine)  # tokenizes on the event loop with a tokenizer of its own
+        encoder = copy.copy(engine)  # tokenizes in the preparing thread with a tokenizer of its own
         encoder.tokenizer = copy.deepcopy(engine.tokenizer)
         self._encoder = encoder
+        # log-probabilities' token pieces, decoded on the event loop: a third copy (a fast tokenizer
+        # may not be used from two threads at once)
+        self._pieces = copy.deepcopy(engine.tokenizer)
         # The configured verifier, read here once: while a request runs, the worker lends the engine its own.
         self.verifier = engine.verifier
+        self.configured = configured_knobs(engine.verifier)
+        engine.prompt_cache = bool(self.settings.prompt_cache)
+        if engine.prompt_cache_off is not None:
+            log.info("the prompt cache cannot reuse prefixes here: %s", engine.prompt_cache_off)
         scheduler = Scheduler(engine, self.settings.queue_size, self.metrics)
         scheduler.start()
         self.engine, self.scheduler = engine, scheduler
 
     def stop(self) -> None:
-        if self.scheduler is not None:
-            self.scheduler.stop()
+        ended = self.scheduler.stop() if self.scheduler is not None else True
+        self.prep.shutdown(wait=False, cancel_futures=True)
         if self.state is not None:
+            if not ended:  # the worker may still be changing the tree: a save now could be torn
+                log.error("the engine did not stop in time; %s was not written", self.state.path)
+                return
             self.state.save()
             log.info("saved %d requests of the suffix tree to %s", self.state.requests(), self.state.path)
 
@@ -109,7 +157,7 @@ class Server:
                            headers={"Retry-After": "5"})
         return self.scheduler
 
-    async def read_json(self, request: Request) -> Any:
+    async def read_body(self, request: Request) -> bytes:
         limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -121,10 +169,23 @@ class Server:
             if len(body) > limit:
                 raise APIError(413, f"the request body is larger than {limit} bytes (serve.max_body_bytes)",
                                code="body_too_large")
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        return bytes(body)
+
+    async def off_loop(self, fn, *args):
+        """``fn(*args)`` in the preparing thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
+
+    def prepare(self, kind: str, body: bytes) -> tuple[Ask, list[int], Any]:
+        """A completion's body checked, its prompt templated and tokenized, its verifier built (off the loop)."""
+        ask = parse(kind, load_json(body), self.settings.max_tokens)
+        ids = self.encode(ask)
+        return ask, ids, self.verifier_for(ask, len(ids))
+
+    def name_ignored(self, fields: list[str]) -> None:
+        new = [f for f in fields if f not in self.named]
+        if new:
+            self.named.update(new)
+            log.info("ignoring request fields this server does not use: %s (named once)", ", ".join(new))
 
     def encode(self, ask: Ask) -> list[int]:
         engine = self._encoder
@@ -149,23 +210,43 @@ class Server:
         except SpecfreeError as exc:
             raise APIError(400, one_line(exc), param) from None
 
-    def verifier_for(self, ask: Ask):
-        """The verifier this request asks for, or None for the engine's own (see docs/serve.md)."""
-        knobs = {k: v for k, v in (("top_p", ask.top_p), ("top_k", ask.top_k),
+    def verifier_for(self, ask: Ask, prompt_len: int):
+        """The verifier this request asks for, or None for the engine's own (see docs/serve.md).
+
+        A knob the request leaves out keeps the server's configured value (its verifier's), so
+        ``top_p`` alone samples at the configured temperature; a greedy server stays greedy."""
+        asked = {k: v for k, v in (("top_p", ask.top_p), ("top_k", ask.top_k),
                                    ("repetition_penalty", ask.repetition_penalty)) if v is not None}
-        own = self.verifier
+        extra = []
+        if ask.presence_penalty or ask.frequency_penalty:
+            extra.append(PresenceFrequencyPenalty(ask.presence_penalty or 0.0, ask.frequency_penalty or 0.0,
+                                                  prompt_len))
+        if ask.logit_bias:
+            vocab = self.engine.adapter.vocab_size
+            outside = [t for t in ask.logit_bias if not 0 <= t < vocab]
+            if outside:
+                raise APIError(400, f"`logit_bias` names token {outside[0]}, outside the vocabulary [0, {vocab})",
+                               "logit_bias")
+            extra.append(LogitBias(ask.logit_bias))
+        own_samples = getattr(self.verifier, "do_sample", False)
         if ask.temperature is None:
-            if not knobs:
-                return None
-            name = "sampling" if getattr(own, "do_sample", False) else "greedy"
+            name = "sampling" if own_samples else "greedy"
         else:
             name = "greedy" if ask.temperature == 0 else "sampling"
-        if name == "greedy":
-            knobs = {k: v for k, v in knobs.items() if k == "repetition_penalty"}
-            if not knobs and not getattr(own, "do_sample", False):
+        base = dict(self.configured)
+        if name == "greedy":  # top_k, top_p, min_p and temperature change nothing there
+            asked = {k: v for k, v in asked.items() if k == "repetition_penalty"}
+            if not asked and not extra and not own_samples:
                 return None  # the engine's own greedy verifier: nothing to change
+            knobs = {k: v for k, v in {**base, **asked}.items() if k == "repetition_penalty"}
         else:
-            knobs.setdefault("temperature", ask.temperature)
+            if ask.temperature is None and not asked and not extra and not ask.min_p:
+                return None  # the engine's own sampling verifier, as configured
+            knobs = {**base, **asked}
+            if ask.temperature is not None:
+                knobs["temperature"] = ask.temperature
+        if extra:
+            knobs["logits_processors"] = extra
         from specfree.generation import model_verifier
         from specfree.plugins import build_plugin_manager, registry
 
@@ -175,7 +256,35 @@ class Server:
             verifier, _ = model_verifier(self._reg, self.engine.adapter.model, knobs, self.generation, name)
         except (SpecfreeError, ValueError) as exc:
             raise APIError(400, one_line(exc)) from None
+        if name == "sampling" and ask.min_p:
+            verifier.processors.append(MinPLogitsWarper(ask.min_p))  # after temperature/top-k/top-p, as generate
         return verifier
+
+    def tokenize(self, body: bytes) -> dict:
+        """llama-server's ``/tokenize``: ``{"content", "add_special", "with_pieces"}`` -> ``{"tokens"}``."""
+        data = load_json(body)
+        if not isinstance(data, dict) or not isinstance(data.get("content"), str):
+            raise APIError(400, "`content` must be a string", "content", "invalid_type")
+        flags = {k: data.get(k, False) for k in ("add_special", "with_pieces")}
+        for key, value in flags.items():
+            if not isinstance(value, bool):
+                raise APIError(400, f"`{key}` must be a boolean", key, "invalid_type")
+        tokenizer = self._encoder.tokenizer
+        ids = tokenizer(data["content"], add_special_tokens=flags["add_special"]).input_ids
+        if not flags["with_pieces"]:
+            return {"tokens": ids}
+        return {"tokens": [{"id": t, "piece": tokenizer.decode([t])} for t in ids]}
+
+    def detokenize(self, body: bytes) -> dict:
+        """llama-server's ``/detokenize``: ``{"tokens": [ids]}`` -> ``{"content"}``."""
+        data = load_json(body)
+        ids = data.get("tokens") if isinstance(data, dict) else None
+        vocab = self.engine.adapter.vocab_size
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise APIError(400, "`tokens` must be an array of token ids", "tokens", "invalid_type")
+        if any(not 0 <= t < vocab for t in ids):
+            raise APIError(400, f"`tokens` must be ids in [0, {vocab})", "tokens")
+        return {"content": self._encoder.tokenizer.decode(ids)}
 
     def seed_for(self, ask: Ask, verifier) -> int | None:
         samples = getattr(verifier if verifier is not None else self.verifier, "do_sample", False)
@@ -206,6 +315,9 @@ def create_app(engine=None, settings: ServeConfig | None = None, *, load: Callab
 
     app = FastAPI(title="specfree", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
+    if server.settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(server.settings.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=[IGNORED_HEADER])
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
@@ -266,27 +378,53 @@ def create_app(engine=None, settings: ServeConfig | None = None, *, load: Callab
     async def completions(request: Request):
         return await complete(request, "completion")
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        server.authorize(request)
+        server.require_engine()
+        return await server.off_loop(server.tokenize, await server.read_body(request))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        server.authorize(request)
+        server.require_engine()
+        return await server.off_loop(server.detokenize, await server.read_body(request))
+
     async def complete(request: Request, kind: str):
         arrived = time.monotonic()
         server.authorize(request)
         scheduler = server.require_engine()
-        ask = parse(kind, await server.read_json(request), server.settings.max_tokens)
-        check_model(ask, server.model_name)
-        ids = server.encode(ask)
-        verifier = server.verifier_for(ask)
+        ask, ids, verifier = await server.off_loop(server.prepare, kind, await server.read_body(request))
+        headers = {}
+        if ask.unknown:
+            server.name_ignored(ask.unknown)
+            headers[IGNORED_HEADER] = ", ".join(ask.unknown)
         job = Job(ids, ask.max_tokens or server.settings.max_tokens, ask.stop, server.seed_for(ask, verifier),
-                  verifier, ask.ignore_eos, loop=asyncio.get_running_loop())
+                  verifier, ask.ignore_eos, loop=asyncio.get_running_loop(), cache_prompt=ask.cache_prompt,
+                  logprobs=ask.logprobs)
         scheduler.submit(job)
         answer = Answer(server, ask, job, arrived)
         if ask.stream:
             return StreamingResponse(answer.stream(request), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await answer.whole(request)
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+        response = await answer.whole(request)
+        response.headers.update(headers)
+        return response
 
     return app
 
 
-KNOWN = {"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"}
+KNOWN = {"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"}
+
+
+async def watch_disconnect(request: Request, job: Job) -> None:
+    """Beside a completion's handler: cancel its job the moment the client disconnects (the body
+    was read already, so the next message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
 
 
 class Answer:
@@ -299,10 +437,12 @@ class Answer:
         self.created = int(time.time())
         self.trim = StopTrim(ask.stop)
         self.first: float | None = None
+        self.offset = 0  # characters of text before the next token (completions' text_offset)
 
     async def events(self, request: Request) -> AsyncIterator[tuple[str, Any]]:
         """The job's events until it ends; a timeout or a client gone cancels it."""
         job = self.job
+        watcher = asyncio.create_task(watch_disconnect(request, job))
         try:
             while True:
                 left = self.deadline - time.monotonic()
@@ -310,10 +450,8 @@ class Answer:
                     raise APIError(504, f"the request took longer than {self.server.settings.request_timeout:g} s "
                                         "(serve.request_timeout)", code="timeout")
                 try:
-                    kind, value = await asyncio.wait_for(job.events.get(), min(left, POLL_S))
+                    kind, value = await asyncio.wait_for(job.events.get(), left)
                 except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return
                     continue
                 if kind == "error":
                     raise value
@@ -324,7 +462,8 @@ class Answer:
                 if kind in ("done", "cancelled"):
                     return
         finally:
-            job.cancel()  # a no-op once it ended; else the engine drops it before its next step
+            watcher.cancel()
+            job.cancel()  # a no-op once it ended; else it leaves the queue, or the engine drops it before its next step
 
     def _stats(self, generation) -> dict:
         return {"steps": generation.forwards, "tokens_per_step": round(generation.mean_accepted, 4),
@@ -335,8 +474,51 @@ class Answer:
 
     def _usage(self, generation) -> dict:
         n, m = generation.prompt_tokens, len(generation.tokens)
-        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m,
+                "prompt_tokens_details": {"cached_tokens": generation.cached_tokens}}
 
+    @staticmethod
+    def _timings(generation) -> dict:
+        """llama-server's ``timings``: the prompt's tokens this request ran (not the reused ones) and
+        the prefill's time; the generated tokens and the steps' time (the first step also runs the
+        prompt's last token); ``cache_n``: prompt tokens reused from the last request."""
+        prompt_n = generation.prompt_tokens - generation.cached_tokens
+        prompt_ms = generation.prefill_s * 1000
+        predicted_n, predicted_ms = len(generation.tokens), (generation.wall_s - generation.prefill_s) * 1000
+        return {"cache_n": generation.cached_tokens, "prompt_n": prompt_n, "prompt_ms": round(prompt_ms, 3),
+                "prompt_per_second": round(prompt_n / prompt_ms * 1000, 3) if prompt_ms > 0 else None,
+                "predicted_n": predicted_n, "predicted_ms": round(predicted_ms, 3),
+                "predicted_per_second": round(predicted_n / predicted_ms * 1000, 3) if predicted_ms > 0 else None}
+
+    # ---- log-probabilities ----------------------------------------------------------------------
+    def _piece(self, token: int) -> str:
+        return self.server._pieces.decode([token])
+
+    def _chat_logprobs(self, logprobs) -> dict:
+        def entry(token: int, logprob: float) -> dict:
+            piece = self._piece(token)
+            return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+
+        return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                            for lp in logprobs]}
+
+    def _completion_logprobs(self, logprobs) -> dict:
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for lp in logprobs:
+            piece = self._piece(lp.token)
+            out["tokens"].append(piece)
+            out["token_logprobs"].append(lp.logprob)
+            out["top_logprobs"].append({self._piece(t): v for t, v in lp.top})
+            out["text_offset"].append(self.offset)
+            self.offset += len(piece)
+        return out
+
+    def _logprobs(self, logprobs):
+        if self.ask.logprobs is None or logprobs is None:
+            return None
+        return self._chat_logprobs(logprobs) if self.ask.kind == "chat" else self._completion_logprobs(logprobs)
+
+    # ---- the answer -------------------------------------------------------------------------
     async def whole(self, request: Request) -> JSONResponse:
         text, generation = "", None
         async for kind, value in self.events(request):
@@ -348,24 +530,25 @@ class Answer:
             return JSONResponse(error_body(499, "the client closed the request"), 499)
         text += self.trim.flush()
         finish = FINISH.get(generation.stop_reason, "stop")
+        logprobs = self._logprobs(generation.logprobs)
         if self.ask.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish}
             kind = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
             kind = "text_completion"
         return JSONResponse({"id": self.id, "object": kind, "created": self.created, "model": self.server.model_name,
                              "choices": [choice], "usage": self._usage(generation),
-                             "specfree": self._stats(generation)})
+                             "timings": self._timings(generation), "specfree": self._stats(generation)})
 
-    def _chunk(self, content: str | None, finish: str | None = None, role: bool = False) -> dict:
+    def _chunk(self, content: str | None, finish: str | None = None, role: bool = False, logprobs=None) -> dict:
         if self.ask.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({} if content is None else {"content": content})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             kind = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": content or "", "logprobs": logprobs, "finish_reason": finish}
             kind = "text_completion"
         chunk = {"id": self.id, "object": kind, "created": self.created, "model": self.server.model_name,
                  "choices": [choice]}
@@ -383,14 +566,16 @@ class Answer:
             async for kind, value in self.events(request):
                 if kind == "chunk":
                     text = self.trim.push(value.text)
-                    if text:
-                        yield event(self._chunk(text))
+                    logprobs = self._logprobs(value.logprobs)  # the step's tokens, held text or not
+                    if text or logprobs:
+                        yield event(self._chunk(text, logprobs=logprobs))
                 elif kind == "done":
                     tail = self.trim.flush()
                     if tail:
                         yield event(self._chunk(tail))
                     last = self._chunk(None, FINISH.get(value.stop_reason, "stop"))
                     last["specfree"] = self._stats(value)
+                    last["timings"] = self._timings(value)
                     yield event(last)
                     if self.ask.include_usage:
                         yield event({"id": self.id, "object": last["object"], "created": self.created,

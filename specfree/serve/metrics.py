@@ -30,9 +30,16 @@ class Metrics:
         self.ttft = Histogram("specfree_time_to_first_token_seconds", "arrival to first token, queue wait included",
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=r)
         self.cancelled = Counter("specfree_cancelled", "requests stopped early (client gone or timeout)", registry=r)
+        self.cached_tokens = Counter("specfree_prompt_cached_tokens",
+                                     "prompt tokens whose KV was reused from the last request (prompt cache)", registry=r)
+        self.prefilled_tokens = Counter("specfree_prompt_prefilled_tokens",
+                                        "prompt tokens the prefill ran (the rest came from the prompt cache, "
+                                        "and each prompt's last token runs in its first step)", registry=r)
 
     def finished(self, generation: Generation) -> None:
         self.prompt_tokens.inc(generation.prompt_tokens)
+        self.cached_tokens.inc(generation.cached_tokens)
+        self.prefilled_tokens.inc(generation.prefilled_tokens)
         self.completion_tokens.inc(len(generation.tokens))
         self.steps.inc(len(generation.steps))
         self.accepted.inc(sum(step.accepted for step in generation.steps))

@@ -1,9 +1,12 @@
 """Request bodies of ``/v1/chat/completions`` and ``/v1/completions``, checked into one ``Ask``.
 
-Every mistake is a 400 naming the field. Fields the server cannot honour (``n > 1``,
-``logprobs``, ``tools``...) are refused by name when set to anything but their neutral value;
-fields the OpenAI API does not have are refused as unknown. specfree's own per-request knobs
-live under one extra field, ``specfree`` (``top_k``, ``repetition_penalty``, ``ignore_eos``).
+Every mistake is a 400 naming the field. Fields the server cannot honour (``n > 1``, ``tools``,
+``echo``...) are refused by name when set to anything but their neutral value. llama-server's
+common fields are taken at the top level (``n_predict``, ``cache_prompt``, ``top_k``, ``min_p``,
+``repeat_penalty``...); any other top-level field is ignored and named (``Ask.unknown``: the
+server logs it once and names it in the ``X-Specfree-Ignored-Fields`` header), as peers do.
+specfree's own per-request knobs live under one extra field, ``specfree`` (``top_k``,
+``repetition_penalty``, ``ignore_eos``).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfree.serve.errors import APIError, bad
+from specfree.serve.errors import bad
 
 MAX_STOPS = 16
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -26,16 +29,18 @@ def _off(value: Any) -> bool:
 # Fields accepted only at their neutral value: what the OpenAI API defines there and this server cannot do.
 UNSUPPORTED = {
     "n": lambda v: v in (None, 1), "best_of": lambda v: v in (None, 1),
-    "logprobs": _off, "top_logprobs": _off, "echo": _off, "suffix": _off, "logit_bias": _off,
-    "presence_penalty": _off, "frequency_penalty": _off, "tools": _off, "functions": _off,
+    "echo": _off, "suffix": _off, "tools": _off, "functions": _off,
     "tool_choice": lambda v: v in (None, "none"), "function_call": lambda v: v in (None, "none"),
     "parallel_tool_calls": lambda v: True, "audio": _off, "modalities": lambda v: v in (None, ["text"]),
     "prediction": _off, "web_search_options": _off, "reasoning_effort": _off,
     "response_format": lambda v: v in (None, {"type": "text"}),
 }
 IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
-COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "specfree"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "specfree",
+          "n_predict", "cache_prompt", "top_k", "min_p", "repeat_penalty", "repetition_penalty", "presence_penalty",
+          "frequency_penalty", "logit_bias", "logprobs"}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}, "completion": COMMON | {"prompt"}}
+MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's bounds
 
 
 @dataclass
@@ -50,11 +55,18 @@ class Ask:
     top_p: float | None = None
     top_k: int | None = None
     repetition_penalty: float | None = None
-    seed: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None  # None: the server draws one (also for -1)
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
     ignore_eos: bool = False
+    cache_prompt: bool = True
+    logprobs: int | None = None  # None: none; k: each token's log-probability and its k most likely
+    unknown: list[str] = field(default_factory=list)  # top-level fields ignored
 
 
 def parse(kind: str, body: Any, max_tokens_bound: int) -> Ask:
@@ -64,22 +76,36 @@ def parse(kind: str, body: Any, max_tokens_bound: int) -> Ask:
         if key in UNSUPPORTED:
             if not UNSUPPORTED[key](value):
                 raise bad(f"`{key}` is not supported by this server (got {value!r})", key, "unsupported_parameter")
-        elif key not in FIELDS[kind] and key not in IGNORED:
-            raise bad(f"unknown field `{key}`", key, "unknown_parameter")
+    unknown = [key for key in body if key not in UNSUPPORTED and key not in FIELDS[kind] and key not in IGNORED]
     if kind == "chat":
         prompt = _messages(body.get("messages"))
     else:
         prompt = _prompt(body.get("prompt"))
-    ask = Ask(kind, prompt)
+    ask = Ask(kind, prompt, unknown=unknown)
     ask.model = _typed(body, "model", str)
-    given = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None]
+    given = [k for k in ("max_completion_tokens", "max_tokens", "n_predict") if body.get(k) is not None]
     if given:
-        ask.max_tokens = _int(body, given[0], 1, max_tokens_bound)
-        if len(given) == 2 and body["max_tokens"] != body["max_completion_tokens"]:
-            raise bad("give max_tokens or max_completion_tokens, not two different values", "max_tokens")
+        # llama-server's n_predict: -1 is "as many as allowed" (here: serve.max_tokens)
+        ask.max_tokens = None if given[0] == "n_predict" and body["n_predict"] == -1 else \
+            _int(body, given[0], 1, max_tokens_bound)
+        if len({body[k] for k in given}) > 1:
+            raise bad(f"give one of {', '.join(given)}, not different values", given[0])
     ask.temperature = _number(body, "temperature", 0.0, 2.0)
     ask.top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
-    ask.seed = _int(body, "seed", 0, 2**63 - 1)
+    ask.seed = None if body.get("seed") == -1 else _int(body, "seed", 0, 2**63 - 1)  # -1: random, as llama-server
+    ask.top_k = _int(body, "top_k", 0, 2**31)
+    ask.min_p = _number(body, "min_p", 0.0, 1.0)
+    if body.get("repeat_penalty") is not None and body.get("repetition_penalty") is not None \
+            and body["repeat_penalty"] != body["repetition_penalty"]:
+        raise bad("give repeat_penalty or repetition_penalty, not two different values", "repeat_penalty")
+    ask.repetition_penalty = _number(body, "repeat_penalty", 0.0, None, low_open=True) or \
+        _number(body, "repetition_penalty", 0.0, None, low_open=True)
+    ask.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0)
+    ask.frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0)
+    ask.logit_bias = _logit_bias(body.get("logit_bias"))
+    cache = _typed(body, "cache_prompt", bool)
+    ask.cache_prompt = True if cache is None else cache
+    ask.logprobs = _logprobs(kind, body)
     ask.stop = _stop(body.get("stop"))
     ask.stream = bool(_typed(body, "stream", bool))
     options = _typed(body, "stream_options", dict)
@@ -96,10 +122,48 @@ def parse(kind: str, body: Any, max_tokens_bound: int) -> Ask:
         if unknown:
             raise bad(f"unknown field `specfree.{unknown[0]}`; specfree's knobs: {', '.join(SPECFREE_KNOBS)}",
                       f"specfree.{unknown[0]}", "unknown_parameter")
-        ask.top_k = _int(own, "top_k", 0, 2**31, "specfree.")
-        ask.repetition_penalty = _number(own, "repetition_penalty", 0.0, None, "specfree.", low_open=True)
+        for key in ("top_k", "repetition_penalty"):
+            if own.get(key) is not None and body.get(key) is not None and own[key] != body[key]:
+                raise bad(f"give {key} at the top level or under specfree, not two different values", key)
+        ask.top_k = _int(own, "top_k", 0, 2**31, "specfree.") if own.get("top_k") is not None else ask.top_k
+        if own.get("repetition_penalty") is not None:
+            ask.repetition_penalty = _number(own, "repetition_penalty", 0.0, None, "specfree.", low_open=True)
         ask.ignore_eos = bool(_typed(own, "ignore_eos", bool, "specfree."))
     return ask
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's ``{"token id": bias}`` (-100..100); llama-server's ``[[id, bias], ...]`` too."""
+    if value is None:
+        return {}
+    pairs = value.items() if isinstance(value, dict) else value if isinstance(value, list) else None
+    if pairs is None:
+        raise bad("`logit_bias` must be an object of token id -> bias", "logit_bias", "invalid_type")
+    out = {}
+    for pair in pairs:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise bad("`logit_bias` as an array takes [token id, bias] pairs", "logit_bias", "invalid_type")
+        token, bias = pair
+        try:
+            token = int(token)
+        except (TypeError, ValueError):
+            raise bad(f"`logit_bias` keys must be token ids, got {token!r}", "logit_bias", "invalid_type") from None
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise bad(f"`logit_bias[{token}]` must be a number from -100 to 100, got {bias!r}", "logit_bias")
+        out[token] = float(bias)
+    return out
+
+
+def _logprobs(kind: str, body: dict) -> int | None:
+    """How many alternatives each token's log-probability comes with, or None (none asked)."""
+    top = MAX_TOP_LOGPROBS[kind]
+    if kind == "completion":  # logprobs: k (0..5)
+        return _int(body, "logprobs", 0, top)
+    on = _typed(body, "logprobs", bool)
+    k = _int(body, "top_logprobs", 0, top)
+    if k and not on:
+        raise bad("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    return (k or 0) if on else None
 
 
 def _kind(value: Any) -> str:
@@ -167,7 +231,8 @@ def _messages(value: Any) -> list[dict[str, str]]:
         if role not in ROLES:
             raise bad(f"`{where}.role` {role!r} is not supported; roles: {', '.join(ROLES)}", f"{where}.role")
         for key in message:
-            if key not in ("role", "content", "name"):
+            # an answer echoed back by a client carries refusal/tool_calls/... as null or empty
+            if key not in ("role", "content", "name") and not _off(message[key]):
                 raise bad(f"`{where}.{key}` is not supported by this server", f"{where}.{key}",
                           "unsupported_parameter")
         out.append({"role": ROLES[role], "content": _content(message.get("content"), where)})
@@ -206,7 +271,3 @@ def _prompt(value: Any) -> str | list[int]:
     raise bad("`prompt` must be a string or an array of token ids", "prompt", "invalid_type")
 
 
-def check_model(ask: Ask, served: str) -> None:
-    if ask.model is not None and ask.model != served:
-        raise APIError(404, f"the model `{ask.model}` does not exist; this server serves `{served}`", "model",
-                       "model_not_found")

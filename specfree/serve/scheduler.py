@@ -2,7 +2,8 @@
 
 The event loop submits a ``Job``; the worker runs it through ``Engine.stream`` one step at a
 time and hands each step's ``Chunk`` back to the loop. A job whose client left (or whose time
-ran out) is marked cancelled; the worker sees the mark before the next step, closes the
+ran out) is marked cancelled: a waiting one leaves the queue at once (its place is free for the
+next request), a running one is seen by the worker before the next step, which closes the
 generator (the drafters end the request as usual) and takes the next job.
 """
 
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +37,11 @@ class Job:
     verifier: Any = None  # None: the engine's own
     ignore_eos: bool = False
     loop: asyncio.AbstractEventLoop | None = None
+    cache_prompt: bool = True
+    logprobs: int | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    on_cancel: Callable[["Job"], None] | None = None  # the scheduler's: take it out of the queue
 
     def emit(self, kind: str, value: Any = None) -> None:
         try:
@@ -45,14 +50,20 @@ class Job:
             pass
 
     def cancel(self) -> None:
+        if self.cancelled.is_set():
+            return
         self.cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel(self)
 
 
 class Scheduler:
     def __init__(self, engine, queue_size: int, metrics: Metrics | None = None):
         self.engine = engine
         self.metrics = metrics or Metrics()
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        self._queue: deque[Job] = deque()
+        self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._current: Job | None = None
         self._mean_s = 5.0  # running mean of a job's seconds: Retry-After's estimate
@@ -60,50 +71,70 @@ class Scheduler:
 
     @property
     def waiting(self) -> int:
-        return self._queue.qsize()
+        return len(self._queue)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._work, name="specfree-engine", daemon=True)
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        if self._stopping:
-            raise APIError(503, "the server is shutting down", code="shutting_down")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            wait = max(1, min(60, round(self._mean_s * (self.waiting + 1))))
-            raise APIError(429, f"the queue is full ({self._queue.maxsize} requests waiting); retry in about "
-                                f"{wait} s", code="queue_full", headers={"Retry-After": str(wait)}) from None
-        self.metrics.queue_length.set(self.waiting)
+        with self._lock:
+            if self._stopping:
+                raise APIError(503, "the server is shutting down", code="shutting_down")
+            if len(self._queue) >= self.queue_size:
+                wait = max(1, min(60, round(self._mean_s * (self.waiting + 1))))
+                raise APIError(429, f"the queue is full ({self.queue_size} requests waiting); retry in about "
+                                    f"{wait} s", code="queue_full", headers={"Retry-After": str(wait)})
+            job.on_cancel = self._withdraw
+            self._queue.append(job)
+            self.metrics.queue_length.set(self.waiting)
+            self._lock.notify()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Cancel the running job and every waiting one, and end the worker."""
-        self._stopping = True
-        while True:
+    def _withdraw(self, job: Job) -> None:
+        """A cancelled job leaves the queue at once (a running one ends before its next step)."""
+        with self._lock:
             try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel()
-                job.emit("error", APIError(503, "the server is shutting down", code="shutting_down"))
+                self._queue.remove(job)
+            except ValueError:  # running, or already taken
+                return
+            self.metrics.queue_length.set(self.waiting)
+            self.metrics.cancelled.inc()
+        job.emit("cancelled")
+
+    def stop(self, timeout: float = 120.0) -> bool:
+        """Cancel the running job and every waiting one, and wait for the worker to end (so the
+        drafters' state is still before it is saved); False if it did not end within ``timeout``."""
+        with self._lock:
+            self._stopping = True
+            waiting, self._queue = list(self._queue), deque()
+            self.metrics.queue_length.set(0)
+            self._lock.notify()
+        for job in waiting:
+            job.cancelled.set()
+            job.emit("error", APIError(503, "the server is shutting down", code="shutting_down"))
         if self._current is not None:
             self._current.cancel()
-        self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _next(self) -> Job | None:
+        with self._lock:
+            while not self._queue and not self._stopping:
+                self._lock.wait()
+            if self._stopping:
+                return None
+            job = self._queue.popleft()
+            self._current = job
+            self.metrics.queue_length.set(self.waiting)
+            return job
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
-            self.metrics.queue_length.set(self.waiting)
+            job = self._next()
             if job is None:
                 return
-            if job.cancelled.is_set():
-                job.emit("cancelled")
-                continue
-            self._current = job
             self.metrics.running.set(1)
             start = time.perf_counter()
             try:
@@ -118,7 +149,8 @@ class Scheduler:
         own = engine.verifier
         if job.verifier is not None:
             engine.verifier = job.verifier  # read once, when the generator starts (below)
-        steps = engine.stream(job.ids, job.max_tokens, stop=job.stop, seed=job.seed, ignore_eos=job.ignore_eos)
+        steps = engine.stream(job.ids, job.max_tokens, stop=job.stop, seed=job.seed, ignore_eos=job.ignore_eos,
+                              cache_prompt=job.cache_prompt, logprobs=job.logprobs)
         try:
             while True:
                 if job.cancelled.is_set():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -39,3 +40,32 @@ def build_processors(
     if top_p < 1.0:
         procs.append(TopPLogitsWarper(top_p))
     return procs
+
+
+class PresenceFrequencyPenalty(LogitsProcessor):
+    """OpenAI's presence and frequency penalties: a token's score less ``presence`` once it has
+    appeared and ``frequency`` times the number of times it appeared, counted over the generated
+    tokens only (the ids past the first ``prompt_len``)."""
+
+    def __init__(self, presence: float, frequency: float, prompt_len: int):
+        self.presence, self.frequency, self.prompt_len = float(presence), float(frequency), int(prompt_len)
+
+    def __call__(self, input_ids, scores):
+        made = input_ids[:, self.prompt_len :]
+        if made.numel() == 0:
+            return scores
+        counts = torch.zeros_like(scores).scatter_add_(1, made, torch.ones_like(made, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+class LogitBias(LogitsProcessor):
+    """OpenAI's ``logit_bias``: a fixed amount added to chosen tokens' scores (-100 bans, 100 forces)."""
+
+    def __init__(self, bias: dict[int, float]):
+        self.ids = torch.tensor(list(bias), dtype=torch.long)
+        self.values = torch.tensor(list(bias.values()), dtype=torch.float32)
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.ids.to(scores.device)] += self.values.to(scores.device, scores.dtype)
+        return scores
