@@ -79,11 +79,22 @@ class Adapter(Protocol):
     def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits [Q, V] of rows under the model's own causal mask, no mask passed (the probes' reference)."""
 
-    # Optional (the engine's ``prompt_cache`` reuses a prefix only where an adapter has them):
-    # ``can_truncate`` (bool), ``rows_exact`` (bool: a row's bits do not depend on the other rows of
-    # its forward, up to ``LONG_ROWS``), ``state_version`` (int, changed by every call that changes
-    # the kept KV) and ``truncate(length) -> bool`` (keep the first ``length`` tokens' KV).
-    # ``HFAdapter`` has all four.
+    # The prompt cache's four (the engine reuses a prefix only where an adapter has them, and says why
+    # it does not where one lacks them):
+    @property
+    def can_truncate(self) -> bool:
+        """Whether the kept KV can be cut back to a prefix (recurrent state cannot)."""
+
+    @property
+    def rows_exact(self) -> bool:
+        """Whether a row's bits do not depend on the other rows of its forward (up to ``LONG_ROWS``)."""
+
+    @property
+    def state_version(self) -> int:
+        """Changed by every call that changes the kept KV."""
+
+    def truncate(self, length: int) -> bool:
+        """Keep the first ``length`` tokens' KV; False where it cannot."""
 
     def commit(self, keep: list[int], rows: int) -> None:
         """Keep the KV of the last step's rows ``keep`` (ascending, keep[0] == 0) of its ``rows``."""
