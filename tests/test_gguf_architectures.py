@@ -158,3 +158,43 @@ def test_metadata_that_disagrees_with_the_tensors_is_one_line_naming_both(files,
     del reader
     with pytest.raises(ModelLoadError, match=r"tensor blk\.0\.attn_q\.weight has shape .* head_dim=16"):
         load_model(str(path), cache_dir=tmp_path)
+
+
+@settings(max_examples=10, deadline=None)
+@given(tokens=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_coded_experts_compute_what_the_experts_module_computes_and_each_row_alone(tokens, seed):
+    """Qwen3-MoE's experts module, its eager forward on the codes' values, against ``coded_experts_forward``
+    over the codes: close in float32 (another product order), and each row's bits those of the row alone."""
+    from transformers import AutoConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    from specfree.kernels.experts import ExpertCodes, coded_experts_forward
+
+    isa = load_kernels()
+    config = AutoConfig.for_model("qwen3_moe", hidden_size=64, moe_intermediate_size=32, num_experts=4)
+    config._experts_implementation = "eager"
+    experts = Qwen3MoeExperts(config)
+    torch.manual_seed(seed)
+    layers = {}
+    for key, rows, columns in (("gate", 32, 64), ("up", 32, 64), ("down", 64, 32)):
+        layers[key] = []
+        for _ in range(4):
+            linear = nn.Linear(columns, rows, bias=False)
+            values = quants.dequantize(quants.quantize(linear.weight.detach().numpy(), T.Q8_0), T.Q8_0)
+            with torch.no_grad():
+                linear.weight.copy_(torch.from_numpy(values.reshape(rows, columns)))
+            layers[key].append(CodedLinear(linear, find_codes(linear.weight, LANES[isa])))
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(torch.stack([torch.cat([g.weight, u.weight]) for g, u in
+                                                zip(layers["gate"], layers["up"])]))
+        experts.down_proj.copy_(torch.stack([d.weight for d in layers["down"]]))
+    experts.specfree_codes = ExpertCodes(layers["gate"], layers["up"], layers["down"])
+    hidden = torch.randn(tokens, 64)
+    index = torch.stack([torch.randperm(4)[:2] for _ in range(tokens)])
+    weights = torch.rand(tokens, 2)
+    with torch.no_grad():
+        coded = coded_experts_forward(experts, hidden, index, weights)
+        torch.testing.assert_close(coded, experts(hidden, index, weights), rtol=1e-5, atol=1e-5)
+        for row in range(tokens):
+            alone = coded_experts_forward(experts, hidden[row:row + 1], index[row:row + 1], weights[row:row + 1])
+            assert torch.equal(alone[0], coded[row])
