@@ -265,7 +265,7 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    from specfree.loading import with_supported_attention
+    from specfree.loading import cause, with_supported_attention
 
     weights = GGUFWeights(path, table)
     need, free = estimate_bytes(weights), available_memory()
@@ -273,10 +273,17 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
         raise ModelLoadError(f"could not load {path}: it needs about {need / 2**30:.1f} GiB of memory "
                              f"(its codes, and float32 for tensors without a kernel) and {free / 2**30:.1f} GiB "
                              "is available. Free memory, or use a smaller or more quantized file")
-    with init_empty_weights():
-        model = with_supported_attention(
-            lambda attention: AutoModelForCausalLM.from_config(config, attn_implementation=attention,
-                                                               dtype=torch.float32), attn_implementation)
+    try:  # a failure here is transformers' model of the architecture, not the file: say so
+        with init_empty_weights():
+            model = with_supported_attention(
+                lambda attention: AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                                   dtype=torch.float32), attn_implementation)
+    except Exception as exc:
+        import transformers
+
+        raise ModelLoadError(f"could not build the {config.model_type} model of {path.name} (its metadata was read): "
+                             f"transformers {transformers.__version__} says {cause(exc)}. The file is not at fault: "
+                             "try another transformers version, or give the model's transformers folder") from exc
     processor = TENSOR_PROCESSORS.get(weights.architecture, TensorProcessor)(config=config.to_dict())
     mapping = gguf_names(model, processor, weights.architecture)
     check_shapes(model, weights, mapping, path)

@@ -198,3 +198,16 @@ def test_coded_experts_compute_what_the_experts_module_computes_and_each_row_alo
         for row in range(tokens):
             alone = coded_experts_forward(experts, hidden[row:row + 1], index[row:row + 1], weights[row:row + 1])
             assert torch.equal(alone[0], coded[row])
+
+
+def test_a_model_transformers_cannot_build_is_not_blamed_on_the_file(files, tmp_path):
+    import gguf
+
+    path = files / "llama-odd-heads.gguf"
+    write_architecture(path, "llama", "F16")
+    reader = gguf.GGUFReader(str(path), "r+")  # no key/value heads: transformers' attention divides by them
+    reader.fields["llama.attention.head_count_kv"].parts[-1][0] = 0
+    del reader
+    with pytest.raises(ModelLoadError, match="could not build the llama model .* The file is not at fault") as error:
+        load_model(str(path), cache_dir=tmp_path)
+    assert "download it again" not in str(error.value)
