@@ -22,7 +22,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CODE_DIRS = ("specfree", "tests", "scripts", "docs")
+CODE_DIRS = ("specfree", "tests", "scripts", "docs", "benchmarks", ".ci")
+# every kind of source that can name a docs section in a comment
+CODE_SUFFIXES = (".py", ".cpp", ".h", ".yaml", ".sh", ".toml")
+# fewer than these found means the search itself broke (a check that finds nothing passes nothing)
+MIN_MARKDOWN_FILES, MIN_CODE_FILES, MIN_POINTERS = 15, 150, 20
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -77,7 +81,14 @@ def anchors(path: Path) -> frozenset[str]:
 
 
 def markdown_files() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    """Every Markdown file of the repository (README.md, docs/, benchmarks/README.md, ...)."""
+    return sorted(p for p in REPO.rglob("*.md") if not _ignored(p))
+
+
+def _ignored(path: Path) -> bool:
+    parts = path.relative_to(REPO).parts
+    return any(part.startswith(".") and part != ".ci" or part in ("build", "dist", "outputs", "multirun")
+               or part.endswith(".egg-info") for part in parts[:-1])
 
 
 def links(path: Path):
@@ -148,9 +159,20 @@ ELSEWHERE = re.compile(r"[\w.-]+/[\w.-]+ README")
 
 
 def code_files() -> list[Path]:
-    """Every Python file of the project but this one (whose examples are made to fail)."""
+    """Every source file of the project (Python, C++, YAML, shell) but this one, whose examples are
+    made to fail."""
     here = Path(__file__).resolve()
-    return sorted(p for d in CODE_DIRS for p in (REPO / d).rglob("*.py") if p.resolve() != here)
+    return sorted(p for d in CODE_DIRS for p in (REPO / d).rglob("*") if p.suffix in CODE_SUFFIXES
+                  and p.is_file() and p.resolve() != here and not _ignored(p)) + [REPO / "pyproject.toml"]
+
+
+def test_the_checks_find_what_they_check():
+    assert len(markdown_files()) >= MIN_MARKDOWN_FILES
+    assert REPO / "benchmarks" / "README.md" in markdown_files()
+    files = code_files()
+    assert len(files) >= MIN_CODE_FILES
+    assert {".py", ".cpp", ".h", ".yaml", ".sh"} <= {p.suffix for p in files}
+    assert len(list(code_pointers())) >= MIN_POINTERS
 
 
 def code_pointers():
