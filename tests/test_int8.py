@@ -1,7 +1,9 @@
 """precision=int8 (panel_linear.cpp's ``SPECFREE_INT8``, ``kernels.codes.PRECISIONS``): a quantized
 file's codes against 8-bit activations. Each row is quantized alone (checked against numpy's
 reading of the rule), the op equals the same int8 arithmetic computed in float64, and a row's bits
-are its own: whatever the other rows of the call, on AVX2, AVX-512 and AVX-512 without VNNI alike."""
+are its own: whatever the other rows of the call, on AVX2, AVX-512 and AVX-512 without VNNI alike.
+Tiny GGUF Llamas decode losslessly at int8 under every strategy, their verify rows bit-equal to
+the one-row forward; the setting reaches the layers from ``Engine`` and the config."""
 
 from __future__ import annotations
 
@@ -12,12 +14,16 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specfree import Engine
+from specfree.adapters.hf import HFAdapter
 from specfree.errors import ConfigError
-from specfree.kernels import load_kernels, set_precision
-from specfree.kernels.codes import from_blocks
+from specfree.kernels import linear_path, load_kernels, set_precision
+from specfree.kernels.codes import CodedLinear, from_blocks
 from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
 from specfree.kernels.panels import LANES, pack
-from tests.test_gguf import random_blocks
+from specfree.loading import load_model
+from tests.test_gguf import PROMPT, STRATEGIES, random_blocks, tiny_file
+from tests.test_tree_attention import CONTEXT, CONTINUATION, chain_and_tree_against_one_row
 
 ISA = load_kernels(progress=False)
 pytestmark = pytest.mark.skipif(ISA is None, reason="the kernel cannot be built or run on this machine")
@@ -133,3 +139,49 @@ def test_an_unknown_precision_is_refused():
         from_blocks(codes, lanes(PATHS[0])).linear(torch.randn(1, 32), None, 8, PATHS[0], "int4")
     with pytest.raises(ConfigError, match="precision must be one of exact, int8, not 'fp8'"):
         set_precision(torch.nn.Linear(2, 2), "fp8")
+
+
+# ---- models ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gguf_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("gguf-int8")
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_1], ids=lambda t: t.name)
+def test_every_strategy_is_lossless_at_int8_and_every_verify_row_equals_the_one_row_forward(qtype, gguf_dir,
+                                                                                             tmp_path):
+    path = tiny_file(gguf_dir, qtype)
+    model, _ = load_model(str(path), cache_dir=tmp_path)
+    plain = Engine.from_model(model, None, "autoregressive", precision="int8")
+    assert linear_path(model) == f"few_row-coded-int8-{ISA}"
+    assert all(m.precision == "int8" for m in model.modules() if isinstance(m, CodedLinear))
+    expected = plain.generate(PROMPT, 12, ignore_eos=True).tokens
+    for strategy in STRATEGIES:
+        knobs = {"draft_tree_capacity": 16} if strategy == "logit_spec" else {}
+        engine = Engine.from_model(model, None, strategy, precision="int8", **knobs)
+        assert engine.generate(PROMPT, 12, ignore_eos=True).tokens == expected, strategy
+    sampling = dict(do_sample=True, seed=5, temperature=0.8, precision="int8")
+    sampled = Engine.from_model(model, None, "hybrid", **sampling).generate(PROMPT, 12, ignore_eos=True).tokens
+    assert sampled == Engine.from_model(model, None, "autoregressive", **sampling).generate(
+        PROMPT, 12, ignore_eos=True).tokens
+    adapter = HFAdapter(model, check_tree_mask=False, precision="int8")
+    chain, tree, alone = chain_and_tree_against_one_row(adapter, CONTEXT, CONTINUATION)
+    assert torch.equal(chain, alone) and torch.equal(tree, alone)
+    exact = HFAdapter(model, check_tree_mask=False)  # the same model back at exact: other logits
+    assert linear_path(model) == f"few_row-coded-{ISA}"
+    _, _, exact_alone = chain_and_tree_against_one_row(exact, CONTEXT, CONTINUATION)
+    assert not torch.equal(exact_alone, alone)
+    # near: the same model, its activations rounded to 8 bits (a random one amplifies that most in Q6_K)
+    assert torch.nn.functional.cosine_similarity(alone, exact_alone, dim=-1).min() > 0.9
+
+
+def test_precision_reaches_the_layers_from_the_config_and_is_recorded(gguf_dir):
+    path = tiny_file(gguf_dir, T.Q4_1)
+    engine = Engine.from_config(overrides=["model=local", f"model.path={path}", "strategy=autoregressive",
+                                           "compile=false", "precision=int8"])
+    coded = [m for m in engine.adapter.model.modules() if isinstance(m, CodedLinear)]
+    assert coded and all(m.precision == "int8" for m in coded)
+    assert engine.adapter.path()["linear_kernel"] == f"few_row-coded-int8-{ISA}"
+    assert "precision=int8" in repr(coded[0])
+    with pytest.raises(ConfigError, match="precision must be one of exact, int8"):
+        Engine.from_config(overrides=["model=local", f"model.path={path}", "compile=false", "precision=int4"])
