@@ -22,6 +22,7 @@ from specfree.kernels.codes import CodedLinear, from_blocks
 from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
 from specfree.kernels.panels import LANES, pack
 from specfree.loading import load_model
+from tests import tiny_models
 from tests.test_gguf import PROMPT, STRATEGIES, random_blocks, tiny_file
 from tests.test_tree_attention import CONTEXT, CONTINUATION, chain_and_tree_against_one_row
 
@@ -185,3 +186,25 @@ def test_precision_reaches_the_layers_from_the_config_and_is_recorded(gguf_dir):
     assert "precision=int8" in repr(coded[0])
     with pytest.raises(ConfigError, match="precision must be one of exact, int8"):
         Engine.from_config(overrides=["model=local", f"model.path={path}", "compile=false", "precision=int4"])
+
+
+@pytest.mark.slow  # an AOTInductor package of its own: 60 s on the 2-core AMD EPYC Zen 4 VM
+@pytest.mark.skipif(tiny_models.DEVICE != "cpu", reason="AOTInductor packages are the CPU path")
+def test_a_compiled_int8_step_decodes_as_the_eager_one_in_a_package_of_its_own(tmp_path):
+    """The op's precision is traced into the package: an int8 package is keyed apart from an exact one."""
+    from specfree.adapters.compiled import make_adapter
+    from specfree.plugins import build_plugin_manager, registry
+
+    knobs = dict(cache_dir=tmp_path, max_autotune=False, progress=False, buckets=(1, 8))
+    compiled = make_adapter(tiny_models.tiny_model.__wrapped__("llama_gguf"), "true", precision="int8", **knobs)
+    assert compiled.compiled and compiled.linears == f"few_row-coded-int8-{ISA}", compiled.failure
+    chain, tree, alone = chain_and_tree_against_one_row(compiled, CONTEXT, CONTINUATION)
+    assert torch.equal(chain, alone) and torch.equal(tree, alone)
+    reg = registry(build_plugin_manager())
+    eager = HFAdapter(tiny_models.tiny_model.__wrapped__("llama_gguf"), check_tree_mask=False, precision="int8")
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    tokens = {name: Engine(adapter, reg.make("strategy", name)).generate(prompt, 16, ignore_eos=True).tokens
+              for name, adapter in (("autoregressive", eager), ("prompt_lookup", compiled))}
+    assert tokens["prompt_lookup"] == tokens["autoregressive"]
+    exact = make_adapter(tiny_models.tiny_model.__wrapped__("llama_gguf"), "auto", **knobs)
+    assert not exact.compiled and exact.linears == f"few_row-coded-{ISA}"  # the int8 package is not its
