@@ -237,6 +237,7 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     and mask builder are built first, so their mistakes show before the model spends seconds loading."""
     from specfree.adapters.compiled import check_compile
     from specfree.generation import check_generation
+    from specfree.kernels import check_precision
     from specfree.loading import check_hub_reachable, load_model
     from specfree.parts import build_parts
 
@@ -260,7 +261,8 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     parts = build_parts(model, reg, strategy, verifier_knobs=knobs(chosen) if chosen is not None else {},
                         verifier=chosen.name if chosen is not None else None, generation=generation,
                         adapter_name=model_cfg.adapter, compile=cfg.get("compile", "auto"),
-                        linear_kernel=model_cfg.linear_kernel, cache_dir=cfg.cache_dir)
+                        linear_kernel=model_cfg.linear_kernel, cache_dir=cfg.cache_dir,
+                        precision=check_precision(cfg.get("precision", "exact")))
     # cache_dir: the cost curve is kept beside the kernels and packages, where the config says
     return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, "cache_dir": cfg.cache_dir,
             "prompt_cache": bool(cfg.get("prompt_cache", False)), **step}

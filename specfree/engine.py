@@ -137,7 +137,8 @@ class Engine:
 
         ``knobs`` holds sampling settings (do_sample, temperature, top_k, top_p,
         repetition_penalty, seed), ``generation``, ``priced``/``adapt_costs``/``prompt_cache`` (see ``from_model``)
-        and the strategy's own knobs. ``compile``: see ``from_model``.
+        and the strategy's own knobs, ``linear_kernel`` and ``precision`` (see ``from_model``).
+        ``compile``: see ``from_model``.
         """
         from specfree.loading import load_model
 
@@ -150,8 +151,9 @@ class Engine:
                    adapter: Adapter | None = None, priced: bool = True, adapt_costs: bool = False,
                    price_context: bool = True, costs: CostModel | None = None,
                    acceptance: AcceptanceModel | None = None, generation: str | GenerationConfig = "model",
-                   prompt_cache: bool = False, **knobs: Any) -> "Engine":
-        """Wrap an already loaded transformers model (``linear_kernel``: see ``HFAdapter``).
+                   prompt_cache: bool = False, precision: str = "exact", **knobs: Any) -> "Engine":
+        """Wrap an already loaded transformers model (``linear_kernel`` and ``precision``: see ``HFAdapter``;
+        ``precision="int8"`` runs a quantized file's coded layers on 8-bit activations).
 
         ``generation``: ``"model"`` (the default) follows what the model's ``generation_config``
         asks (sampling and its parameters, penalties, forced and suppressed tokens, minimum
@@ -166,6 +168,7 @@ class Engine:
         ``priced``, ``adapt_costs``, ``price_context``, ``costs``, ``acceptance``, ``prompt_cache``: see ``Engine``.
         """
         from specfree.adapters.compiled import check_compile
+        from specfree.kernels import check_precision
         from specfree.parts import build_parts
         from specfree.plugins import build_plugin_manager, registry
 
@@ -178,8 +181,9 @@ class Engine:
         elif knobs:
             raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
         check_compile(compile)
+        check_precision(precision)
         parts = build_parts(model, reg, strategy, verifier_knobs=sampling, generation=generation, adapter=adapter,
-                            compile=compile, linear_kernel=linear_kernel, cache_dir=cache_dir)
+                            compile=compile, linear_kernel=linear_kernel, cache_dir=cache_dir, precision=precision)
         if parts["model_settings"].ignored:
             warnings.warn(parts["model_settings"].line(), stacklevel=2)
         return cls(**parts, tokenizer=tokenizer, cache_dir=cache_dir, priced=priced, adapt_costs=adapt_costs,

@@ -17,9 +17,11 @@ from specfree.registry import Registry
 
 
 def build_adapter(model, reg: Registry | None = None, name: str = "hf", *, compile: str | bool = "false",
-                  linear_kernel: str = "few_row", cache_dir: str | None = None, **knobs: Any) -> Adapter:
+                  linear_kernel: str = "few_row", cache_dir: str | None = None, precision: str = "exact",
+                  **knobs: Any) -> Adapter:
     """The adapter ``name`` over ``model``. ``compile``, ``cache_dir`` and ``knobs`` (e.g. ``slots``)
-    reach the factories that take them; ``linear_kernel`` is passed only when not the default."""
+    reach the factories that take them; ``linear_kernel`` and ``precision`` are passed only when not
+    the default."""
     from specfree.adapters.compiled import check_compile
 
     if reg is None:
@@ -32,13 +34,15 @@ def build_adapter(model, reg: Registry | None = None, name: str = "hf", *, compi
     extra = {k: v for k, v in given.items() if k in takes}
     if linear_kernel != "few_row":
         extra["linear_kernel"] = linear_kernel
+    if precision != "exact":
+        extra["precision"] = precision
     return reg.make("adapter", name, model=model, **extra)
 
 
 def build_parts(model, reg: Registry, strategy: Any, *, verifier_knobs: dict[str, Any] | None = None,
                 verifier: str | None = None, generation: Any = "model", adapter: Adapter | None = None,
                 adapter_name: str = "hf", compile: str | bool = "false", linear_kernel: str = "few_row",
-                cache_dir: str | None = None) -> dict[str, Any]:
+                cache_dir: str | None = None, precision: str = "exact") -> dict[str, Any]:
     """``adapter``, ``strategy``, ``verifier`` and ``model_settings`` for ``Engine(...)``: the
     verifier ``verifier`` (None: sampling where asked, else greedy) from ``verifier_knobs`` over the
     model's generation settings (``generation``: see ``specfree.generation``), then the adapter
@@ -48,5 +52,5 @@ def build_parts(model, reg: Registry, strategy: Any, *, verifier_knobs: dict[str
     chosen, settings = model_verifier(reg, model, verifier_knobs or {}, generation, verifier)
     if adapter is None:
         adapter = build_adapter(model, reg, adapter_name, compile=compile, linear_kernel=linear_kernel,
-                                cache_dir=cache_dir)
+                                cache_dir=cache_dir, precision=precision)
     return {"adapter": adapter, "strategy": strategy, "verifier": chosen, "model_settings": settings}

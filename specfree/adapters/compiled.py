@@ -112,7 +112,8 @@ def layer_shapes(model) -> list[tuple[torch.Size, torch.Size]]:
 def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool | None = None,
                      backend: str | Callable = "auto", min_slots: int | None = None, package_dir: str | Path | None = None,
                      tier_step: int = PACKAGE_TIER_STEP, check_tree_mask: bool = True, grouped_attention: bool = True,
-                     linear_kernel: str = "few_row", cache_dir: str | Path | None = None) -> HFAdapter:
+                     linear_kernel: str = "few_row", cache_dir: str | Path | None = None,
+                     precision: str = "exact") -> HFAdapter:
     """An ``HFAdapter`` over static KV slots whose steps run compiled: the same kernels as the
     eager adapter, ``kv_buffers.StaticSlots``, and a runner (``runners``).
 
@@ -126,7 +127,7 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
     """
     max_autotune = resolve_autotune(max_autotune, model)
     model = shared_parameter_copy(model)
-    kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir) > 0
+    kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir, precision) > 0
     device = model_device(model)
     backend = resolve_backend(backend, device)
     packaged = backend == "aoti"
@@ -142,7 +143,7 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
         tracing = {"freezing": True} if options and options.get("freezing") else {}
         runner = RUNNERS["graphs"](model, slots, backend, buckets, max_autotune, options, tracing)
     return HFAdapter(model, check_tree_mask=check_tree_mask, grouped_attention=grouped_attention,
-                     linear_kernel=linear_kernel, cache_dir=cache_dir, runner=runner)
+                     linear_kernel=linear_kernel, cache_dir=cache_dir, runner=runner, precision=precision)
 
 
 # ---- choosing the path ------------------------------------------------------------------
@@ -173,7 +174,8 @@ def compiled_marker(model, cache_dir, **knobs) -> Path:
 
 
 def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache_dir=None,
-                 progress: bool = True, slots: int | None = None, **compiled_knobs) -> HFAdapter:
+                 progress: bool = True, slots: int | None = None, precision: str = "exact",
+                 **compiled_knobs) -> HFAdapter:
     """The adapter for ``compile``: ``true`` compiles (minutes the first time on a machine, with
     progress shown; one warning and the eager adapter where it cannot or fails); ``auto`` does so
     only where that is quick here (AOTInductor packages of this model already on disk, or a
@@ -186,7 +188,7 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
     from specfree.loading import DEFAULT_CACHE
 
     choice = check_compile(compile)
-    eager = dict(linear_kernel=linear_kernel, cache_dir=cache_dir)
+    eager = dict(linear_kernel=linear_kernel, cache_dir=cache_dir, precision=precision)
     if choice == "false":
         return _eager(model, "compile=false", **eager)
     reason = compile_blocker(model)
@@ -195,9 +197,11 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
             warnings.warn(f"compile=true: {reason}; decoding on the eager path", stacklevel=3)
         return _eager(model, reason, **eager)
     folder = Path(cache_dir or DEFAULT_CACHE) / "compiled"
-    marker = compiled_marker(model, folder.parent, **compiled_knobs)
+    # int8 graphs are other graphs (the op's precision argument): their own marker
+    marker = compiled_marker(model, folder.parent, **compiled_knobs,
+                             **({"precision": precision} if precision != "exact" else {}))
     if choice == "auto" and not _ready_without_compiling(model, folder, marker, compiled_knobs, linear_kernel,
-                                                         cache_dir):
+                                                         cache_dir, precision):
         logging.getLogger("specfree").debug(
             "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
             "compile=true builds one (minutes the first time)")
@@ -207,7 +211,7 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
 
     try:
         adapter = compiled_adapter(model, package_dir=folder, linear_kernel=linear_kernel, cache_dir=cache_dir,
-                                   **compiled_knobs)
+                                   precision=precision, **compiled_knobs)
     except UnsupportedModelError:  # no tree mask: the eager adapter's probes choose how it verifies chains
         if choice == "true":
             warnings.warn("compile=true: this model verifies chains, which run on the eager path only; "
@@ -230,7 +234,7 @@ def _eager(model, why: str, **eager) -> HFAdapter:
 
 
 def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, linear_kernel: str,
-                             cache_dir) -> bool:
+                             cache_dir, precision: str = "exact") -> bool:
     """Whether the compiled adapter's package is on disk, without building the adapter
     (its probes cost most of a second on SmolLM2, every eager start); for torch.compile, whether
     the last warm-up took at most ``AUTO_READY_S``."""
@@ -244,7 +248,7 @@ def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, lin
         # Both paths prepare the model first (the compiled one a copy sharing its modules), and the
         # package's name depends on what that gives: the attention it runs, the linears' kernel and
         # which weights hold codes. Preparing here costs nothing later: preparing twice is a no-op.
-        prepare_model(model, knobs.get("grouped_attention", True), linear_kernel, cache_dir)
+        prepare_model(model, knobs.get("grouped_attention", True), linear_kernel, cache_dir, precision)
         return StepPackage(model, folder, package_options(), linear_path(model)).ready()
     try:
         return json.loads(marker.read_text())["warm_up_s"] <= AUTO_READY_S if marker.is_file() else False

@@ -39,17 +39,17 @@ grad_free = torch.inference_mode
 
 
 def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "few_row",
-                  cache_dir: str | None = None) -> int:
+                  cache_dir: str | None = None, precision: str = "exact") -> int:
     """Swap in the kernels every adapter runs (each swap computes the same function; doing it twice
     changes nothing): attention that takes a tree mask, grouped-query SDPA without a per-step copy
-    of the cache, specfree's few-row linear kernel, fused RMSNorms. Returns how many linear layers
-    run the kernel."""
+    of the cache, specfree's few-row linear kernel (coded layers at ``precision``), fused RMSNorms.
+    Returns how many linear layers run the kernel."""
     use_maskable_attention(model)
     if grouped_attention:
         # each row's bits independent of the step's other rows; else the same math as SDPA without a
         # per-step copy of the cache for masked rows
         use_tree_attention(model, cache_dir) or use_grouped_sdpa(model)
-    kernel_linears = prepare_linears(model, linear_kernel, cache_dir)  # rows at one row's price
+    kernel_linears = prepare_linears(model, linear_kernel, cache_dir, precision=precision)  # rows at one row's price
     fuse_norms(model)  # bit-identical, fewer dispatches per forward
     return kernel_linears
 
@@ -60,19 +60,21 @@ class HFAdapter:
 
     def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True,
                  linear_kernel: str = "few_row", cache_dir: str | None = None, *,
-                 runner: StepRunner | None = None, capabilities: Capabilities | None = None):
+                 runner: StepRunner | None = None, capabilities: Capabilities | None = None,
+                 precision: str = "exact"):
         """``linear_kernel``: ``"few_row"`` runs CPU linear layers through specfree's kernel
         (``specfree.kernels``; built once under ``cache_dir``, the library's where it cannot be),
         holding a weight that is exactly a 4- or 8-bit code's values (a dequantized GGUF) as those
         codes, ``"few_row_fp32"`` the same with every weight kept float32, ``"library"`` keeps
-        torch's ``F.linear``. ``runner``: a compiled runner whose static KV
-        slots (``runner.slots``) the steps run over, instead of eager forwards over a growing cache;
+        torch's ``F.linear``. ``precision``: how layers held as codes multiply, ``"exact"`` (float32
+        activations) or ``"int8"`` (8-bit activations, ``kernels.codes.PRECISIONS``). ``runner``: a
+        compiled runner whose static KV slots (``runner.slots``) the steps run over, instead of eager forwards over a growing cache;
         tree-verified models only. ``capabilities``: the record ``probes.inspect_model`` made for
         this model (given: no probes run); ``check_tree_mask=False`` skips the probes."""
         structure = capabilities or model_structure(model)  # refusals first, before any kernel is swapped
         self.model = model.eval()
         # Outside the mode: the weights the kernels repack stay the model's own, usable by any caller.
-        self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir)
+        self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir, precision)
         structure = dataclasses.replace(structure, attention=attention_path(model))  # fixed from here on
         self._device = model_device(model)
         self._compiled_runner = runner
@@ -273,6 +275,8 @@ class HFAdapter:
         layers hold as codes, and which tensors run as float32)."""
         holdings = getattr(self.model, "gguf_holdings", None)
         held = f"; {holdings.file}: {holdings.summary()}" if holdings is not None else ""
+        if "-int8" in self.linears:  # kernels.linear_path names the coded layers' precision
+            held += "; precision=int8 (layers held as codes multiply 8-bit activations)"
         if not isinstance(self.runner, StepRunner):
             return f"{self.capabilities.describe()}; attention: {self.capabilities.attention}{held}"
         linears = "specfree's few-row kernel" if self.linears != "library" else "torch's"
@@ -285,6 +289,7 @@ class HFAdapter:
         forward = "eager" if not self.compiled else "aoti package" if hasattr(self.runner, "package") else "torch.compile"
         return {"forward": forward, "eager_because": None if self.compiled else (self.failure or self.eager_because),
                 "described": self.describe() if self.compiled else None, "linear_kernel": self.linears,
+                "precision": "int8" if "-int8" in self.linears else "exact",
                 "attention": self.capabilities.attention, "verification": self.capabilities.describe(),
                 "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "gguf": None if getattr(self.model, "gguf_holdings", None) is None else self.model.gguf_holdings.as_dict()}

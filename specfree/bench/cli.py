@@ -111,7 +111,8 @@ class BenchSettings:
                 "repeats": bench.repeats, "warmup": bench.warmup, "chat": bench.chat, "device": config.device,
                 "dtype": config.dtype, "threads": config.threads, "seed": config.seed, "baseline": BASELINE,
                 "decoding": self.decoding or "greedy",
-                "linear_kernel": config.model.linear_kernel, "compile": self.compile,
+                "linear_kernel": config.model.linear_kernel, "precision": config.precision,
+                "compile": self.compile,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu": cpu_name(),
                 "versions": versions()}
 
@@ -173,7 +174,8 @@ def compiled_adapter(model, settings: BenchSettings, slots: int):
     if settings.compile == "false":
         return None
     adapter = build_adapter(model, compile="true", cache_dir=settings.config.cache_dir, slots=slots,
-                            linear_kernel=settings.config.model.linear_kernel)
+                            linear_kernel=settings.config.model.linear_kernel,
+                            precision=settings.config.precision)
     return adapter if adapter.compiled else None
 
 
@@ -208,7 +210,8 @@ def run(cfg: Any, console: Console | None = None) -> int:
     compiled = compiled_adapter(model, settings, slots)
     systems = build_systems(model, tokenizer, settings.strategies,
                             [b for b in settings.baselines if b.name not in llama_rows.BASELINES],
-                            settings.config.seed, settings.config.model.linear_kernel, compiled, settings.decoding)
+                            settings.config.seed, settings.config.model.linear_kernel, compiled, settings.decoding,
+                            precision=settings.config.precision)
     if llama:
         built, skipped = llama_rows.build(llama, llama_rows.source_gguf(settings.model), settings.config.dtype,
                                           llama_rows.cache_folder(settings.config.cache_dir), torch.get_num_threads(),

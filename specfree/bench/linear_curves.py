@@ -19,7 +19,8 @@ its products. Variants:
   Intel Xeon VM: 2 ms of 18);
 - ``few_row-coded-avx512``: where the model's weights are a quantized file's, dequantized (SmolLM2's
   GGUF), the same products on those weights held as codes (``kernels/codes.py``), as an engine holds them:
-  3.7-6x fewer bytes than the panels, the same bits;
+  3.7-6x fewer bytes than the panels, the same bits; ``few_row-coded-int8-avx512``: the same codes
+  against 8-bit activations (``precision=int8``);
 - ``few_row-tiles-amx``: a bfloat16 model's weights on AMX tiles (``kernels/tiles.py``), where the CPU has
   AMX (every variant's activations are in the weights' dtype, as the model's forward passes them);
 - ``read_pass``: the floor, one read of every weight (as panels) with the kernel's split among
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.kernels import UnpackedLinear, has_amx, load_kernels
-from specfree.kernels.codes import CodedLinear, find_codes
+from specfree.kernels.codes import PRECISIONS, CodedLinear, find_codes
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.panels import LANES, PanelLinear, pack
 from specfree.kernels.tiles import pack_tiles
@@ -154,12 +155,17 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
         coded = [m.coded if isinstance(m, CodedLinear) else find_codes(w, LANES[paths[-1]])
                  for m, (w, _) in zip(modules, layers)]
         if any(c is not None for c in coded):  # each layer as an engine holds it: codes, else panels
-            products = [(lambda x, c=c, b=b, n=w.shape[0]: c.linear(x, b, n, paths[-1])) if c is not None else
-                (lambda x, p=pack(w, LANES[paths[-1]]), b=b, n=w.shape[0]: torch.ops.specfree.panel_linear(
-                    x, p, b, n, paths[-1])) for c, (w, b) in zip(coded, layers)]
-            passes[f"few_row-coded-{paths[-1]}"] = {
-                m: (lambda xs=activations[m]: [f(xs[w.shape[1]]) for f, (w, _) in zip(products, layers)])
-                for m in rows}
+            panels = [None if c is not None else pack(w, LANES[paths[-1]]) for c, (w, _) in zip(coded, layers)]
+            for precision in PRECISIONS:
+                products = [(lambda x, c=c, b=b, n=w.shape[0], precision=precision: c.linear(
+                    x, b, n, paths[-1], precision)) if c is not None else
+                    (lambda x, p=p, b=b, n=w.shape[0]: torch.ops.specfree.panel_linear(x, p, b, n, paths[-1]))
+                    for c, p, (w, b) in zip(coded, panels, layers)]
+                name = f"few_row-coded-{paths[-1]}" if precision == "exact" else f"few_row-coded-{precision}-{paths[-1]}"
+                passes[name] = {
+                    m: (lambda xs=activations[m], products=products: [f(xs[w.shape[1]]) for f, (w, _) in
+                                                                      zip(products, layers)])
+                    for m in rows}
     if has_amx() and all(w.dtype == torch.bfloat16 for w, _ in layers):  # as a bf16 engine's model runs them
         arena = HugePageArena()  # as an engine's model holds them
         tiles = [(pack_tiles(w, arena), b, w.shape[0]) for w, b in layers]

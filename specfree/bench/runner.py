@@ -51,15 +51,16 @@ class SystemSpec:
 
 def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines: Sequence[SystemSpec],
                   seed: int | None = None, linear_kernel: str = "few_row", compiled=None,
-                  decoding: dict[str, Any] | None = None) -> list[System]:
+                  decoding: dict[str, Any] | None = None, precision: str = "exact") -> list[System]:
     """The (eager) autoregressive baseline first, then, given a ``compiled`` adapter, the compiled
     autoregressive loop, then the requested strategies (on ``compiled`` when given), then outside
     baselines. All of them share ``model``, and the strategies one forward-cost curve, so that no
     system's pricing differs from another's by a measurement's noise. ``decoding``: the verifier
-    knobs every specfree system decodes with (None: plain greedy)."""
+    knobs every specfree system decodes with (None: plain greedy). ``precision``: how the eager
+    systems' coded layers multiply (``compiled`` was built with its own)."""
     reg = registry(build_plugin_manager())
     systems: list[System] = [SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, linear_kernel,
-                                                  decoding=decoding)]
+                                                  decoding=decoding, precision=precision)]
     if compiled is not None:
         systems.append(SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, adapter=compiled,
                                             suffix=COMPILED, decoding=decoding))
@@ -67,7 +68,8 @@ def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines:
     for spec in strategies:
         wants_curve = spec.knobs.get("priced", True) or spec.knobs.get("adapt_costs", False)
         system = SpecfreeSystem.build(model, tokenizer, spec.name, spec.knobs, seed, reg, linear_kernel,
-                                      adapter=compiled, costs=costs if wants_curve else None, decoding=decoding)
+                                      adapter=compiled, costs=costs if wants_curve else None, decoding=decoding,
+                                      precision=precision)
         costs = costs or system.engine.costs
         if system.label != BASELINE:  # the baseline runs once, first
             systems.append(system)

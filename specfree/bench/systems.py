@@ -80,7 +80,8 @@ class SpecfreeSystem:
     def build(cls, model, tokenizer, strategy: str, knobs: dict[str, Any] | None = None,
               seed: int | None = None, reg: Registry | None = None,
               linear_kernel: str = "few_row", adapter=None, suffix: str = "",
-              costs: CostModel | None = None, decoding: dict[str, Any] | None = None) -> SpecfreeSystem:
+              costs: CostModel | None = None, decoding: dict[str, Any] | None = None,
+              precision: str = "exact") -> SpecfreeSystem:
         """``knobs`` may hold ``pool`` as a pool config node ``{name, knobs...}`` (or a pool name).
         ``adapter``: a compiled adapter shared by the compiled systems (None: an eager one of its
         own); ``suffix`` is added to the label (`` (compiled)``); ``costs``: the forward-cost curve
@@ -93,6 +94,7 @@ class SpecfreeSystem:
         # generation="plain": bench times plain greedy decoding, as its transformers baselines run it,
         # or the decoding the run names (then with specfree's systems alone).
         engine = Engine.from_model(model, tokenizer, strategy, linear_kernel=linear_kernel, compile="false",
+                                   precision=precision,
                                    adapter=adapter, generation="plain",
                                    costs=None if costs is None else CostModel.from_dict(costs.as_dict()),
                                    **(decoding or {}), **knobs)

@@ -104,6 +104,7 @@ class SpecfreeConfig:
     dtype: str = "float32"
     threads: int | None = None
     compile: str = "auto"  # auto | true | false: the compiled forward (adapters/compiled.py)
+    precision: str = "exact"  # exact | int8: a quantized file's coded layers on float32 or 8-bit activations
     cache_dir: str | None = None
     output: str | None = None
     verify_against_baseline: bool = False

@@ -8,7 +8,8 @@ than one read for 2 to 16 rows. The ops, one library:
   row of its format table a weight format) on weights packed once, in place, into panels
   (``panels.py``: float32, float16, bfloat16) or held as small integer codes under block scales
   (``codes.py``, ``gguf_blocks.py``: a GGUF's types): one sequential stream per thread; what an
-  engine's model runs (``prepare_linears``, ``PanelLinear``, ``CodedLinear``);
+  engine's model runs (``prepare_linears``, ``PanelLinear``, ``CodedLinear``); coded layers take
+  float32 activations (``precision="exact"``) or 8-bit ones (``"int8"``, ``set_precision``);
 - ``specfree::linear`` (``unpacked_linear.cpp``) on the model's own ``[N, K]`` tensors, for models
   specfree borrows (``unpacked_linears``) and heads tied to a layer it cannot repack;
 - ``specfree::tile_linear`` (``tile_linear.cpp``) on bfloat16 weights packed into AMX tiles
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.files import atomic_path, fingerprint
-from specfree.kernels.codes import CodedLinear
+from specfree.kernels.codes import PRECISIONS, CodedLinear
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.saved_codes import SavedCodes
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
@@ -198,7 +199,7 @@ def _register_fake() -> None:
         return x.new_empty((*x.shape[:-1], n))
 
     @torch.library.register_fake("specfree::coded_linear")
-    def _(x, codes, scales, offsets, bias, n, isa="auto", supers=None, super_offsets=None):
+    def _(x, codes, scales, offsets, bias, n, isa="auto", supers=None, super_offsets=None, precision="exact"):
         return x.new_empty((*x.shape[:-1], n))
 
     @torch.library.register_fake("specfree::decode_panels")
@@ -267,6 +268,24 @@ def _plain_cpu_weight(module: nn.Module) -> bool:
             and not module._forward_hooks and not module._forward_pre_hooks)
 
 
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        from specfree.errors import ConfigError
+
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    return precision
+
+
+def set_precision(model: nn.Module, precision: str = "exact") -> int:
+    """Run the model's coded layers (``CodedLinear``: a quantized file's codes) at ``precision``
+    (``codes.PRECISIONS``); returns how many there are. Other layers have no other precision."""
+    check_precision(precision)
+    coded = [m for m in model.modules() if isinstance(m, CodedLinear)]
+    for module in coded:
+        module.precision = precision
+    return len(coded)
+
+
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         from specfree.errors import ConfigError
@@ -276,12 +295,13 @@ def check_backend(backend: str) -> str:
 
 
 def prepare_linears(model: nn.Module, backend: str = "few_row", cache_dir: str | Path | None = None,
-                    pack: bool = True) -> int:
+                    pack: bool = True, precision: str = "exact") -> int:
     """Swap the model's CPU ``nn.Linear`` layers for specfree's kernels, their weights packed
     (``backend="few_row"``, where the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
     the kernel. ``pack``: each weight repacked in place into panels (``PanelLinear``, the fastest
     layout, still one copy; GPT-2's ``Conv1D`` layers too); else ``UnpackedLinear`` over the model's
-    own tensors (``nn.Linear`` only)."""
+    own tensors (``nn.Linear`` only). ``precision``: how layers held as codes multiply (``set_precision``)."""
+    check_precision(precision)
     if check_backend(backend) == "library":
         library_linears(model)
         return 0
@@ -290,6 +310,7 @@ def prepare_linears(model: nn.Module, backend: str = "few_row", cache_dir: str |
     if not any((_packs if pack else _fits)(m) for m in model.modules()):
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.
+        set_precision(model, precision)  # a GGUF's layers hold codes from the load
         return sum(isinstance(m, (UnpackedLinear, PanelLinear)) for m in model.modules())
     if load_kernels(cache_dir) is None:
         library_linears(model)
@@ -311,6 +332,7 @@ def prepare_linears(model: nn.Module, backend: str = "few_row", cache_dir: str |
             release_checkpoint_mapping(model)
         if coder is not None:
             coder.save()
+    set_precision(model, precision)
     swap_modules(model, lambda m: UnpackedLinear(m) if _fits(m) else None)
     return sum(isinstance(m, (UnpackedLinear, PanelLinear)) for m in model.modules())
 
@@ -319,14 +341,17 @@ def linear_path(model: nn.Module) -> str:
     """Which kernel the model's linear layers run: ``"few_row-coded-avx512"`` (held as codes, some
     layers possibly as panels: then a digest of which are codes follows ``coded``),
     ``"few_row-panels-avx512"`` (packed in place),
-    ``"few_row-avx2"`` (the model's own layout) and so on, or ``"library"``."""
+    ``"few_row-avx2"`` (the model's own layout) and so on, or ``"library"``; coded layers at
+    ``precision=int8`` add ``-int8`` after ``coded`` (a compiled step calls the op with it)."""
     if not _registered():
         return "library"
     isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
     coded = [name for name, m in model.named_modules() if isinstance(m, CodedLinear)]
-    if coded:  # which layers hold codes is part of what a compiled step calls
+    if coded:  # which layers hold codes, and at which precision, is part of what a compiled step calls
         every = all(not isinstance(m, PanelLinear) or isinstance(m, CodedLinear) for m in model.modules())
-        return f"few_row-coded-{isa}" if every else f"few_row-coded{fingerprint(*coded)[:8]}-{isa}"
+        int8 = [name for name, m in model.named_modules() if isinstance(m, CodedLinear) and m.precision == "int8"]
+        precision = "" if not int8 else "-int8" if len(int8) == len(coded) else f"-int8{fingerprint(*int8)[:8]}"
+        return f"few_row-coded{precision}-{isa}" if every else f"few_row-coded{fingerprint(*coded)[:8]}{precision}-{isa}"
     if any(isinstance(m, TileLinear) for m in model.modules()):  # bfloat16 weights on AMX tiles
         return f"few_row-tiles-{isa}"
     if any(isinstance(m, PanelLinear) for m in model.modules()):

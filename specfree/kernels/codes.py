@@ -26,6 +26,13 @@ from torch import nn
 from specfree.kernels.panels import PanelConv1D, PanelEmbedding, PanelLinear, unpack
 
 BLOCK = 32  # inputs per scale
+# How a coded layer multiplies (``precision=``; configs, CLI, docs: user-facing):
+# "exact": float32 activations, the float32 panels of the decoded weights bit for bit (transformers'
+#   model of the file, to rounding order);
+# "int8": each activation row quantized alone to 8 bits per block of the weight's (llama.cpp's Q8
+#   rule) and integer dot products (``panel_linear.cpp``, ``SPECFREE_INT8``): cheaper rows, other
+#   bits than exact, each row's its own whatever else is in the call.
+PRECISIONS = ("exact", "int8")
 ROWS_AT_ONCE = 2048  # rows searched together (bounds the float64 temporaries)
 
 
@@ -58,10 +65,12 @@ class Codes:
         """The float32 panels [N/P, K, P] these codes stand for."""
         return torch.ops.specfree.decode_panels(self.codes, self.scales, self.offsets, self.supers, self.super_offsets)
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, n: int, isa: str = "auto") -> torch.Tensor:
-        """``x W^T + bias`` for the ``n`` outputs these codes hold (``specfree::coded_linear``)."""
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, n: int, isa: str = "auto",
+               precision: str = "exact") -> torch.Tensor:
+        """``x W^T + bias`` for the ``n`` outputs these codes hold (``specfree::coded_linear``), with
+        float32 activations (``precision="exact"``) or 8-bit ones (``"int8"``: ``PRECISIONS``)."""
         return torch.ops.specfree.coded_linear(x, self.codes, self.scales, self.offsets, bias, n, isa, self.supers,
-                                               self.super_offsets)
+                                               self.super_offsets, precision)
 
     def panel_slice(self, index) -> "Codes":
         """The codes of the panels ``index`` selects (a slice or index tensor)."""
@@ -184,6 +193,8 @@ def _panels(q, d, m, lanes: int, nibbles: bool = True) -> Codes:
 class CodedLinear(PanelLinear):
     """A ``PanelLinear`` whose panels are held as codes; its product runs ``specfree::coded_linear``."""
 
+    precision = "exact"  # PRECISIONS; set per layer by ``kernels.set_precision``
+
     def __init__(self, linear: nn.Module, coded: Codes):
         nn.Module.__init__(self)
         rows = self._rows_of(linear.weight)
@@ -221,7 +232,7 @@ class CodedLinear(PanelLinear):
         buffers = self._buffers
         return torch.ops.specfree.coded_linear(x, buffers["codes"], buffers["scales"], buffers["offsets"],
                                                self._parameters["bias"], self.out_features, "auto",
-                                               buffers["supers"], buffers["super_offsets"])
+                                               buffers["supers"], buffers["super_offsets"], self.precision)
 
     def _load_weight(self, weight: torch.Tensor, prefix: str, error_msgs: list[str]) -> bool:
         coded = find_codes(self._rows_of(weight.to(torch.float32)), self.codes.shape[2])
@@ -234,7 +245,8 @@ class CodedLinear(PanelLinear):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"codes={self.coded.kind} {tuple(self.codes.shape)}")
+                f"codes={self.coded.kind} {tuple(self.codes.shape)}"
+                + (f", precision={self.precision}" if self.precision != "exact" else ""))
 
 
 class CodedConv1D(CodedLinear, PanelConv1D):

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -37,6 +38,20 @@ inline Isa parse_isa(const std::string& name, const char* op) {
 
 #define SPECFREE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPECFREE_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+#define SPECFREE_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")))
+
+// Whether the CPU has AVX-512 VNNI (vpdpbusd: four byte products summed into 32 bits).
+inline bool has_avx512_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni");
+}
+
+// Four bytes as one 32-bit word (no aliasing).
+inline int32_t word_at(const int8_t* p) {
+  int32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
 
 // Horizontal sums in one fixed order: both ops reduce lanes the same way, whatever the row count.
 SPECFREE_AVX2 inline float sum8(__m256 v) {

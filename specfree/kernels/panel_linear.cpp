@@ -26,8 +26,13 @@
 // invariance), a coded layer's output is bit-identical to the float32 panels of its decoded
 // weights, and the AVX2 and AVX-512 paths compute the same sums, lane for lane.
 //
-// The driver (``panel_range``) is the same for every format: row groups, block widths, the
-// decode-once buffer of coded formats under many rows, the split among threads.
+// The activations are the table's other column: float32 as they come (every format; what the above
+// says), or, for the coded formats at precision=int8, each row quantized alone to 8-bit codes per
+// block of the weight's and multiplied as integers (``SPECFREE_INT8``: llama.cpp's arithmetic,
+// other bits than float32, but again each row's own and the same on every ISA).
+//
+// The driver (``panel_range``) is the same for every format and activation type: row groups, block
+// widths, the decode-once buffer of coded formats under many rows, the split among threads.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -146,6 +151,46 @@ struct Avx512 {
     const Vec super = halves(s.supers + b * sb / 256 * P * 2);
     return mul(s.kind == kUnsigned8 ? ubytes(at) : bytes(reinterpret_cast<const int8_t*>(at)), super);
   }
+  // 8-bit activations: a lane holds four codes of one output column (four inputs), as unsigned
+  // bytes, against four activation codes broadcast as one 32-bit word.
+  SPECFREE_AVX512 static Int izero() { return _mm512_setzero_si512(); }
+  SPECFREE_AVX512 static Int ibcast(const int8_t* p) { return _mm512_set1_epi32(specfree::word_at(p)); }
+  SPECFREE_AVX512 static Int isub(Int v, int32_t s) { return _mm512_sub_epi32(v, _mm512_set1_epi32(s)); }
+  SPECFREE_AVX512 static Vec to_float(Int v) { return _mm512_cvtepi32_ps(v); }
+  // a word of eight 4-bit codes (input 8g+i in bits 4i..4i+3): inputs 0, 2, 4, 6 as the low
+  // nibbles of its four bytes, inputs 1, 3, 5, 7 as the high ones
+  SPECFREE_AVX512 static Int low_nibbles(Int v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
+  SPECFREE_AVX512 static Int high_nibbles(Int v) { return _mm512_and_si512(_mm512_srli_epi32(v, 4), _mm512_set1_epi8(15)); }
+  // Four inputs' byte codes [4, P] (row stride P) as P lanes of four bytes; ``flip`` makes signed
+  // codes unsigned (q + 128: the top bit flipped).
+  SPECFREE_AVX512 static Int quads(const uint8_t* p, bool flip) {
+    const auto row = [p](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * P)); };
+    const __m128i a = row(0), b = row(1), c = row(2), d = row(3);
+    const __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+    const __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
+    const __m256i lo = _mm256_set_m128i(_mm_unpackhi_epi16(ab0, cd0), _mm_unpacklo_epi16(ab0, cd0));
+    const __m256i hi = _mm256_set_m128i(_mm_unpackhi_epi16(ab1, cd1), _mm_unpacklo_epi16(ab1, cd1));
+    const Int v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    return flip ? _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))) : v;
+  }
+  // acc + the sum of each lane's four products of unsigned codes ``w`` and signed codes ``x``, exact.
+  // Without VNNI: maddubs (pairs to 16 bits) and madd (pairs to 32); codes of 8 bits go as two
+  // nibbles each, so no pair of products can saturate 16 bits (15 * 127 * 2 < 2^15).
+  template <bool SMALL>
+  SPECFREE_AVX512 static Int dot(Int acc, Int w, Int x) {
+    const Int ones = _mm512_set1_epi16(1);
+    if constexpr (SMALL) return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), ones));
+    const Int low = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(w, _mm512_set1_epi8(15)), x), ones);
+    const Int high = _mm512_madd_epi16(_mm512_maddubs_epi16(high_nibbles(w), x), ones);
+    return _mm512_add_epi32(acc, _mm512_add_epi32(low, _mm512_slli_epi32(high, 4)));
+  }
+};
+
+// AVX-512 with VNNI (Intel Ice Lake and later, AMD Zen 4 and later): vpdpbusd sums each lane's four
+// byte products into 32 bits in one instruction (no saturation).
+struct Avx512Vnni : Avx512 {
+  template <bool SMALL>
+  SPECFREE_AVX512_VNNI static Int dot(Int acc, Int w, Int x) { return _mm512_dpbusd_epi32(acc, w, x); }
 };
 
 struct Avx2 {
@@ -178,6 +223,26 @@ struct Avx2 {
     if (s.kind == kScale16) return halves(at);
     const Vec super = halves(s.supers + b * sb / 256 * P * 2);
     return mul(s.kind == kUnsigned8 ? ubytes(at) : bytes(reinterpret_cast<const int8_t*>(at)), super);
+  }
+  SPECFREE_AVX2 static Int izero() { return _mm256_setzero_si256(); }
+  SPECFREE_AVX2 static Int ibcast(const int8_t* p) { return _mm256_set1_epi32(specfree::word_at(p)); }
+  SPECFREE_AVX2 static Int isub(Int v, int32_t s) { return _mm256_sub_epi32(v, _mm256_set1_epi32(s)); }
+  SPECFREE_AVX2 static Vec to_float(Int v) { return _mm256_cvtepi32_ps(v); }
+  SPECFREE_AVX2 static Int low_nibbles(Int v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+  SPECFREE_AVX2 static Int high_nibbles(Int v) { return _mm256_and_si256(_mm256_srli_epi32(v, 4), _mm256_set1_epi8(15)); }
+  SPECFREE_AVX2 static Int quads(const uint8_t* p, bool flip) {
+    const auto row = [p](int i) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i * P)); };
+    const __m128i ab = _mm_unpacklo_epi8(row(0), row(1)), cd = _mm_unpacklo_epi8(row(2), row(3));
+    const Int v = _mm256_set_m128i(_mm_unpackhi_epi16(ab, cd), _mm_unpacklo_epi16(ab, cd));
+    return flip ? _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))) : v;
+  }
+  template <bool SMALL>
+  SPECFREE_AVX2 static Int dot(Int acc, Int w, Int x) {
+    const Int ones = _mm256_set1_epi16(1);
+    if constexpr (SMALL) return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+    const Int low = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w, _mm256_set1_epi8(15)), x), ones);
+    const Int high = _mm256_madd_epi16(_mm256_maddubs_epi16(high_nibbles(w), x), ones);
+    return _mm256_add_epi32(acc, _mm256_add_epi32(low, _mm256_slli_epi32(high, 4)));
   }
 };
 
@@ -305,12 +370,142 @@ constexpr int64_t kAhead = 1024;
     }                                                                                                  \
   }
 
+// ---- 8-bit activations ------------------------------------------------------------------------
+// precision=int8 (llama.cpp's arithmetic on a quantized file's own codes): each row of x is
+// quantized alone, per block of the weight's SB inputs, to signed 8 bits under one float32 scale
+// (``quantize_rows``: d = amax / 127, q = x / d rounded to nearest, ties to even, within +-127),
+// and each output
+// is, over its blocks b = 0..K/SB-1 in order,
+//   acc = fma(w_d * x_d, float(isum), acc)   isum = the block's integer dot product, exact in int32
+//   acc = fma(w_m, x_s, acc)                 formats with offsets: x_s = x_d * float(sum of x's codes)
+// then + bias. Every operation is one lane's and the integer sums are exact, so a row's bits
+// depend on nothing else in the call (the other rows, their count, the thread) nor on the ISA or
+// whether it has VNNI.
+//
+// The codes meet the activations four inputs at a time: one 32-bit lane of unsigned bytes per
+// output column (affine4: a word's low or high nibbles, its even or odd inputs, so x's codes are
+// stored in that order; affine8: four inputs' bytes interleaved; scaled8: the same with q + 128,
+// the sum of x's codes times 128 taken off after). A block of NB panels is unpacked this way once
+// into registers, then every row of the call runs against it (``kInt8Rows`` at a time), its
+// results kept in ``out`` between blocks: 2-16 rows read and unpack the codes once, as one row does.
+struct Int8Rows {
+  int8_t* q;     // [m, K] codes (affine4: each run of 8 inputs as 0, 2, 4, 6, 1, 3, 5, 7)
+  float* d;      // [m, K/SB] scales
+  float* s;      // [m, K/SB] d * float(sum of the block's codes)
+  int32_t* sum;  // [m, K/SB] sum of the block's codes
+};
+
+constexpr int64_t kInt8Rows = 64;  // rows against one unpacked block of codes at a time
+
+#define SPECFREE_INT8(ATTR, ISA)                                                                       \
+  template <int NB, int FORMAT, int SB>                                                                \
+  ATTR void int8_##ISA(const Int8Rows& xq, int64_t r0, int64_t rows, const uint8_t* codes,              \
+                       const ScaleStream& scales, const ScaleStream& offsets, int64_t k, float* out,   \
+                       int64_t ldo) {                                                                  \
+    using V = ISA;                                                                                     \
+    using Vec = typename V::Vec;                                                                       \
+    using Int = typename V::Int;                                                                       \
+    constexpr int P = V::P;                                                                            \
+    constexpr bool AFFINE = FORMAT != kScaled8;                                                        \
+    constexpr bool SMALL = FORMAT == kAffine4; /* codes below 16 */                                    \
+    constexpr int Q = SB / 4;                  /* lanes of four inputs a block */                      \
+    constexpr int64_t block_bytes = FORMAT == kAffine4 ? SB * P / 2 : SB * P;                          \
+    const int64_t cstride = k / SB * block_bytes, blocks = k / SB;                                     \
+    for (int64_t r = 0; r < rows; ++r) UNROLL for (int j = 0; j < NB; ++j) V::store(out + r * ldo + j * P, V::zero()); \
+    for (int64_t b = 0; b < blocks; ++b) {                                                             \
+      Vec d[NB], o[NB];                                                                                \
+      Int w[NB][Q];                                                                                    \
+      UNROLL for (int j = 0; j < NB; ++j) {                                                            \
+        d[j] = V::block_scale(scales.at(j), b, SB);                                                    \
+        if constexpr (AFFINE) o[j] = V::block_scale(offsets.at(j), b, SB);                             \
+        const uint8_t* c = codes + j * cstride + b * block_bytes;                                      \
+        const char* next = reinterpret_cast<const char*>(c + NB * cstride);                            \
+        UNROLL for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T0); \
+        const int64_t at = b * P * scales.size();                                                      \
+        _mm_prefetch(reinterpret_cast<const char*>(scales.at(NB + j).values + at), _MM_HINT_T0);       \
+        if constexpr (AFFINE) _mm_prefetch(reinterpret_cast<const char*>(offsets.at(NB + j).values + at), _MM_HINT_T0); \
+        if constexpr (FORMAT == kAffine4) {                                                            \
+          UNROLL for (int g = 0; g < SB / 8; ++g) {                                                    \
+            const Int v = V::words(reinterpret_cast<const int32_t*>(c) + g * P);                       \
+            w[j][2 * g] = V::low_nibbles(v);                                                           \
+            w[j][2 * g + 1] = V::high_nibbles(v);                                                      \
+          }                                                                                            \
+        } else {                                                                                       \
+          UNROLL for (int t = 0; t < Q; ++t) w[j][t] = V::quads(c + 4 * t * P, FORMAT == kScaled8);    \
+        }                                                                                              \
+      }                                                                                                \
+      for (int64_t r = 0; r < rows; ++r) {                                                             \
+        const int64_t at = (r0 + r) * blocks + b;                                                      \
+        const int8_t* x = xq.q + (r0 + r) * k + b * SB;                                                \
+        Int acc[NB];                                                                                   \
+        UNROLL for (int j = 0; j < NB; ++j) acc[j] = V::izero();                                       \
+        UNROLL for (int t = 0; t < Q; ++t) {                                                           \
+          const Int xt = V::ibcast(x + 4 * t);                                                         \
+          UNROLL for (int j = 0; j < NB; ++j) acc[j] = V::template dot<SMALL>(acc[j], w[j][t], xt);    \
+        }                                                                                              \
+        const Vec xd = V::bcast(xq.d + at);                                                            \
+        UNROLL for (int j = 0; j < NB; ++j) {                                                          \
+          const Int isum = FORMAT == kScaled8 ? V::isub(acc[j], 128 * xq.sum[at]) : acc[j];            \
+          float* y = out + r * ldo + j * P;                                                            \
+          Vec a = V::fma(V::mul(d[j], xd), V::to_float(isum), V::template load<float>(y));             \
+          if constexpr (AFFINE) a = V::fma(o[j], V::bcast(xq.s + at), a);                              \
+          V::store(y, a);                                                                              \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+  }
+
+// Rows [r_begin, r_end) of x [m, k] quantized for blocks of ``sb`` inputs into ``rows`` (its
+// arrays sized for all m rows); ``nibble_order``: each run of 8 inputs stored as affine4's lanes
+// take them. One code for every ISA (AVX2: the AVX-512 path runs it too), lane-wise operations
+// and an exact maximum: the codes and scales of a row are the same whatever else runs.
+SPECFREE_AVX2 void quantize_rows(const float* x, int64_t r_begin, int64_t r_end, int64_t k, int sb,
+                                 bool nibble_order, const Int8Rows& rows) {
+  const int64_t blocks = k / sb;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  alignas(32) int32_t q[32];
+  for (int64_t r = r_begin; r < r_end; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* v = x + r * k + b * sb;
+      __m256 top = _mm256_setzero_ps();
+      for (int i = 0; i < sb; i += 8) top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, top);
+      float amax = 0.0f;
+      for (float lane : lanes) amax = std::max(amax, lane);
+      const float d = amax / 127.0f;
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int i = 0; i < sb; i += 8) {
+        const __m256 scaled = d > 0.0f ? _mm256_div_ps(_mm256_loadu_ps(v + i), dv) : _mm256_setzero_ps();
+        const __m256i rounded = _mm256_cvtps_epi32(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        // clamped: only a subnormal d (amax below 127 * 2^-126) can round past 127
+        _mm256_store_si256(reinterpret_cast<__m256i*>(q + i),
+                           _mm256_max_epi32(_mm256_min_epi32(rounded, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127)));
+      }
+      int8_t* out = rows.q + r * k + b * sb;
+      int32_t total = 0;
+      for (int i = 0; i < sb; ++i) {
+        total += q[i];
+        // nibble order: within each 8, inputs 0, 2, 4, 6 then 1, 3, 5, 7
+        const int at = nibble_order ? (i & ~7) + (i & 1) * 4 + (i & 7) / 2 : i;
+        out[at] = static_cast<int8_t>(q[i]);
+      }
+      const int64_t at = r * blocks + b;
+      rows.d[at] = d;
+      rows.s[at] = d * static_cast<float>(total);
+      rows.sum[at] = total;
+    }
+}
+
 SPECFREE_PLAIN(SPECFREE_AVX512, Avx512)
 SPECFREE_PLAIN(SPECFREE_AVX2, Avx2)
 SPECFREE_CODED(SPECFREE_AVX512, Avx512)
 SPECFREE_CODED(SPECFREE_AVX2, Avx2)
 SPECFREE_DECODE(SPECFREE_AVX512, Avx512)
 SPECFREE_DECODE(SPECFREE_AVX2, Avx2)
+SPECFREE_INT8(SPECFREE_AVX512_VNNI, Avx512Vnni)
+SPECFREE_INT8(SPECFREE_AVX512, Avx512)
+SPECFREE_INT8(SPECFREE_AVX2, Avx2)
 
 // ---- choosing a compiled kernel ---------------------------------------------------------------
 using PlainFn = void (*)(const float*, int64_t, const void*, int64_t, float*, int64_t);
@@ -386,6 +581,30 @@ DecodeFn pick_decode(Isa isa, Format format, int sb) {
                               : pick_decode_format<kScaled8>(isa, sb);
 }
 
+using Int8Fn = void (*)(const Int8Rows&, int64_t, int64_t, const uint8_t*, const ScaleStream&, const ScaleStream&,
+                        int64_t, float*, int64_t);
+
+// Panels side by side under 8-bit activations: NB * SB/4 lanes of codes stay in registers while the
+// rows run (AVX-512: 32 registers, two panels of 8 lanes; AVX2: 16, one).
+constexpr int kInt8Avx512 = 2, kInt8Avx2 = 1;
+
+template <int FORMAT, int SB>
+Int8Fn pick_int8_block(Isa isa, bool vnni, int nb) {
+  if (isa == Isa::kAvx512) {
+    if (vnni) return nb == kInt8Avx512 ? int8_Avx512Vnni<kInt8Avx512, FORMAT, SB> : int8_Avx512Vnni<1, FORMAT, SB>;
+    return nb == kInt8Avx512 ? int8_Avx512<kInt8Avx512, FORMAT, SB> : int8_Avx512<1, FORMAT, SB>;
+  }
+  return int8_Avx2<kInt8Avx2, FORMAT, SB>;
+}
+
+Int8Fn pick_int8(Isa isa, bool vnni, Format format, int nb, int sb) {
+  switch (format) {
+    case kAffine4: return pick_int8_block<kAffine4, 32>(isa, vnni, nb);
+    case kAffine8: return sb == 16 ? pick_int8_block<kAffine8, 16>(isa, vnni, nb) : pick_int8_block<kAffine8, 32>(isa, vnni, nb);
+    default: return sb == 16 ? pick_int8_block<kScaled8, 16>(isa, vnni, nb) : pick_int8_block<kScaled8, 32>(isa, vnni, nb);
+  }
+}
+
 // The next block width down for the panels left at the end of a range: plain 4 (AVX-512), 2, then
 // 1 (blocks of 8 with single-panel tails would run a thread's 6 panels of a 192-column layer one
 // at a time); coded straight to 1.
@@ -397,26 +616,46 @@ int narrower(Isa isa, Format format, int width) {
 // ---- the driver -------------------------------------------------------------------------------
 int lanes_of(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }
 
+// The activations' type: float32 as they come (every format), or 8-bit codes per block (``q8``,
+// coded formats; ``vnni``: the AVX-512 path sums with vpdpbusd).
+struct Activations {
+  const float* x;
+  const Int8Rows* q8;
+  bool vnni;
+};
+
 // Panels [p_begin, p_end) for all m rows into y [m, n]. Blocks are as wide as the first group of
 // rows allows; every group meets a block before the next block is read (later groups from cache).
 template <typename B>
-void panel_range(Isa isa, const float* x, int64_t m, const Panels& w, const B* bias, int64_t n, int64_t p_begin,
-                 int64_t p_end, float* y) {
-  const bool avx512 = isa == Isa::kAvx512, is_coded = coded(w.format);
+void panel_range(Isa isa, const Activations& a, int64_t m, const Panels& w, const B* bias, int64_t n,
+                 int64_t p_begin, int64_t p_end, float* y) {
+  const bool avx512 = isa == Isa::kAvx512, is_coded = coded(w.format), int8 = a.q8 != nullptr;
+  const float* x = a.x;
   const int P = lanes_of(isa);
   const int64_t k = w.k;
   const int* widths = is_coded ? (avx512 ? kCodedAvx512 : kCodedAvx2) : (avx512 ? kPlainAvx512 : kPlainAvx2);
-  const int64_t group = !is_coded && !avx512 && m > kGroupRows ? kManyRowsAvx2 : kGroupRows;
+  const int64_t group = int8 ? kInt8Rows : !is_coded && !avx512 && m > kGroupRows ? kManyRowsAvx2 : kGroupRows;
   const int64_t first = std::min(group, m);  // (GCC 12 miscompiles min() inside a[])
-  const int nb = widths[first];
+  const int nb = int8 ? (avx512 ? kInt8Avx512 : kInt8Avx2) : widths[first];
   const int64_t groups = (m + group - 1) / group;
-  const bool decode_once = is_coded && groups >= kDecodeOnceGroups;
+  const bool decode_once = is_coded && !int8 && groups >= kDecodeOnceGroups;
   std::vector<float> decoded(decode_once ? nb * k * P : 0);
   float out[kGroupRows * 4 * 16];  // one group's results for one block, [rows, nb * P]
+  std::vector<float> out8(int8 ? first * nb * P : 0);  // the same under 8-bit activations
   const int64_t ldo = nb * P;
   for (int64_t p = p_begin; p < p_end;) {
     int width = nb;
-    while (p + width > p_end) width = narrower(isa, w.format, width);
+    while (p + width > p_end) width = int8 ? 1 : narrower(isa, w.format, width);
+    if (int8) {  // every row of the call against each block of codes, unpacked once
+      for (int64_t r0 = 0; r0 < m; r0 += group) {
+        const int64_t rows = std::min(group, m - r0);
+        pick_int8(isa, a.vnni, w.format, width, w.block)(*a.q8, r0, rows, w.at(p), w.scales.at(p), w.offsets.at(p), k,
+                                                         out8.data(), ldo);
+        specfree::store_block(out8.data(), ldo, rows, width * P, bias, p * P, n, y + r0 * n);
+      }
+      p += width;
+      continue;
+    }
     if (decode_once)
       for (int j = 0; j < width; ++j)
         pick_decode(isa, w.format, w.block)(w.at(p + j), w.scales.at(p + j), w.offsets.at(p + j), k,
@@ -443,14 +682,33 @@ constexpr int64_t kPanelsPerTask = 4;  // a thread's share: a contiguous run of 
 // library's GEMM on unpacked tiles. Intel Xeon VM, family 6 model 167, two threads, SmolLM2's 211
 // layers, medians of 15 interleaved passes, ms, groups / GEMM: 256 rows 235 / 306, 512 rows 441 /
 // 502, 1024 and 2048 rows level. On Zen 3 AVX2's groups of 6 run level with MKL's GEMM at 256-4096.)
+// ``int8``: coded weights against 8-bit activations (``vnni``: with vpdpbusd, AVX-512), each row
+// quantized first (rows split among threads: a row's codes are its own either way).
 template <typename B>
-at::Tensor run_panels(Isa isa, const at::Tensor& x, const Panels& w, int64_t count, const B* bias, int64_t n) {
+at::Tensor run_panels(Isa isa, const at::Tensor& x, const Panels& w, int64_t count, const B* bias, int64_t n,
+                      bool int8 = false, bool vnni = false) {
   const int64_t m = x.numel() / std::max<int64_t>(w.k, 1);
   const at::Tensor x32 = specfree::float_rows(x);
   at::Tensor y = specfree::output_rows(x, n);
+  Activations a{x32.data_ptr<float>(), nullptr, vnni};
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+  std::vector<int32_t> sums;
+  Int8Rows rows{};
+  if (int8 && m > 0) {
+    const int64_t blocks = m * (w.k / w.block);
+    q.resize(m * w.k);
+    scales.resize(2 * blocks);
+    sums.resize(blocks);
+    rows = {q.data(), scales.data(), scales.data() + blocks, sums.data()};
+    at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+      quantize_rows(a.x, begin, end, w.k, w.block, w.format == kAffine4, rows);
+    });
+    a.q8 = &rows;
+  }
   if (m > 0)
     at::parallel_for(0, count, kPanelsPerTask, [&](int64_t begin, int64_t end) {
-      panel_range(isa, x32.data_ptr<float>(), m, w, bias, n, begin, end, y.data_ptr<float>());
+      panel_range(isa, a, m, w, bias, n, begin, end, y.data_ptr<float>());
     });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
@@ -540,12 +798,19 @@ ScaleStream scale_stream(const at::Tensor& values, const std::optional<at::Tenso
           values.size(1) * values.size(2) * values.element_size(), sub ? supers->size(1) * supers->size(2) * 2 : 0};
 }
 
+// ``precision``: "exact" (float32 activations: the float32 panels' bits) or "int8" (8-bit
+// activations, ``SPECFREE_INT8``). ``isa`` may also be "avx512_novnni": the AVX-512 path summing
+// without VNNI (the same bits; for tests on a CPU that has it).
 at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                         const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& bias,
                         int64_t n, c10::string_view isa_name, const std::optional<at::Tensor>& supers,
-                        const std::optional<at::Tensor>& super_offsets) {
+                        const std::optional<at::Tensor>& super_offsets, c10::string_view precision) {
   const Checked c = check_codes(codes, scales, offsets, supers, super_offsets, "specfree::coded_linear");
-  const Isa isa = specfree::parse_isa(std::string(isa_name), "specfree::coded_linear");
+  const bool no_vnni = isa_name == "avx512_novnni";
+  const Isa isa = specfree::parse_isa(no_vnni ? std::string("avx512") : std::string(isa_name), "specfree::coded_linear");
+  TORCH_CHECK(precision == "exact" || precision == "int8",
+              "specfree::coded_linear: precision must be exact or int8, not ", std::string(precision));
+  const bool int8 = precision == "int8";
   const int64_t count = codes.size(0);
   TORCH_CHECK(c.P == lanes_of(isa), "specfree::coded_linear: codes in panels of ", c.P,
               " columns cannot run the ", isa_label(isa), " path; code for it");
@@ -557,7 +822,8 @@ at::Tensor coded_linear(const at::Tensor& x, const at::Tensor& codes, const at::
                  c.format, c.block, scale_stream(scales, supers, c.scale_kind),
                  affine ? scale_stream(*offsets, super_offsets, c.offset_kind) : kNoScales};
   const at::Tensor b = specfree::bias_as(bias, at::kFloat);
-  return run_panels(isa, x, w, count, b.defined() ? b.data_ptr<float>() : nullptr, n);
+  return run_panels(isa, x, w, count, b.defined() ? b.data_ptr<float>() : nullptr, n, int8,
+                    int8 && isa == Isa::kAvx512 && !no_vnni && specfree::has_avx512_vnni());
 }
 
 // Each block's float32 scales [N/P, K/B, P]: as held, or sub-scale times super-block scale (one
@@ -605,12 +871,32 @@ at::Tensor decode_panels(const at::Tensor& codes, const at::Tensor& scales, cons
   return panels;
 }
 
+// Rows ``x`` [..., K] as precision=int8 quantizes them for blocks of ``block`` inputs: the codes
+// [..., K] int8 in input order and the scales [..., K/block] float32 (what the tests check the rule on).
+std::tuple<at::Tensor, at::Tensor> quantize_int8(const at::Tensor& x, int64_t block) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() >= 1 && (block == 16 || block == 32) && x.size(-1) % block == 0,
+              "specfree::quantize_int8: rows [..., K] on the CPU, K a multiple of the block (16 or 32)");
+  TORCH_CHECK(specfree::best_isa() != Isa::kNone, "specfree::quantize_int8 needs AVX2");
+  const at::Tensor x32 = specfree::float_rows(x);
+  const int64_t k = x.size(-1), m = k ? x.numel() / k : 0;
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  auto sizes = x.sizes().vec();
+  sizes.back() = k / block;
+  at::Tensor d = at::empty(sizes, x.options().dtype(at::kFloat));
+  std::vector<float> s(m * (k / block));
+  std::vector<int32_t> sums(m * (k / block));
+  const Int8Rows rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data(), sums.data()};
+  if (m > 0) quantize_rows(x32.data_ptr<float>(), 0, m, k, static_cast<int>(block), false, rows);
+  return {q, d};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specfree, m) {
   m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n, str isa='auto') -> Tensor");
   m.def("coded_linear(Tensor x, Tensor codes, Tensor scales, Tensor? offsets, Tensor? bias, int n, "
-        "str isa='auto', Tensor? supers=None, Tensor? super_offsets=None) -> Tensor");
+        "str isa='auto', Tensor? supers=None, Tensor? super_offsets=None, str precision='exact') -> Tensor");
+  m.def("quantize_int8(Tensor x, int block) -> (Tensor, Tensor)");
   m.def("decode_panels(Tensor codes, Tensor scales, Tensor? offsets, Tensor? supers=None, "
         "Tensor? super_offsets=None) -> Tensor");
 }
@@ -619,4 +905,5 @@ TORCH_LIBRARY_IMPL(specfree, CPU, m) {
   m.impl("panel_linear", &panel_linear);
   m.impl("coded_linear", &coded_linear);
   m.impl("decode_panels", &decode_panels);
+  m.impl("quantize_int8", &quantize_int8);
 }

@@ -253,14 +253,14 @@ def test_bench_compiled_rows(tiny_model_dir, prompts, tmp_path):
 
 
 def test_the_compiled_rows_run_the_configured_linear_kernel(monkeypatch):
-    """model.linear_kernel reaches the compiled adapter too (it once reached only the eager
-    engines, so a few_row_fp32 run compiled coded weights)."""
+    """model.linear_kernel (and precision) reach the compiled adapter too (linear_kernel once reached
+    only the eager engines, so a few_row_fp32 run compiled coded weights)."""
     from types import SimpleNamespace
 
     asked = {}
     monkeypatch.setattr(cli, "build_adapter", lambda model, **knobs: asked.update(knobs) or SimpleNamespace(
         compiled=False))
     settings = SimpleNamespace(compile="true", config=SimpleNamespace(
-        cache_dir=None, model=SimpleNamespace(linear_kernel="few_row_fp32")))
+        cache_dir=None, precision="int8", model=SimpleNamespace(linear_kernel="few_row_fp32")))
     assert cli.compiled_adapter(torch.nn.Linear(2, 2), settings, slots=64) is None  # not compiled: no rows
-    assert asked["linear_kernel"] == "few_row_fp32" and asked["compile"] == "true"
+    assert asked["linear_kernel"] == "few_row_fp32" and asked["compile"] == "true" and asked["precision"] == "int8"
