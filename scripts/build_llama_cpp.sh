@@ -19,7 +19,9 @@ trap 'rm -rf "$work"' EXIT
 tar xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
 src="$work/llama_cpp_python-$version/vendor/llama.cpp"
 # the CPU as it is (GGML_NATIVE), no CURL (no network at run time), release build
+# the binaries find their shared libraries beside them ($ORIGIN), wherever the folder is
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >&2
 cmake --build "$work/build" --config Release -j "$(nproc)" --target "${tools[@]}" >&2
 mkdir -p "$bin.tmp"
