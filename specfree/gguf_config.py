@@ -23,9 +23,24 @@ STATED = {
     "context_length": "n_positions",  # GPT-2's position table (transformers sets n_ctx only)
     "feed_forward_length": "n_inner",  # GPT-2's (transformers sets a field GPT-2 does not read)
 }
+# Architectures in transformers' GGUF support that specfree refuses, and why (docs/families.md).
+REFUSED = {
+    "deci": "transformers has no model of the deci architecture (DeciLM is remote code), so no model of the "
+            "file can be built",
+    "gpt-oss": "its experts (MXFP4 blocks, biases, gate and up interleaved) are not mapped onto transformers' "
+               "fused expert parameters by specfree's loader yet",
+}
 # Fields named in a shape disagreement's line (those the config has).
 SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "head_dim",
                 "intermediate_size", "moe_intermediate_size", "num_experts", "vocab_size")
+
+
+def refuse_architecture(architecture: str, path) -> None:
+    """One ``ModelLoadError`` line for a file of an architecture in ``REFUSED``."""
+    why = REFUSED.get(architecture)
+    if why is not None:
+        raise ModelLoadError(f"cannot load {path}: GGUF files of the {architecture} architecture are not supported: "
+                             f"{why}. Give the model's transformers folder or hub id instead")
 
 
 def file_config(config, fields: dict, architecture: str, tensor_names: set[str]) -> dict[str, object]:

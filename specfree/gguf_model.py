@@ -36,7 +36,7 @@ from torch import nn
 
 from specfree.errors import ModelLoadError
 from specfree.files import write_atomic
-from specfree.gguf_config import check_shapes
+from specfree.gguf_config import check_shapes, refuse_architecture
 from specfree.kernels import available_memory
 from specfree.kernels.codes import CodedConv1D, CodedEmbedding, CodedLinear, carries_embedding, carries_linear, from_blocks
 from specfree.kernels.experts import EXPERT_PARAMETERS, ExpertCodes, carries_experts, row_routers, use_coded_experts
@@ -268,6 +268,7 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     from specfree.loading import cause, with_supported_attention
 
     weights = GGUFWeights(path, table)
+    refuse_architecture(weights.architecture, path)
     need, free = estimate_bytes(weights), available_memory()
     if free is not None and need > free:
         raise ModelLoadError(f"could not load {path}: it needs about {need / 2**30:.1f} GiB of memory "

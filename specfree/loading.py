@@ -27,7 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, one_line
 from specfree.files import atomic_path, file_digest, fingerprint, remember_digest
-from specfree.gguf_config import file_config, read_fields
+from specfree.gguf_config import file_config, read_fields, refuse_architecture
 from specfree.gguf_model import TENSOR_TABLE, GGUFWeights
 
 def ignores_custom_masks(attn_implementation: str | None) -> bool:
@@ -270,6 +270,7 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
             remember_digest(path, memo, digest)
             return folder
         weights = GGUFWeights(path)  # the table of tensors first: a truncated file stops here
+        refuse_architecture(weights.architecture, path)
         with transformers_errors_only():  # no table of its own before specfree's line
             config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

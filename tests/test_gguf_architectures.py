@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T, quants
@@ -211,3 +212,19 @@ def test_a_model_transformers_cannot_build_is_not_blamed_on_the_file(files, tmp_
     with pytest.raises(ModelLoadError, match="could not build the llama model .* The file is not at fault") as error:
         load_model(str(path), cache_dir=tmp_path)
     assert "download it again" not in str(error.value)
+
+
+@pytest.mark.parametrize("architecture", ["deci", "gpt-oss"])
+def test_an_architecture_specfree_cannot_load_is_refused_by_name_with_the_reason(architecture, tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / f"{architecture}.gguf"
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=f"the {architecture} architecture are not supported: .+transformers folder"):
+        load_model(str(path), cache_dir=tmp_path / "cache")
