@@ -53,3 +53,13 @@ def check_float(name: str, value, low: float | None = None, high: float | None =
         bounds = lo if high is None else f"{lo} and {'<' if high_open else '<='} {high}"
         raise ConfigError(f"{name} must be {bounds}, got {value}")
     return value
+
+
+CAUSE_CHARS = 300  # a library's message is cut here: the line must stay readable
+
+
+def cause(exc: BaseException) -> str:
+    """The library's exception, on one line and cut short (its type says where it came from)."""
+    text = one_line(exc) or "(no message)"
+    text = text if len(text) <= CAUSE_CHARS else text[: CAUSE_CHARS - 3] + "..."
+    return f"{type(exc).__name__}: {text.rstrip('.!? ')}"

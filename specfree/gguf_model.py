@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from specfree.errors import ModelLoadError
+from specfree.building import with_supported_attention
+from specfree.errors import ModelLoadError, cause
 from specfree.files import write_atomic
 from specfree.gguf_config import check_shapes, refuse_architecture
 from specfree.kernels import available_memory
@@ -264,8 +265,6 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
-    from specfree.loading import cause, with_supported_attention
 
     weights = GGUFWeights(path, table)
     refuse_architecture(weights.architecture, path)

