@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter, quants
 
-from tests.gguf_files import HALF_FIELDS, vocabulary
+from tests.gguf_files import HALF_FIELDS, add_vocabulary, vocabulary
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
 TYPES = ("F16", "Q8_0", "Q4_K_M")
@@ -171,7 +171,7 @@ def write_architecture(path: Path, model_type: str, kind: str, seed: int = 0):
     config = model.config
     arch, processor = _processor(model_type, config)
     rng = np.random.default_rng(seed)
-    tokens, merges = vocabulary()
+    tokens = vocabulary()[0]
     writer = GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{model_type}")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -194,13 +194,7 @@ def write_architecture(path: Path, model_type: str, kind: str, seed: int = 0):
     for key, value in values.items():
         if value is not None:
             _add_value(writer, f"{arch}.{key}", value)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 1) + [3])
-    writer.add_token_merges(merges)
-    writer.add_eos_token_id(len(tokens) - 1)
-    writer.add_bos_token_id(len(tokens) - 1)
+    add_vocabulary(writer)
     writer.add_pad_token_id(0)
     state = dict(model.named_parameters())  # a tied head is not a tensor of its own
     for gguf_name, hf_name in gguf_names(model, processor, arch).items():

@@ -47,6 +47,18 @@ def vocabulary() -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
+def add_vocabulary(writer: GGUFWriter) -> None:
+    """``vocabulary()`` as the file's byte-level BPE tokenizer, its last token the end (and start) token."""
+    tokens, merges = vocabulary()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 1) + [3])
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_bos_token_id(len(tokens) - 1)
+
+
 def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's converter order for q/k rows (transformers' loader undoes it)."""
     rows = weights.shape[0]
@@ -74,7 +86,7 @@ def write_tiny_llama(path: Path, qtype: T, seed: int = 0, tied: bool = True, hea
     """A 2-layer random Llama of hidden size 256 in ``qtype`` (norms F32), its head tied to the
     embedding or its own tensor in ``head_type`` (default: ``qtype``)."""
     rng = np.random.default_rng(seed)
-    tokens, merges = vocabulary()
+    tokens = vocabulary()[0]
     writer = GGUFWriter(str(path), "llama")
     writer.add_context_length(512)
     writer.add_embedding_length(HIDDEN)
@@ -86,13 +98,7 @@ def write_tiny_llama(path: Path, qtype: T, seed: int = 0, tied: bool = True, hea
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(tokens))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 1) + [3])
-    writer.add_token_merges(merges)
-    writer.add_eos_token_id(len(tokens) - 1)
-    writer.add_bos_token_id(len(tokens) - 1)
+    add_vocabulary(writer)
 
     def add(name: str, data: np.ndarray, kind: T) -> None:
         writer.add_tensor(name, data, raw_dtype=None if kind == T.F32 else kind)
