@@ -220,6 +220,29 @@ def _expert_layers(weights: GGUFWeights, entry, lanes: int) -> list[nn.Module] |
             for e in range(count)]
 
 
+def _hold_experts(module: nn.Module, entries: list, weights: GGUFWeights, processor, mapping: dict, lanes: int,
+                  holdings: GGUFHoldings, fused: dict) -> bool:
+    """An experts module's three file tensors (gate, up, down) as its ``specfree_codes``; True if held so.
+    A type without a code format leaves all three to the processor (dequantized into ``fused``)."""
+    layers = {entry[0]: _expert_layers(weights, entry, lanes) for entry in entries}
+    if len(entries) != 3 or any(found is None for found in layers.values()):
+        for name, qtype, *_ in entries:
+            if qtype.name not in FLOAT_TYPES:
+                holdings.dequantized[name] = qtype.name
+        for entry in entries:
+            _dequantized(weights, entry, processor, mapping, fused)
+        return False
+    held = {re.search(r"ffn_(gate|up|down)_exps", name)[1]: found for name, found in layers.items()}
+    module.specfree_codes = ExpertCodes(held["gate"], held["up"], held["down"])
+    for key in EXPERT_PARAMETERS:
+        del module._parameters[key]
+    for name, qtype, *_ in entries:
+        if qtype.name not in FLOAT_TYPES:
+            holdings.add(name, qtype.name)
+            holdings.code_bytes += sum(layer.coded.nbytes() for layer in layers[name])
+    return True
+
+
 def estimate_bytes(weights: GGUFWeights) -> int:
     """The memory the model will take: codes at their kernel format's size, 16-bit weights at 2
     bytes, the rest as float32."""
@@ -294,7 +317,6 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     head_if_tied = head if tied else None
     fused: dict = {"tensors": {}, "config": {}}  # parameters the processor builds from several tensors
     experts: dict[str, list] = {}  # an experts module -> its file tensors (gate, up, down)
-    coded_experts = False
     with torch.no_grad():
         for entry in weights.tensors:
             name, qtype = entry[0], entry[1]
@@ -311,7 +333,6 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
                 tensor = _dequantized(weights, entry, processor, mapping, fused)
                 fused["tensors"].setdefault(hf_name, tensor)
                 continue
-            module_name, _, key = hf_name.rpartition(".")
             module = model.get_submodule(module_name)
             codes = None
             if key == "weight" and carries_linear(module) and module is not head_if_tied:
@@ -338,24 +359,8 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
             tensor = _dequantized(weights, entry, processor, mapping)
             target = getattr(module, key)
             module._parameters[key] = _parameter(tensor.reshape(target.shape))
-        for module_name, entries in experts.items():
-            layers = {entry[0]: _expert_layers(weights, entry, lanes) for entry in entries}
-            held = {re.search(r"ffn_(gate|up|down)_exps", name)[1]: found for name, found in layers.items()}
-            if len(entries) == 3 and all(found is not None for found in layers.values()):
-                module = model.get_submodule(module_name)
-                module.specfree_codes = ExpertCodes(held["gate"], held["up"], held["down"])
-                for key in EXPERT_PARAMETERS:
-                    del module._parameters[key]
-                for name, qtype, *_ in entries:
-                    if qtype.name not in FLOAT_TYPES:
-                        holdings.add(name, qtype.name)
-                        holdings.code_bytes += sum(layer.coded.nbytes() for layer in layers[name])
-                coded_experts = True
-                continue
-            for entry in entries:  # a type without a code format: dequantized, fused by the processor
-                if entry[1].name not in FLOAT_TYPES:
-                    holdings.dequantized[entry[0]] = entry[1].name
-                _dequantized(weights, entry, processor, mapping, fused)
+        coded_experts = any([_hold_experts(model.get_submodule(name), entries, weights, processor, mapping, lanes,
+                                           holdings, fused) for name, entries in experts.items()])
         if coded_experts:
             use_coded_experts(model)
         for hf_name, tensor in fused["tensors"].items():
