@@ -19,16 +19,18 @@ from pathlib import Path
 
 import openai
 
+from specfree.bench.prompts import load_prompts
 from specfree.runinfo import cpu_info
 
 
 def prompts(path: Path, per_task: int) -> list[str]:
+    """The first turn of the first ``per_task`` prompts of each of the file's own categories (MT-bench's
+    eight each count), read by bench's loader."""
     taken: dict[str, list[str]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        if len(taken.setdefault(row["category"], [])) < per_task:
-            taken[row["category"]].append(row["turns"][0])
-    return [p for texts in taken.values() for p in texts]
+    for item in load_prompts(path):
+        if len(texts := taken.setdefault(item.subcategory or item.category, [])) < per_task:
+            texts.append(item.turns[0])
+    return [text for texts in taken.values() for text in texts]
 
 
 async def one(client: openai.AsyncOpenAI, text: str, max_tokens: int) -> dict:
