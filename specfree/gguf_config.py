@@ -80,17 +80,22 @@ def read_fields(path) -> dict:
     return out
 
 
+def parameter_of(mapping: dict[str, str], name: str) -> str | None:
+    """The model parameter a file tensor fills (``gguf_names``' map; a fused MoE key has no ``.weight``)."""
+    return mapping.get(name) or mapping.get(name.removesuffix(".weight"))
+
+
 def check_shapes(model, weights, mapping: dict[str, str], path) -> None:
     """One ``ModelLoadError`` line where a file tensor's size is not the size of the parameter it fills
     (a fused parameter, MoE experts' gate and up, takes equal parts of several)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     parts: dict[str, int] = {}
     for name, *_ in weights.tensors:
-        hf_name = mapping.get(name) or mapping.get(name.removesuffix(".weight"))
+        hf_name = parameter_of(mapping, name)
         if hf_name is not None:
             parts[hf_name] = parts.get(hf_name, 0) + 1
     for name, _, shape, _, _ in weights.tensors:
-        hf_name = mapping.get(name) or mapping.get(name.removesuffix(".weight"))
+        hf_name = parameter_of(mapping, name)
         param = params.get(hf_name) if hf_name is not None else None
         if param is None:
             continue

@@ -37,7 +37,7 @@ from torch import nn
 from specfree.building import with_supported_attention
 from specfree.errors import ModelLoadError, cause
 from specfree.files import write_atomic
-from specfree.gguf_config import check_shapes, refuse_architecture
+from specfree.gguf_config import check_shapes, parameter_of, refuse_architecture
 from specfree.kernels import available_memory
 from specfree.kernels.codes import CodedConv1D, CodedEmbedding, CodedLinear, carries_embedding, carries_linear, from_blocks
 from specfree.kernels.experts import EXPERT_PARAMETERS, ExpertCodes, carries_experts, row_routers, use_coded_experts
@@ -320,7 +320,7 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     with torch.no_grad():
         for entry in weights.tensors:
             name, qtype = entry[0], entry[1]
-            hf_name = mapping.get(name) or mapping.get(name.removesuffix(".weight"))
+            hf_name = parameter_of(mapping, name)
             if hf_name is None:
                 continue
             module_name, _, key = hf_name.rpartition(".")

@@ -256,10 +256,11 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
         with transformers_errors_only():  # no table of its own before specfree's line
             config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        fields = read_fields(path)  # one read of the metadata: the chat template and the stated dimensions
         if tokenizer.chat_template is None:
-            tokenizer.chat_template = gguf_chat_template(path)
+            tokenizer.chat_template = fields.get("tokenizer.chat_template")
         config = type(config).from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
-        file_config(config, read_fields(path), weights.architecture, {entry[0] for entry in weights.tensors})
+        file_config(config, fields, weights.architecture, {entry[0] for entry in weights.tensors})
 
     def write(tmp: Path) -> None:
         config.save_pretrained(tmp)
@@ -316,13 +317,6 @@ def write_atomically(folder: Path, write) -> None:
     with atomic_path(folder) as tmp:  # a half-written cache never looks complete
         tmp.mkdir()
         write(tmp)
-
-
-def gguf_chat_template(path: Path) -> str | None:
-    import gguf
-
-    field = gguf.GGUFReader(str(path)).fields.get("tokenizer.chat_template")
-    return None if field is None else field.contents()
 
 
 def load_tokenizer(name_or_path: str, cache_dir: str | Path | None = None):
