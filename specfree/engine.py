@@ -5,9 +5,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +23,14 @@ from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.masks.tree import Layout, build_layout
 from specfree.planner import StepPlanner
 from specfree.pricing import AcceptanceModel, Pricer
-from specfree.strategies.base import Outcome, Strategy
+from specfree.strategies.base import Strategy
 from specfree.timing import clock
 from specfree.draft_tree import DraftTree
-from specfree.types import AuxBlock, Generation, StepRecord, TokenLogprob
+from specfree.types import AuxBlock, Generation
+from specfree.sequence import Chunk, Decoding
 from specfree.verifiers import GreedyVerifier
+
+__all__ = ["Chunk", "Engine"]
 
 
 def _check_text(text: str) -> str:
@@ -42,32 +43,11 @@ def _check_text(text: str) -> str:
     return text
 
 
-@dataclass
-class Chunk:
-    """One step's worth of streamed output."""
-
-    text: str
-    tokens: list[int]
-    from_draft: list[bool]  # per token: it was a drafted token the model accepted
-    logprobs: list[TokenLogprob] | None = None  # per token, when the call asked for them
-
-
 # Lays out one step's rows: (tree, aux rows, root position) -> tokens, positions, mask.
-MaskBuilder = Callable[[DraftTree, "AuxBlock | None", int], Layout]
+MaskBuilder = Callable[[DraftTree, AuxBlock | None, int], Layout]
 DEFAULT_STRATEGY = "hybrid"  # the strategy that measures best on `bench`
 # ``prompt_cache``'s prefill chunk: at most this many rows run the row-exact attention (more go to SDPA).
 EXACT_CHUNK = LONG_ROWS
-
-
-def _logprobs(logits: torch.Tensor, rows: list[int], tokens: list[int], k: int) -> list[TokenLogprob]:
-    """Each token's log-probability in its row's log-softmax (float32), and the row's ``k`` best."""
-    if not rows:
-        return []
-    table = torch.log_softmax(logits[rows].float(), dim=-1)
-    best = torch.topk(table, k, dim=-1) if k else None
-    return [TokenLogprob(token, float(table[i, token]),
-                         list(zip(best.indices[i].tolist(), best.values[i].tolist())) if best is not None else [])
-            for i, token in enumerate(tokens)]
 
 
 class Engine:
@@ -269,6 +249,45 @@ class Engine:
         return (yield from self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt,
                                      logprobs))
 
+    # ---- several requests together ---------------------------------------------------------
+    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = 4,
+                       **settings: Any) -> list[Generation]:
+        """One ``Generation`` per prompt, as ``generate`` gives it (``settings``: its keywords but
+        ``cache_prompt``), decoded ``max_batch`` at a time: each step runs every request's rows in
+        one forward (``specfree.batching``), and each output is bit-identical to decoding its prompt
+        alone on an engine with ``prompt_cache=True`` (alone, a prompt of at most ``EXACT_CHUNK`` + 1
+        tokens is prefilled the same way with or without it). Where this engine cannot batch
+        (``batch_off`` says why, in a warning), the prompts are decoded one after another."""
+        from specfree.batching import decode_together
+
+        if isinstance(prompts, (str, torch.Tensor)):
+            raise ConfigError("generate_batch takes a list of prompts; for one prompt call generate")
+        check_int("max_batch", max_batch, low=1)
+        if self.batch_off is None:
+            return decode_together(self, list(prompts), max_new_tokens, max_batch=max_batch, **settings)
+        if max_batch > 1:
+            warnings.warn(f"decoding one request at a time: {self.batch_off}", stacklevel=2)
+        return [self.generate(prompt, max_new_tokens, cache_prompt=False, **settings) for prompt in prompts]
+
+    @property
+    def batch_off(self) -> str | None:
+        """Why this engine cannot decode several requests in one forward bit-identically (None: it can)."""
+        adapter = self.adapter
+        caps = getattr(adapter, "capabilities", None)
+        if caps is None or not hasattr(adapter, "runner"):
+            return f"the adapter {type(adapter).__name__} has no capabilities record or runner to batch over"
+        if caps.chain_only:
+            return f"the {adapter.family} model verifies one chain a step (recurrent or hybrid layers)"
+        if caps.store != "growing":
+            return f"the {adapter.family} model keeps no growing KV cache to share"
+        if adapter.compiled:
+            return ("its steps run compiled (a batch runs eager forwards, whose rows equal the compiled "
+                    "ones only to rounding); build it with compile=false to batch")
+        if not getattr(adapter, "rows_exact", False):
+            return ("its rows are not bit-equal to the one-row forward (attention or linear layers outside "
+                    "specfree's row-exact kernels), so a row's bits would depend on the batch")
+        return None
+
     # ---- the prompt cache ---------------------------------------------------------------
     @property
     def prompt_cache_off(self) -> str | None:
@@ -313,114 +332,73 @@ class Engine:
         for at in range(0, len(ids), EXACT_CHUNK):  # each chunk through the row-exact attention
             self.adapter.prefill(torch.from_numpy(ids[at : at + EXACT_CHUNK]))
 
-    def _run(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
-             ignore_eos: bool, cache_prompt: bool = True, logprobs: int | None = None):
+    def _decoding(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
+                  ignore_eos: bool, logprobs: int | None, *, verifier=None, strategy: Strategy | None = None,
+                  timing: bool = True) -> Decoding:
+        """A request's state, its settings checked: the verifier built for this call (the model's
+        processors that depend on the prompt's length, the seed), a planner over the shared pricer.
+        ``verifier``, ``strategy``: a batch's own for this request (default: the engine's)."""
         check_int("max_new_tokens", max_new_tokens, low=1)
         if logprobs is not None:
             check_int("logprobs", logprobs, low=0)
-        token_logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
         if isinstance(stop, str):
             stop = [stop]
         if stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer")
-        # The model's processors that depend on the call (prompt length, max length) are built here.
-        verifier = for_call(self.verifier, len(ids), len(ids) + max_new_tokens, self.eos_ids, self.adapter.device)
+        adapter = self.adapter
+        verifier = for_call(verifier or self.verifier, len(ids), len(ids) + max_new_tokens, self.eos_ids,
+                            adapter.device)
         if seed is not None:
             seed = check_int("seed", seed, low=0)  # the same range the sampling verifier's own seed takes
         if seed is not None and hasattr(verifier, "seed"):
             verifier = copy.copy(verifier)
             verifier.seed = seed
-        adapter, strategy = self.adapter, self.strategy
-        chain_only = adapter.capabilities.chain_only
-        limit = min(len(ids) + max_new_tokens, adapter.max_length)
-        buffer = np.zeros(limit, dtype=np.int64)  # committed ids; the last one is the root
-        buffer[: len(ids)] = ids
-        n = len(ids)
-        detok = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
-        new_tokens: list[int] = []
-        from_draft: list[bool] = []
-        steps: list[StepRecord] = []
-        stop_reason: str | None = None
+        planner = StepPlanner.for_adapter(self.pricer, adapter, price_context=self.price_context,
+                                          timing=self._costs if timing else None)
+        return Decoding(ids, min(len(ids) + max_new_tokens, adapter.max_length), max_new_tokens, verifier=verifier,
+                        strategy=strategy or self.strategy, planner=planner, mask_builder=self.mask_builder,
+                        tokenizer=self.tokenizer, should_stop=self.should_stop, stop=stop, ignore_eos=ignore_eos,
+                        logprobs=logprobs,
+                        rollback_s=(lambda: adapter.rollback_s) if adapter.capabilities.chain_only else None)
 
-        planner = StepPlanner.for_adapter(self.pricer, adapter, price_context=self.price_context, timing=self._costs)
+    def _run(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
+             ignore_eos: bool, cache_prompt: bool = True, logprobs: int | None = None):
+        seq = self._decoding(ids, max_new_tokens, stop, seed, ignore_eos, logprobs)
+        adapter, planner = self.adapter, seq.planner
         start = time.perf_counter()
         reused = self._reusable(ids, cache_prompt)
         if not (reused and adapter.truncate(reused)):
             reused = 0
             adapter.reset()
-        self._prefill(buffer[reused : n - 1])
-        strategy.begin(buffer[:n].copy())
+        self._prefill(seq.buffer[reused : seq.n - 1])
+        seq.strategy.begin(seq.context.copy())
         prefill_s = self._elapsed(start)
         # The ids whose KV may be reused: every kept row on the eager path; on a compiled one the
         # eager prefill's only (its compiled steps equal the eager rows to rounding, not in bits).
         exact_steps = not getattr(adapter, "compiled", False)
         steady = True  # False while a step's forward has run but its commit has not
         try:
-            while stop_reason is None:
-                t0 = time.perf_counter()
-                context = buffer[:n]
-                proposal = strategy.propose(context, max_depth=limit - n - 1)
-                plan = planner.plan(int(context[-1]), proposal, max_depth=limit - n - 1, context=n)  # rows to run
-                tree, aux = plan.tree, plan.aux
-                t1 = time.perf_counter()
-                layout = self.mask_builder(tree, aux, n - 1)
-                t2 = time.perf_counter()
-                # [Q, V]; a lone root row needs no mask: the plain causal path is fastest.
+            while not seq.done:
+                step = seq.plan()
+                layout = step.layout
                 steady = False
+                # [Q, V]; a lone root row needs no mask: the plain causal path is fastest.
                 logits = adapter.forward(layout.tokens, None if layout.rows == 1 else layout.allowed,
                                          layout.positions)
-                t3 = clock(adapter.device)
-                planner.timed(layout.rows, t3 - t2, context=n)
-                verdict = verifier.verify(logits[: layout.num_tree], tree, torch.from_numpy(context))
-                t4 = time.perf_counter()
+                forward_s = clock(adapter.device) - step.laid_out
+                planner.timed(layout.rows, forward_s, context=seq.n)
+                verdict = seq.verify(step, logits)
                 adapter.commit([0, *verdict.path], rows=layout.rows)
                 steady = True
-
-                emitted, text, stop_reason = 0, "", None
-                for token in verdict.tokens:
-                    buffer[n] = token
-                    n += 1
-                    emitted += 1
-                    new_tokens.append(token)
-                    from_draft.append(emitted <= len(verdict.path))
-                    if detok is not None:
-                        text += detok.push(token)
-                    stop_reason = self.should_stop(token, detok, stop, ignore_eos)
-                    if stop_reason or n >= limit:
-                        break
-                if token_logprobs is not None:  # token i was predicted by row i of [root, *path]
-                    token_logprobs += _logprobs(logits, [0, *verdict.path][:emitted], verdict.tokens[:emitted],
-                                                logprobs)
-                strategy.observe(Outcome(tree, verdict, buffer[:n],
-                                         logits[layout.num_tree :] if aux is not None else None,
-                                         logits[: layout.num_tree], plan.aux_logits(logits)))
-                planner.learn(proposal, plan, verdict.tokens, len(verdict.path))
-                t5 = time.perf_counter()
-                accepted = min(len(verdict.path), emitted)
-                steps.append(StepRecord(
-                    rows=layout.rows, drafted=tree.num_drafted, accepted=accepted, emitted=emitted,
-                    draft_s=t1 - t0, mask_s=t2 - t1, forward_s=t3 - t2, verify_s=t4 - t3, other_s=t5 - t4,
-                    sources=dict(Counter(tree.sources[node] for node in verdict.path[:accepted])),
-                    extra=strategy.stats() if not chain_only
-                    else {**strategy.stats(), "rollback_s": adapter.rollback_s}, offered=plan.offered))
-                if stop_reason is None and n >= limit:
-                    stop_reason = "max_new_tokens" if len(new_tokens) >= max_new_tokens else "context_length"
-                if stop_reason and detok is not None:
-                    text += detok.flush()
-                yield Chunk(text, new_tokens[-emitted:], from_draft[-emitted:],
-                            token_logprobs[-emitted:] if token_logprobs is not None else None)
+                yield seq.emit(step, verdict, logits, forward_s)
         finally:
-            strategy.end()
+            seq.strategy.end()
             if self.prompt_cache and steady:
                 # The adapter holds the KV of the first past_len ids of prompt + answer (a step cut
                 # short by a stop may have kept rows past n: those ids are not in the buffer).
-                kept = min(n, adapter.past_len) if exact_steps else len(ids) - 1
-                self._held = (buffer[:kept].copy(), adapter.state_version)
-        wall = self._elapsed(start)
-        text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else ""
-        return Generation(tokens=new_tokens, text=text, prompt_tokens=len(ids), steps=steps,
-                          prefill_s=prefill_s, wall_s=wall, stop_reason=stop_reason, drafted_mask=from_draft,
-                          cached_tokens=reused, logprobs=token_logprobs)
+                kept = min(seq.n, adapter.past_len) if exact_steps else len(ids) - 1
+                self._held = (seq.buffer[:kept].copy(), adapter.state_version)
+        return seq.result(prefill_s, self._elapsed(start), cached_tokens=reused)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:

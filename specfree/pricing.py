@@ -287,6 +287,28 @@ def as_proposed(root: int, proposal: Proposal, *, max_depth: int, budget: int, c
     return Plan(tree, parts, list(range(len(parts))), offered)
 
 
+@dataclass
+class Shifted:
+    """A request's price for its own rows when a batch's other rows send ``others`` more through the
+    same forward: the curve read ``others`` rows further on."""
+
+    curve: Callable[[int], float]
+    others: int
+
+    def __call__(self, rows: int) -> float:
+        return self.curve(rows + self.others)
+
+    def many(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows) + self.others
+        many = getattr(self.curve, "many", None)
+        return many(rows) if many is not None else np.array([self.curve(int(r)) for r in rows])
+
+    def at(self, context: int) -> "Shifted":
+        """The same shift on the curve at ``context`` tokens (where the curve knows contexts)."""
+        at = getattr(self.curve, "at", None)
+        return Shifted(at(context), self.others) if at is not None else self
+
+
 class Pricer:
     """The engine's pricing state: the acceptance statistics, learned from every step's verdict,
     and the forward-cost curve; ``plan`` prices one proposal."""

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from specfree.cost import CostModel, StepTimes
+from specfree.cost import StepTimes
 from specfree.errors import ConfigError, one_line
 from specfree.planner import StepPlanner
-from specfree.pricing import Plan, Pricer
+from specfree.pricing import Plan, Pricer, Shifted
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal, Verdict
 
@@ -219,20 +219,6 @@ class Drafters:
             _, oldest = self.parked.popitem(last=False)
             if len(self.spare) < self.max_parked:
                 self.spare.append(oldest.strategy)
-
-
-@dataclass
-class Shifted:
-    """A request's price for its own rows when the batch's other rows send ``others`` tokens."""
-
-    curve: CostModel
-    others: int
-
-    def __call__(self, rows: int) -> float:
-        return self.curve(rows + self.others)
-
-    def many(self, rows: np.ndarray) -> np.ndarray:
-        return self.curve.many(np.asarray(rows) + self.others)
 
 
 def vllm_args(num_speculative_tokens: int = 4, config: Any = None) -> dict[str, Any]:

@@ -1,0 +1,264 @@
+"""Several requests in one forward: each step runs every request's rows together, and each request's
+output is bit-identical to decoding it alone.
+
+A ``Batch`` holds up to ``max_batch`` requests (``Member``s). A step:
+
+1. a newcomer's prompt is prefilled by one chunk of at most ``EXACT_CHUNK`` rows, in a forward of
+   its own (so the others wait at most one chunk); its last id becomes its first root;
+2. every decoding member plans its rows (its drafter proposes, the shared pricer keeps the rows
+   worth their cost, priced on the curve at the step's total rows, ``pricing.Shifted``);
+3. one forward runs all their rows over the ``KVArena``, each row seeing only its own sequence;
+4. each member verifies, keeps its accepted rows' KV, and emits.
+
+Members join between steps (continuous batching) and leave when they stop; one that fails ends
+alone. Why the output is each request's own: every row has the bits of the one-row forward
+(``Adapter.rows_exact``: the row-exact attention operator and linear kernels, at most
+``LONG_ROWS`` rows a forward), so a row's logits depend only on its own sequence, whoever else
+shares the forward; and the prompt is prefilled in chunks through the same operator, as
+``Engine(prompt_cache=True)`` does alone. Where rows are not exact (``Engine.batch_off`` says why),
+a batch decodes its members one at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from specfree.adapters.arena import KVArena, Rows
+from specfree.adapters.capabilities import causal
+from specfree.adapters.runners import EagerRunner
+from specfree.errors import ConfigError
+from specfree.kernels.tree_attention import LONG_ROWS
+from specfree.pricing import Shifted
+from specfree.sequence import Chunk, Decoding, Step
+from specfree.types import Generation
+
+DEFAULT_MAX_BATCH = 4  # on a CPU: 4 rows of one forward cost about 1.3 one row's (SmolLM2, int8)
+
+
+@dataclass(eq=False)
+class Member:
+    """One request in a batch: its decoding, its sequence in the arena, and where its prefill is."""
+
+    decoding: Decoding
+    seq: int
+    slot: int  # which of the batch's drafters it uses
+    prefilled: int  # prompt ids whose KV is kept (all but the last, once it decodes)
+    cached_tokens: int  # of them, those adopted from an earlier request
+    joined: float = field(default_factory=time.perf_counter)
+    prefill_s: float = 0.0
+    result: Generation | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < self.decoding.prompt_len - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+@dataclass
+class Event:
+    """What a step did for one member: a chunk of output, its end (``result``), or its failure."""
+
+    member: Member
+    chunk: Chunk | None = None
+    result: Generation | None = None
+    error: BaseException | None = None
+
+
+class Batch:
+    """Up to ``max_batch`` requests decoded together by ``engine`` (see the module's docstring).
+
+    ``hold_prompts``: a finished request's KV is held for a later prompt that starts the same way
+    (the batch's prompt cache; at most ``max_batch`` held)."""
+
+    def __init__(self, engine, max_batch: int = DEFAULT_MAX_BATCH, hold_prompts: bool = False):
+        reason = engine.batch_off
+        if reason is not None:
+            raise ConfigError(f"this engine cannot decode requests together: {reason}")
+        adapter = engine.adapter
+        caps = adapter.capabilities
+        self.engine, self.max_batch = engine, max_batch
+        self.arena = KVArena(adapter.model, caps, EagerRunner(adapter.model, caps.cache_argument, caps.takes_positions),
+                             max_held=max_batch if hold_prompts else 0)
+        self.members: list[Member] = []
+        self._strategies: list = [engine.strategy] + [None] * (max_batch - 1)  # one drafter per slot
+
+    @property
+    def room(self) -> int:
+        return self.max_batch - len(self.members)
+
+    def add(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), seed: int | None = None,
+            ignore_eos: bool = False, logprobs: int | None = None, verifier=None, chat: bool | None = None,
+            cache_prompt: bool = True) -> Member:
+        """A request that joins at the next step (its settings checked now: a bad one raises here)."""
+        if not self.room:
+            raise ConfigError(f"the batch is full ({self.max_batch} requests); wait for one to finish")
+        ids = self.engine.encode(prompt, chat)
+        slot = next(i for i in range(self.max_batch) if all(m.slot != i for m in self.members))
+        if self._strategies[slot] is None:
+            self._strategies[slot] = copy.deepcopy(self.engine.strategy)
+        decoding = self.engine._decoding(ids, max_new_tokens, stop, seed, ignore_eos, logprobs, verifier=verifier,
+                                         strategy=self._strategies[slot], timing=False)
+        seq, reused = self.arena.join(np.asarray(ids, dtype=np.int64) if cache_prompt else None)
+        member = Member(decoding, seq, slot, prefilled=reused, cached_tokens=reused)
+        self.members.append(member)
+        if not member.prefilling:
+            self._begin(member)
+        return member
+
+    def cancel(self, member: Member) -> None:
+        """End ``member`` before the next step (its KV is dropped)."""
+        member.cancelled = True
+
+    # ---- a step ------------------------------------------------------------------------------
+    def step(self) -> list[Event]:
+        """One step of every member: a prefill chunk for the oldest newcomer, then one forward for
+        all that decode. Returns what happened to each, finished ones last (they have left)."""
+        events: list[Event] = []
+        for member in [m for m in self.members if m.cancelled]:
+            self._leave(member, hold=False)
+        newcomer = next((m for m in self.members if m.prefilling), None)
+        if newcomer is not None:
+            self._guarded(newcomer, events, self._prefill_chunk, newcomer)
+        decoding = [m for m in self.members if not m.prefilling and not m.finished]
+        if decoding:
+            self._decode(decoding, events)
+        for member in [m for m in self.members if m.finished]:
+            self._leave(member, hold=member.error is None)
+        return events
+
+    def _prefill_chunk(self, member: Member) -> None:
+        d, start = member.decoding, time.perf_counter()
+        end = min(member.prefilled + LONG_ROWS, d.prompt_len - 1)
+        ids = torch.from_numpy(d.buffer[member.prefilled : end].copy())
+        positions = torch.arange(member.prefilled, end)
+        self.arena.run([Rows(member.seq, ids, causal(len(ids)), positions)], logits_to_keep=1)
+        self.arena.commit(len(ids), [(0, list(range(len(ids))))])
+        member.prefilled = end
+        member.prefill_s += time.perf_counter() - start
+        if not member.prefilling:
+            self._begin(member)
+
+    def _begin(self, member: Member) -> None:
+        member.decoding.strategy.begin(member.decoding.context.copy())
+
+    def _decode(self, members: list[Member], events: list[Event]) -> None:
+        steps: dict[Member, Step] = {}
+        planned_rows = 0
+        curve = self.engine.costs
+        for i, member in enumerate(members):
+            others = planned_rows + (len(members) - 1 - i)  # later members take at least their root
+            cost = Shifted(curve, others) if curve is not None else None
+            step = self._guarded(member, events, member.decoding.plan, cost, float(len(members) - 1))
+            if step is not None:
+                steps[member] = step
+                planned_rows += step.layout.rows
+        for group in _forwards(list(steps.items())):
+            self._run_group(group, events)
+
+    def _run_group(self, group: list[tuple[Member, Step]], events: list[Event]) -> None:
+        start = time.perf_counter()
+        parts = [Rows(m.seq, s.layout.tokens, s.layout.allowed, s.layout.positions) for m, s in group]
+        try:
+            logits = self.arena.run(parts)
+        except Exception as exc:  # the forward itself failed (the arena kept nothing): every member in it ends
+            for member, _ in group:
+                member.error = exc
+                events.append(Event(member, error=exc))
+            return
+        forward_s = time.perf_counter() - start
+        rows = logits.shape[0]
+        if self.engine._costs is not None:
+            self.engine._costs.observe(rows, forward_s, context=None)
+        keeps, first, verdicts = [], 0, []
+        for member, step in group:
+            q = step.layout.rows
+            verdict = self._guarded(member, events, member.decoding.verify, step, logits[first : first + q])
+            if verdict is not None:
+                keeps.append((first, [0, *verdict.path]))
+                verdicts.append((member, step, verdict, logits[first : first + q]))
+            first += q
+        self.arena.commit(rows, keeps)
+        for member, step, verdict, own in verdicts:
+            chunk = self._guarded(member, events, member.decoding.emit, step, verdict, own, forward_s)
+            if chunk is None:
+                continue
+            events.append(Event(member, chunk=chunk))
+            if member.decoding.done:
+                member.result = member.decoding.result(member.prefill_s, time.perf_counter() - member.joined,
+                                                       cached_tokens=member.cached_tokens)
+                events.append(Event(member, result=member.result))
+
+    def _guarded(self, member: Member, events: list[Event], fn, *args):
+        """``fn(*args)`` for one member; an exception ends that member alone (returns None)."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            member.error = exc
+            events.append(Event(member, error=exc))
+            return None
+
+    def _leave(self, member: Member, hold: bool) -> None:
+        d = member.decoding
+        if not member.prefilling:
+            d.strategy.end()
+        kept = self.arena.length(member.seq)
+        self.arena.leave(member.seq, d.buffer[:kept] if hold and kept <= d.n else None)
+        self.members.remove(member)
+
+    def close(self) -> None:
+        """End every member and drop all KV."""
+        for member in list(self.members):
+            self._leave(member, hold=False)
+        self.arena.reset()
+
+
+def _forwards(planned: list[tuple[Member, Step]]) -> list[list[tuple[Member, Step]]]:
+    """The members' rows in forwards of at most ``LONG_ROWS`` rows (the row-exact operator's
+    limit), in order; a member asking more runs alone."""
+    groups: list[list[tuple[Member, Step]]] = []
+    rows = LONG_ROWS + 1
+    for member, step in planned:
+        q = step.layout.rows
+        if rows + q > LONG_ROWS:
+            groups.append([])
+            rows = 0
+        groups[-1].append((member, step))
+        rows += q
+    return groups
+
+
+def decode_together(engine, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULT_MAX_BATCH,
+                    **settings) -> list[Generation]:
+    """Every prompt decoded, ``max_batch`` at a time, each joining as another finishes; results in
+    order (a request that fails raises its error once the others are done)."""
+    batch = Batch(engine, max_batch)
+    pending = list(enumerate(prompts))
+    results: dict[int, Generation] = {}
+    errors: dict[int, BaseException] = {}
+    index_of: dict[Member, int] = {}
+    try:
+        while pending or batch.members:
+            while pending and batch.room:
+                index, prompt = pending.pop(0)
+                index_of[batch.add(prompt, max_new_tokens, **settings)] = index
+            for event in batch.step():
+                if event.result is not None:
+                    results[index_of[event.member]] = event.result
+                elif event.error is not None:
+                    errors[index_of[event.member]] = event.error
+    finally:
+        batch.close()
+    if errors:
+        raise errors[min(errors)]
+    return [results[i] for i in range(len(prompts))]
