@@ -3,8 +3,9 @@ output is bit-identical to decoding it alone.
 
 A ``Batch`` holds up to ``max_batch`` requests (``Member``s). A step:
 
-1. a newcomer's prompt is prefilled by one chunk of at most ``EXACT_CHUNK`` rows, in a forward of
-   its own (so the others wait at most one chunk); its last id becomes its first root;
+1. newcomers' prompts are prefilled, oldest first, by chunks of at most ``LONG_ROWS`` rows in all,
+   in a forward of their own (so the others wait at most one chunk a step); a prompt's last id
+   becomes its first root;
 2. every decoding member plans its rows (its drafter proposes, the shared pricer keeps the rows
    worth their cost, priced on the curve at the step's total rows, ``pricing.Shifted``);
 3. one forward runs all their rows over the ``KVArena``, each row seeing only its own sequence;
@@ -122,14 +123,14 @@ class Batch:
 
     # ---- a step ------------------------------------------------------------------------------
     def step(self) -> list[Event]:
-        """One step of every member: a prefill chunk for the oldest newcomer, then one forward for
-        all that decode. Returns what happened to each, finished ones last (they have left)."""
+        """One step of every member: a forward of the newcomers' prompt chunks, then one for all
+        that decode. Returns what happened to each, finished ones last (they have left)."""
         events: list[Event] = []
         for member in [m for m in self.members if m.cancelled]:
             self._leave(member, hold=False)
-        newcomer = next((m for m in self.members if m.prefilling), None)
-        if newcomer is not None:
-            self._guarded(newcomer, events, self._prefill_chunk, newcomer)
+        newcomers = [m for m in self.members if m.prefilling]
+        if newcomers:
+            self._prefill(newcomers, events)
         decoding = [m for m in self.members if not m.prefilling and not m.finished]
         if decoding:
             self._decode(decoding, events)
@@ -137,17 +138,32 @@ class Batch:
             self._leave(member, hold=member.error is None)
         return events
 
-    def _prefill_chunk(self, member: Member) -> None:
-        d, start = member.decoding, time.perf_counter()
-        end = min(member.prefilled + LONG_ROWS, d.prompt_len - 1)
-        ids = torch.from_numpy(d.buffer[member.prefilled : end].copy())
-        positions = torch.arange(member.prefilled, end)
-        self.arena.run([Rows(member.seq, ids, causal(len(ids)), positions)], logits_to_keep=1)
-        self.arena.commit(len(ids), [(0, list(range(len(ids))))])
-        member.prefilled = end
-        member.prefill_s += time.perf_counter() - start
-        if not member.prefilling:
-            self._begin(member)
+    def _prefill(self, newcomers: list[Member], events: list[Event]) -> None:
+        """One forward of the newcomers' next prompt chunks, oldest first, ``LONG_ROWS`` rows in all."""
+        start, parts, room = time.perf_counter(), [], LONG_ROWS
+        for member in newcomers:
+            d = member.decoding
+            end = min(member.prefilled + room, d.prompt_len - 1)
+            if end <= member.prefilled:
+                break
+            ids = torch.from_numpy(d.buffer[member.prefilled : end].copy())
+            parts.append((member, Rows(member.seq, ids, causal(len(ids)), torch.arange(member.prefilled, end))))
+            room -= len(ids)
+        try:
+            self.arena.run([rows for _, rows in parts], logits_to_keep=1)
+        except Exception as exc:  # the forward failed (the arena kept nothing): these newcomers end
+            for member, _ in parts:
+                member.error = exc
+                events.append(Event(member, error=exc))
+            return
+        total = sum(len(rows.tokens) for _, rows in parts)
+        self.arena.commit(total, [(0, list(range(total)))])
+        seconds = time.perf_counter() - start
+        for member, rows in parts:
+            member.prefilled += len(rows.tokens)
+            member.prefill_s += seconds
+            if not member.prefilling:
+                self._guarded(member, events, self._begin, member)
 
     def _begin(self, member: Member) -> None:
         member.decoding.strategy.begin(member.decoding.context.copy())
