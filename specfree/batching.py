@@ -206,7 +206,8 @@ class Batch:
             first += q
         self.arena.commit(rows, keeps)
         for member, step, verdict, own in verdicts:
-            chunk = self._guarded(member, events, member.decoding.emit, step, verdict, own, forward_s)
+            shared = {"batch.requests": float(len(group)), "batch.rows": float(rows)}
+            chunk = self._guarded(member, events, member.decoding.emit, step, verdict, own, forward_s, shared)
             if chunk is None:
                 continue
             events.append(Event(member, chunk=chunk))
@@ -228,8 +229,9 @@ class Batch:
         d = member.decoding
         if not member.prefilling:
             d.strategy.end()
-        kept = self.arena.length(member.seq)
-        self.arena.leave(member.seq, d.buffer[:kept] if hold and kept <= d.n else None)
+        # A step cut short by a stop may have kept rows past the last emitted id: only the ids' rows are held.
+        kept = min(self.arena.length(member.seq), d.n)
+        self.arena.leave(member.seq, d.buffer[:kept] if hold else None)
         self.members.remove(member)
 
     def close(self) -> None:

@@ -123,8 +123,10 @@ class Decoding:
         step.verified = time.perf_counter()
         return verdict
 
-    def emit(self, step: Step, verdict: Verdict, logits: torch.Tensor, forward_s: float) -> Chunk:
-        """Commit the verdict's tokens up to a stop, let the drafter and the pricer learn, record the step."""
+    def emit(self, step: Step, verdict: Verdict, logits: torch.Tensor, forward_s: float,
+             shared: dict[str, float] | None = None) -> Chunk:
+        """Commit the verdict's tokens up to a stop, let the drafter and the pricer learn, record the
+        step (``shared``: what a batch's forward held besides this request, recorded with it)."""
         tree, aux, layout = step.plan.tree, step.plan.aux, step.layout
         emitted, text = 0, ""
         for token in verdict.tokens:
@@ -148,6 +150,8 @@ class Decoding:
         extra = self.strategy.stats()
         if self.rollback_s is not None:
             extra = {**extra, "rollback_s": self.rollback_s()}
+        if shared:
+            extra = {**extra, **shared}
         self.steps.append(StepRecord(
             rows=layout.rows, drafted=tree.num_drafted, accepted=accepted, emitted=emitted,
             draft_s=step.planned - step.started, mask_s=step.laid_out - step.planned, forward_s=forward_s,

@@ -84,14 +84,17 @@ class KVArena:
 
     @torch.inference_mode()
     def leave(self, seq: int, ids: np.ndarray | None = None) -> None:
-        """``seq`` is over: its entries are dropped, or held for a later prompt that starts with
-        ``ids`` (the ids of its kept entries, in order)."""
-        if ids is not None and self.max_held and len(ids) == self.length(seq):
-            self.held[seq] = np.asarray(ids, dtype=np.int64).copy()
-            while len(self.held) > self.max_held:
-                self._drop(self.held.popitem(last=False)[0])
+        """``seq`` is over: its entries are dropped, or the first ``len(ids)`` held for a later prompt
+        that starts with ``ids`` (the ids of those entries, in order; the rest are dropped)."""
+        mine = np.flatnonzero(self.owner == seq)
+        if ids is None or not self.max_held or not 0 < len(ids) <= len(mine):
+            self._drop(seq)
             return
-        self._drop(seq)
+        self.owner[mine[len(ids):]] = DEAD
+        self._compact()
+        self.held[seq] = np.asarray(ids, dtype=np.int64).copy()
+        while len(self.held) > self.max_held:
+            self._drop(self.held.popitem(last=False)[0])
 
     @torch.inference_mode()
     def clear_held(self) -> None:

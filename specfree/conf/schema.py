@@ -73,7 +73,8 @@ class ServeConfig:
     port: int = 8000
     api_key: str | None = None  # set: every /v1 and /metrics request needs "Authorization: Bearer <key>"
     model_name: str | None = None  # the id /v1/models lists; null: model.name (or the file or folder name)
-    queue_size: int = 16  # requests waiting beside the one decoding; one more gets 429 with Retry-After
+    max_batch: int = 4  # requests decoded together, one forward a step (docs/serve.md); 1: one at a time
+    queue_size: int = 16  # requests waiting beside those decoding; one more gets 429 with Retry-After
     request_timeout: float = 600.0  # seconds from arrival to the last token (queue wait included)
     max_body_bytes: int = 1_000_000  # a larger request body gets 413
     max_tokens: int = 1024  # the most tokens a request may ask for; also the default when it asks none

@@ -39,7 +39,7 @@ from specfree.errors import SpecfreeError, one_line
 from specfree.serve.errors import APIError, error_body
 from specfree.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from specfree.serve.protocol import Ask, parse
-from specfree.serve.scheduler import Job, Scheduler
+from specfree.serve.scheduler import BatchScheduler, Job, Scheduler
 from specfree.serve.state import SharedState
 from specfree.serve.text import FINISH, StopTrim
 from specfree.verifiers.processors import LogitBias, PresenceFrequencyPenalty
@@ -124,7 +124,12 @@ class Server:
         engine.prompt_cache = bool(self.settings.prompt_cache)
         if engine.prompt_cache_off is not None:
             log.info("the prompt cache cannot reuse prefixes here: %s", engine.prompt_cache_off)
-        scheduler = Scheduler(engine, self.settings.queue_size, self.metrics)
+        batched = self.settings.max_batch > 1 and engine.batch_off is None
+        if self.settings.max_batch > 1 and not batched:
+            log.info("decoding one request at a time: %s", engine.batch_off)
+        scheduler = BatchScheduler(engine, self.settings.queue_size, self.metrics, self.settings.max_batch,
+                                   hold_prompts=engine.prompt_cache) if batched \
+            else Scheduler(engine, self.settings.queue_size, self.metrics)
         scheduler.start()
         self.engine, self.scheduler = engine, scheduler
 

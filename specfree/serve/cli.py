@@ -30,6 +30,7 @@ class CleanShutdown(logging.Filter):
 
 def check_settings(s) -> None:
     check_int("serve.port", s.port, low=0, high=65535)
+    check_int("serve.max_batch", s.max_batch, low=1, high=64)
     check_int("serve.queue_size", s.queue_size, low=1)
     check_float("serve.request_timeout", s.request_timeout, low=0.0, low_open=True)
     check_int("serve.max_body_bytes", s.max_body_bytes, low=1024)
@@ -84,6 +85,10 @@ def run(cfg, reg=None) -> int:
         import torch
 
         torch.set_num_threads(check_int("threads", cfg.threads, low=1))
+    if settings.max_batch > 1 and str(cfg.compile).lower() == "auto":
+        # a batch runs eager forwards (their rows are the ones decoding alone computes, bit for bit);
+        # compile=true keeps the compiled steps and decodes one request at a time
+        cfg.compile = False
     sock = listen(settings.host, settings.port)
     failed: list[str] = []
 

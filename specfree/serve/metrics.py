@@ -16,7 +16,7 @@ class Metrics:
         self.requests = Counter("specfree_requests", "HTTP requests answered, by endpoint and status",
                                 ["endpoint", "status"], registry=r)
         self.queue_length = Gauge("specfree_queue_length", "requests waiting for the engine", registry=r)
-        self.running = Gauge("specfree_running", "requests the engine is decoding (0 or 1)", registry=r)
+        self.running = Gauge("specfree_running", "requests the engine is decoding (up to serve.max_batch)", registry=r)
         self.prompt_tokens = Counter("specfree_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.completion_tokens = Counter("specfree_completion_tokens", "tokens generated", registry=r)
         self.steps = Counter("specfree_steps", "decoding steps (one target forward each)", registry=r)

@@ -1,7 +1,9 @@
 """One engine, one worker thread, a bounded FIFO queue of jobs.
 
-The event loop submits a ``Job``; the worker runs it through ``Engine.stream`` one step at a
-time and hands each step's ``Chunk`` back to the loop. A job whose client left (or whose time
+The event loop submits a ``Job``. ``Scheduler``'s worker runs one job at a time through
+``Engine.stream``; ``BatchScheduler``'s runs up to ``max_batch`` together (``specfree.batching``:
+one forward a step for all of them, each answer bit-identical to decoding it alone), taking the
+next job from the queue as soon as one finishes. Either hands each step's ``Chunk`` back to the loop. A job whose client left (or whose time
 ran out) is marked cancelled: a waiting one leaves the queue at once (its place is free for the
 next request), a running one is seen by the worker before the next step, which closes the
 generator (the drafters end the request as usual) and takes the next job.
@@ -65,13 +67,18 @@ class Scheduler:
         self._queue: deque[Job] = deque()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._current: Job | None = None
+        self._running: set[Job] = set()
         self._mean_s = 5.0  # running mean of a job's seconds: Retry-After's estimate
         self._stopping = False
 
     @property
     def waiting(self) -> int:
         return len(self._queue)
+
+    @property
+    def running(self) -> list[Job]:
+        """The jobs being decoded now."""
+        return list(self._running)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._work, name="specfree-engine", daemon=True)
@@ -112,8 +119,8 @@ class Scheduler:
         for job in waiting:
             job.cancelled.set()
             job.emit("error", APIError(503, "the server is shutting down", code="shutting_down"))
-        if self._current is not None:
-            self._current.cancel()
+        for job in list(self._running):
+            job.cancel()
         if self._thread is None:
             return True
         self._thread.join(timeout)
@@ -126,7 +133,7 @@ class Scheduler:
             if self._stopping:
                 return None
             job = self._queue.popleft()
-            self._current = job
+            self._running = {job}
             self.metrics.queue_length.set(self.waiting)
             return job
 
@@ -140,7 +147,7 @@ class Scheduler:
             try:
                 self._run(job)
             finally:
-                self._current = None
+                self._running = set()
                 self.metrics.running.set(0)
                 self._mean_s += 0.2 * (time.perf_counter() - start - self._mean_s)
 
@@ -165,12 +172,85 @@ class Scheduler:
                     job.emit("done", done.value)
                     return
                 job.emit("chunk", chunk)
-        except SpecfreeError as exc:
-            job.emit("error", APIError(400, one_line(exc)))
-        except Exception as exc:  # a bug or a broken model: this request fails, the server goes on
-            log.exception("decoding failed")
-            job.emit("error", APIError(500, f"decoding failed: {type(exc).__name__}: {one_line(exc)}",
-                                       code="internal_error"))
+        except Exception as exc:  # noqa: BLE001 - this request fails, the server goes on
+            job.emit("error", api_error(exc))
         finally:
             steps.close()
             engine.verifier = own
+
+
+def api_error(exc: BaseException) -> APIError:
+    """A request's failure as the client sees it: 400 for what it asked, 500 for a bug or a broken model."""
+    if isinstance(exc, SpecfreeError):
+        return APIError(400, one_line(exc))
+    log.error("decoding failed", exc_info=exc)
+    return APIError(500, f"decoding failed: {type(exc).__name__}: {one_line(exc)}", code="internal_error")
+
+
+class BatchScheduler(Scheduler):
+    """Up to ``max_batch`` jobs decoded together (continuous batching): a job joins the batch
+    between two steps as soon as there is room; the queue holds the rest, ``queue_size`` at most.
+    ``hold_prompts``: a finished job's KV waits for the next turn of its chat (the prompt cache)."""
+
+    def __init__(self, engine, queue_size: int, metrics: Metrics | None = None, max_batch: int = 4,
+                 hold_prompts: bool = True):
+        super().__init__(engine, queue_size, metrics)
+        self.max_batch, self.hold_prompts = max_batch, hold_prompts
+
+    def _admit(self, batch, jobs: dict) -> list[Job] | None:
+        """The jobs that join now (waiting for one while nothing runs); None once stopping."""
+        with self._lock:
+            while not self._queue and not jobs and not self._stopping:
+                self._lock.wait()
+            if self._stopping:
+                return None
+            joining = [self._queue.popleft() for _ in range(min(batch.room, len(self._queue)))]
+            self._running = set(jobs.values()) | set(joining)
+            self.metrics.queue_length.set(self.waiting)
+            return joining
+
+    def _work(self) -> None:
+        from specfree.batching import Batch
+
+        batch = Batch(self.engine, self.max_batch, hold_prompts=self.hold_prompts)
+        jobs: dict = {}  # Member -> Job
+        try:
+            while (joining := self._admit(batch, jobs)) is not None:
+                for job in joining:
+                    try:
+                        member = batch.add(job.ids, job.max_tokens, stop=job.stop, seed=job.seed,
+                                           ignore_eos=job.ignore_eos, logprobs=job.logprobs, verifier=job.verifier,
+                                           cache_prompt=job.cache_prompt)
+                    except Exception as exc:  # noqa: BLE001 - a setting the batch refuses: this job alone
+                        job.emit("error", api_error(exc))
+                        continue
+                    jobs[member] = job
+                for member, job in list(jobs.items()):
+                    if job.cancelled.is_set():
+                        batch.cancel(member)
+                        del jobs[member]
+                        self.metrics.cancelled.inc()
+                        job.emit("cancelled")
+                self._running = set(jobs.values())
+                self.metrics.running.set(len(jobs))
+                for event in batch.step() if jobs else ():
+                    job = jobs.get(event.member)
+                    if job is None:
+                        continue
+                    if event.chunk is not None:
+                        job.emit("chunk", event.chunk)
+                    if event.result is not None:
+                        self.metrics.finished(event.result)
+                        job.emit("done", event.result)
+                        self._mean_s += 0.2 * (time.perf_counter() - event.member.joined - self._mean_s)
+                    elif event.error is not None:
+                        job.emit("error", api_error(event.error))
+                    if event.result is not None or event.error is not None:
+                        del jobs[event.member]
+                self._running = set(jobs.values())
+        finally:
+            for member, job in jobs.items():
+                job.emit("error", APIError(503, "the server is shutting down", code="shutting_down"))
+            batch.close()
+            self._running = set()
+            self.metrics.running.set(0)

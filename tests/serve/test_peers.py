@@ -131,7 +131,7 @@ def test_no_cors_headers_by_default(one_thread):
 # ---- clients that leave ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def paced(one_thread):
-    with live(tiny_engine(cls=Paced), max_tokens=64, queue_size=4) as running:
+    with live(tiny_engine(cls=Paced), max_tokens=64, queue_size=4, max_batch=1) as running:
         yield running
 
 
@@ -151,20 +151,20 @@ def test_a_non_streamed_client_that_leaves_frees_the_engine(paced):
     try:
         body = b'{"prompt": "' + PROMPTS[13].encode() + b'", "max_tokens": 60, "specfree": {"ignore_eos": true}}'
         running = raw_request(paced.url, body)
-        wait_until(lambda: scheduler._current is not None, "the request to reach the engine")
-        job = scheduler._current
+        wait_until(lambda: scheduler.running, "the request to reach the engine")
+        job = scheduler.running[0]
         waiting = raw_request(paced.url, body)
         wait_until(lambda: scheduler.waiting == 1, "a second request to wait")
         waiting.close()  # a waiting client leaves: its place is free at once, before any step
         wait_until(lambda: scheduler.waiting == 0, "the waiting request to leave the queue")
-        assert scheduler._current is job
+        assert scheduler.running == [job]
         engine.release(1)
         wait_until(lambda: engine.steps_run >= 1, "one step")
         before = engine.steps_run
         running.close()  # the running client leaves, without reading anything
         wait_until(job.cancelled.is_set, "the server to see the client go")
         engine.release(1)  # the step the worker may be waiting in; before the next one it drops the request
-        wait_until(lambda: scheduler._current is None, "the worker to be free")
+        wait_until(lambda: not scheduler.running, "the worker to be free")
         assert engine.steps_run - before <= 1
         assert metrics.cancelled._value.get() == cancelled + 2
     finally:

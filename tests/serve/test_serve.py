@@ -106,6 +106,36 @@ def test_sixteen_concurrent_streams_each_get_their_own_answer(server):
     assert asyncio.run(all_at_once()) == wants
 
 
+def test_requests_that_arrive_together_share_each_forward_and_answer_as_alone():
+    """Six jobs queued at once: the worker decodes four together (continuous batching: the last two
+    join as the first finish), and every answer is the one the engine gives it alone."""
+    from specfree.serve.scheduler import BatchScheduler, Job
+
+    engine = tiny_engine("prompt_lookup")
+    prompts = [engine.encode(p) for p in PROMPTS[:6]]
+
+    async def run():
+        scheduler = BatchScheduler(engine, queue_size=8, max_batch=4)
+        loop = asyncio.get_running_loop()
+        jobs = [Job(ids=ids, max_tokens=6 + 2 * i, ignore_eos=True, loop=loop) for i, ids in enumerate(prompts)]
+        for job in jobs:
+            scheduler.submit(job)
+        scheduler.start()
+        done = []
+        for job in jobs:
+            while (event := await asyncio.wait_for(job.events.get(), 60))[0] == "chunk":
+                pass
+            done.append(event)
+        assert scheduler.stop()
+        return done
+
+    done = asyncio.run(run())
+    assert [kind for kind, _ in done] == ["done"] * 6
+    assert max(step.extra["batch.requests"] for _, result in done for step in result.steps) == 4
+    for i, (ids, (_, result)) in enumerate(zip(prompts, done)):
+        assert result.tokens == engine.generate(ids, 6 + 2 * i, ignore_eos=True).tokens
+
+
 BAD = [  # (body, status, words the message must hold)
     ({"messages": chat("hi"), "n": 2}, 400, ["`n`"]),
     ({"messages": chat("hi"), "top_logprobs": 2}, 400, ["`top_logprobs`", "logprobs: true"]),
@@ -164,7 +194,7 @@ def test_malformed_bodies_and_paths(server):
 def guarded(one_thread):
     """A server with a key, one waiting place, a short timeout, and steps the test paces."""
     engine = tiny_engine(cls=Paced)
-    with live(engine, api_key="sekrit", queue_size=1, request_timeout=4, max_tokens=64) as running:
+    with live(engine, api_key="sekrit", queue_size=1, request_timeout=4, max_tokens=64, max_batch=1) as running:
         yield running
 
 
@@ -189,7 +219,7 @@ def test_a_full_queue_answers_429_then_serves_everyone(guarded):
         first = threading.Thread(target=lambda: answers.__setitem__(
             "a", client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8).choices[0].text))
         first.start()
-        wait_until(lambda: scheduler._current is not None, "the first request to reach the engine")
+        wait_until(lambda: scheduler.running, "the first request to reach the engine")
         second = threading.Thread(target=lambda: answers.__setitem__(
             "b", client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=8).choices[0].text))
         second.start()
@@ -215,7 +245,7 @@ def test_a_request_past_its_timeout_gets_504_and_frees_the_engine(guarded):
     finally:
         engine.paced = False
         engine.release(100)
-    wait_until(lambda: scheduler._current is None, "the engine to drop the request")
+    wait_until(lambda: not scheduler.running, "the engine to drop the request")
     got = guarded.client("sekrit").completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=8)
     assert got.choices[0].text == reference(PROMPTS[2], 8)
 
@@ -235,14 +265,14 @@ def test_a_client_dropped_mid_stream_frees_the_engine_for_the_next(guarded):
             got += part.choices[0].text
             if got:
                 break
-        job = scheduler._current  # it cannot end without a second step
+        job = scheduler.running[0]  # it cannot end without a second step
         stream.close()  # the client goes away after its first text
         wait_until(job.cancelled.is_set, "the server to see the client go")
         engine.release(1)  # the step the worker may be waiting in; before the next one it drops the request
         wait_until(lambda: guarded.state.metrics.cancelled._value.get() == cancelled + 1,
                    "the engine to drop the request")
         assert engine.steps_run - before in (1, 2)  # 1: it saw the client go before asking for step 2
-        wait_until(lambda: scheduler._current is None, "the worker to be free")
+        wait_until(lambda: not scheduler.running, "the worker to be free")
     finally:
         engine.paced = False
         engine.release(100)

@@ -95,8 +95,8 @@ def test_llama_server_fields_a_bad_request_and_a_client_that_leaves(served):
     cancelled = metrics.cancelled._value.get()
     sock = raw_request(served.url, b'{"prompt": "Count to one thousand:", "max_tokens": 512, '
                                    b'"specfree": {"ignore_eos": true}}')
-    wait_until(lambda: scheduler._current is not None, "the request to reach the engine")
-    job = scheduler._current
+    wait_until(lambda: scheduler.running, "the request to reach the engine")
+    job = scheduler.running[0]
     sock.close()
-    wait_until(lambda: scheduler._current is not job, "the engine to drop the request")
+    wait_until(lambda: job not in scheduler.running, "the engine to drop the request")
     assert metrics.cancelled._value.get() == cancelled + 1
