@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
+from specfree.bench import concurrent
 from specfree.bench import llama_cpp as llama_rows
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
@@ -29,6 +30,7 @@ from specfree.bench.plots import cost_curve_plot, paper_vs_measured, write_plots
 from specfree.bench.prompts import load_prompts, shipped_prompts
 from specfree.bench.report import (markdown, members_section, method_section, rich_method_table, rich_table,
                                    wide_console)
+from specfree.bench.systems import SpecfreeSystem
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
 from specfree.adapters.compiled import check_compile
 from specfree.conf.schema import BenchConfig, SpecfreeConfig
@@ -92,6 +94,7 @@ class BenchSettings:
         check_int("bench.max_new_tokens", bench.max_new_tokens, low=1)
         check_int("bench.repeats", bench.repeats, low=1)
         check_int("bench.warmup", bench.warmup, low=0)
+        check_int("bench.concurrency", bench.concurrency, low=1, high=64)
         baselines = [_spec(b, "bench.baselines") for b in bench.baselines]
         decoding = decoding_knobs(config.verifier, baselines)
         main = _spec(config.strategy or BASELINE, "strategy")
@@ -250,8 +253,30 @@ def run(cfg: Any, console: Console | None = None) -> int:
         interrupted = True
         status.print(f"[yellow]interrupted: {len(store.records)} finished records kept in {store.path}; "
                      f"rerun with bench.resume=true to continue[/yellow]")
+    if bench.concurrency > 1 and not interrupted:
+        _concurrency(items, systems, conversation, store, settings, model, tokenizer, status)
     report(settings.out, console, settings.bench.markdown)
     return INTERRUPTED if interrupted else 0
+
+
+def _concurrency(items, systems, conversation, store, settings: BenchSettings, model, tokenizer,
+                 status: Console) -> None:
+    """Each eager specfree system's prompts ``bench.concurrency`` at a time against one after another
+    (``bench/concurrent.py``); each row is stored as it is measured."""
+    bench = settings.bench
+    prompts = [conversation.first_ids(item.turns[0]) for item in items]
+    rows = store.meta.setdefault("concurrency", [])
+    for system in systems:
+        if not isinstance(system, SpecfreeSystem) or system.path != "eager":
+            continue
+        def fresh(system=system):
+            return SpecfreeSystem.build(model, tokenizer, system.strategy, system.knobs, settings.config.seed,
+                                        adapter=system.engine.adapter, costs=system.engine.costs,
+                                        decoding=settings.decoding, precision=settings.config.precision).engine
+        with status.status(f"{system.label}: {len(prompts)} requests one after another, then "
+                           f"{bench.concurrency} at a time"):
+            rows.append(concurrent.measure(fresh, system.label, prompts, bench.max_new_tokens, bench.concurrency))
+        store.save()
 
 
 def _execute(items, systems, conversation, store, settings: BenchSettings, status: Console) -> None:
@@ -353,7 +378,8 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
              *(f"failed: prompt {pid} on {', '.join(dict.fromkeys(names))}: {error}"
                for (pid, error), names in list(failures.items())[:20])]
     per_method = method_rows(doc["records"], doc.get("systems", []))
-    text = markdown(rows, title, notes, sections=[method_section(per_method), members_section(rows)])
+    text = markdown(rows, title, notes, sections=[method_section(per_method), members_section(rows),
+                                                  concurrent.section(meta.get("concurrency", []))])
     (folder / "report.md").write_text(text, encoding="utf-8")
     write_plots(rows, doc.get("systems", []), folder, doc["meta"].get("baseline", BASELINE))
     paper_vs_measured(per_method, folder / "paper_vs_measured.png")

@@ -100,6 +100,10 @@ class Conversation:
     def __init__(self, encode: Callable[..., list[int]], decode: Callable[[list[int]], str], chat: bool):
         self.encode, self.decode, self.chat = encode, decode, chat
 
+    def first_ids(self, user: str) -> list[int]:
+        """The ids of a prompt's first turn, as ``run`` sends them."""
+        return self.encode([{"role": "user", "content": user}], chat=True) if self.chat else self.encode(user, chat=False)
+
     def run(self, system: System, turns: Sequence[str], max_new_tokens: int) -> list[Turn]:
         messages: list[dict[str, str]] = []
         text = ""

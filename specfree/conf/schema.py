@@ -63,6 +63,7 @@ class BenchConfig:
     chat: bool = True
     markdown: bool = False
     cost_curves: bool = True
+    concurrency: int = 1  # > 1: each eager strategy's prompts also run this many at a time (bench/concurrent.py)
 
 
 @dataclass

@@ -264,3 +264,16 @@ def test_the_compiled_rows_run_the_configured_linear_kernel(monkeypatch):
         cache_dir=None, precision="int8", model=SimpleNamespace(linear_kernel="few_row_fp32")))
     assert cli.compiled_adapter(torch.nn.Linear(2, 2), settings, slots=64) is None  # not compiled: no rows
     assert asked["linear_kernel"] == "few_row_fp32" and asked["compile"] == "true" and asked["precision"] == "int8"
+
+
+def test_bench_concurrency_decodes_the_prompts_together_and_one_after_another(tiny_model_dir, prompts, tmp_path):
+    """``bench.concurrency=2``: per eager specfree system a row of both sides, outputs identical,
+    stored in bench.json's meta and shown in the report."""
+    out = tmp_path / "out"
+    assert cli.run(config(tiny_model_dir, prompts, out, limit=2, concurrency=2, baselines=[]), quiet()) == 0
+    rows = json.loads((out / "bench.json").read_text())["meta"]["concurrency"]
+    assert [r["system"] for r in rows] == ["autoregressive", "prompt_lookup(draft_len=4)"]
+    for row in rows:
+        assert row["batched_together"] and row["identical"] == row["requests"] == 2
+        assert row["sequential"]["tokens"] == row["batched"]["tokens"] == 2 * 6  # EOS ignored: every token asked
+    assert "## 2 requests, 2 at a time (bench.concurrency)" in (out / "report.md").read_text()
