@@ -5,7 +5,10 @@ Each side gets an engine of its own, fresh, over the system's adapter and cost c
 that learns from past outputs (a suffix tree, a trie) would otherwise meet on the second pass the
 answers of the first, and look faster for it. The sequential side runs first on every system, then
 the batched side; both decode each prompt's first turn to ``max_new_tokens`` with EOS ignored, so
-both emit the same number of tokens, and the outputs are compared token for token.
+both emit the same number of tokens, and the outputs are compared token for token. Alone, prompts
+are prefilled in the batch's 160-row chunks (``Engine.prompt_cache``, reusing nothing): a prompt
+of more than 161 tokens prefilled in one SDPA call can differ in a last bit of its KV, so at a
+near tie in a token (``docs/serve.md``, the prompt cache).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ def measure(make_engine: Callable[[], Any], label: str, prompts: Sequence[list[i
     """One system's row: the prompts (token ids) one after another, then ``concurrency`` at a time
     (fresh engines)."""
     alone_engine = make_engine()
+    # A batch prefills in 160-row chunks through the row-exact operator; alone, that is the prompt
+    # cache's prefill (here reusing nothing), so both sides compute every row the same way.
+    alone_engine.prompt_cache = True
     start = time.perf_counter()
     alone = [alone_engine.generate(p, max_new_tokens, ignore_eos=True, cache_prompt=False)
              for p in prompts]
