@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specfree.adapters.arena import KVArena, Rows
+from specfree.adapters.arena import GrowingKV, KVArena, Rows, SlotKV
 from specfree.adapters.capabilities import causal
 from specfree.adapters.runners import EagerRunner
 from specfree.errors import ConfigError
@@ -89,8 +89,12 @@ class Batch:
         adapter = engine.adapter
         caps = adapter.capabilities
         self.engine, self.max_batch = engine, max_batch
-        self.arena = KVArena(adapter.model, caps, EagerRunner(adapter.model, caps.cache_argument, caps.takes_positions),
-                             max_held=max_batch if hold_prompts else 0)
+        if adapter.compiled:  # the runner's slots: the adapter's own steps must not run beside the batch
+            adapter.reset()
+            kv = SlotKV(adapter.runner)
+        else:
+            kv = GrowingKV(adapter.model, caps, EagerRunner(adapter.model, caps.cache_argument, caps.takes_positions))
+        self.arena = KVArena(kv, caps.windows, max_held=max_batch if hold_prompts else 0)
         self.members: list[Member] = []
         self._strategies: list = [engine.strategy] + [None] * (max_batch - 1)  # one drafter per slot
 
@@ -140,7 +144,7 @@ class Batch:
 
     def _prefill(self, newcomers: list[Member], events: list[Event]) -> None:
         """One forward of the newcomers' next prompt chunks, oldest first, ``LONG_ROWS`` rows in all."""
-        start, parts, room = time.perf_counter(), [], LONG_ROWS
+        start, parts, room = time.perf_counter(), [], LONG_ROWS  # prompt chunks run eagerly on either path
         for member in newcomers:
             d = member.decoding
             end = min(member.prefilled + room, d.prompt_len - 1)
@@ -150,7 +154,7 @@ class Batch:
             parts.append((member, Rows(member.seq, ids, causal(len(ids)), torch.arange(member.prefilled, end))))
             room -= len(ids)
         try:
-            self.arena.run([rows for _, rows in parts], logits_to_keep=1)
+            self.arena.run([rows for _, rows in parts], prefill=True)
         except Exception as exc:  # the forward failed (the arena kept nothing): these newcomers end
             for member, _ in parts:
                 member.error = exc
@@ -179,7 +183,7 @@ class Batch:
             if step is not None:
                 steps[member] = step
                 planned_rows += step.layout.rows
-        for group in _forwards(list(steps.items())):
+        for group in _forwards(list(steps.items()), self.arena.max_rows):
             self._run_group(group, events)
 
     def _run_group(self, group: list[tuple[Member, Step]], events: list[Event]) -> None:
@@ -235,20 +239,22 @@ class Batch:
         self.members.remove(member)
 
     def close(self) -> None:
-        """End every member and drop all KV."""
+        """End every member and drop all KV (a compiled adapter's slots are its own again)."""
         for member in list(self.members):
             self._leave(member, hold=False)
         self.arena.reset()
+        if self.engine.adapter.compiled:
+            self.engine.adapter.reset()
 
 
-def _forwards(planned: list[tuple[Member, Step]]) -> list[list[tuple[Member, Step]]]:
-    """The members' rows in forwards of at most ``LONG_ROWS`` rows (the row-exact operator's
-    limit), in order; a member asking more runs alone."""
+def _forwards(planned: list[tuple[Member, Step]], limit: int) -> list[list[tuple[Member, Step]]]:
+    """The members' rows in forwards of at most ``limit`` rows (``KVArena.max_rows``: past it a
+    row's bits could depend on the others), in order; a member asking more runs alone."""
     groups: list[list[tuple[Member, Step]]] = []
-    rows = LONG_ROWS + 1
+    rows = limit + 1
     for member, step in planned:
         q = step.layout.rows
-        if rows + q > LONG_ROWS:
+        if rows + q > limit:
             groups.append([])
             rows = 0
         groups[-1].append((member, step))

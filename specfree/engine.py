@@ -280,9 +280,9 @@ class Engine:
             return f"the {adapter.family} model verifies one chain a step (recurrent or hybrid layers)"
         if caps.store != "growing":
             return f"the {adapter.family} model keeps no growing KV cache to share"
-        if adapter.compiled:
-            return ("its steps run compiled (a batch runs eager forwards, whose rows equal the compiled "
-                    "ones only to rounding); build it with compile=false to batch")
+        if adapter.compiled and not hasattr(adapter.runner, "package"):
+            return ("its steps run torch.compile graphs, which pad rows to buckets; a batch runs eagerly or "
+                    "on an AOTInductor package (the CPU's compiled path): build it with compile=false")
         if not getattr(adapter, "rows_exact", False):
             return ("its rows are not bit-equal to the one-row forward (attention or linear layers outside "
                     "specfree's row-exact kernels), so a row's bits would depend on the batch")

@@ -329,3 +329,21 @@ def test_compile_true_on_a_chain_verified_model_warns_and_decodes_eagerly(tmp_pa
     prompt = [3, 4, 5] * 4
     assert Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 12).tokens == \
         reference_greedy(model, prompt, 12)
+
+
+@packages_only
+@pytest.mark.parametrize("which", [("llama", PACKAGED), ("gpt2", PACKAGED), ("llama_gguf", PACKAGED)])
+def test_a_batch_on_a_package_gives_each_request_its_compiled_decoding(compiled_adapters, which):
+    """Several requests in one compiled step (the package over the runner's slots; prompt chunks
+    eager): each one's tokens and log-probabilities equal its own compiled decoding, bit for bit."""
+    adapter = compiled_adapters[which]
+    engine = engine_on(adapter, "prompt_lookup", {})
+    assert engine.batch_off is None
+    prompt_list = [[5, 6, 7, 8] * 3, [9, 10] * 5, [11, 12, 13] * 2, [3 + (7 * i) % 120 for i in range(170)], [30, 31] * 4]
+    together = engine.generate_batch(prompt_list, 20, max_batch=3, ignore_eos=True, logprobs=1)
+    assert adapter.compiled and adapter.past_len == 0  # the slots are the adapter's again, empty
+    assert max(s.extra["batch.requests"] for r in together for s in r.steps) == 3
+    engine.prompt_cache = True  # alone: the same 160-row prompt chunks as the batch's
+    for prompt, result in zip(prompt_list, together):
+        alone = engine.generate(prompt, 20, ignore_eos=True, logprobs=1, cache_prompt=False)
+        assert result.tokens == alone.tokens and result.logprobs == alone.logprobs

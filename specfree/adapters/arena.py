@@ -15,6 +15,10 @@ whatever the other rows. Sequences are numbered by the arena (``join``).
 A sequence that leaves may be held (``leave(seq, ids)``): its entries stay, and the next sequence
 whose prompt starts with the same ids adopts them (``join(ids)``), which is the prompt cache of a
 batch. At most ``max_held`` are held, the oldest dropped first.
+
+Where the entries live: ``GrowingKV`` (eager forwards over a growing cache) or ``SlotKV`` (a
+compiled runner's static slots: steps through its AOTInductor package, prompt chunks eagerly, as
+the compiled path runs them alone; its rows equal the one-row compiled step's bit for bit).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from specfree.adapters.capabilities import Capabilities
 from specfree.adapters.kv_buffers import keep_rows
 from specfree.adapters.stores import GrowingStore
+from specfree.kernels.tree_attention import LONG_ROWS
 
 DEAD = -1  # the owner of an entry no sequence reads any more
 
@@ -42,16 +47,83 @@ class Rows:
     positions: torch.Tensor
 
 
-class KVArena:
-    """The KV of several sequences in one growing cache (``GrowingStore`` over the model's eager runner)."""
+class GrowingKV:
+    """Entries in a cache of ``GrowingLayer``s, run by eager forwards (the eager path's)."""
 
-    def __init__(self, model, caps: Capabilities, runner, max_held: int = 4):
+    max_rows = LONG_ROWS  # rows a forward takes through the row-exact operator
+
+    def __init__(self, model, caps: Capabilities, runner):
         self.store = GrowingStore(model, caps, runner)
-        self.windows, self.dtype, self.device = caps.windows, self.store.dtype, self.store.device
+        self.dtype, self.device = self.store.dtype, self.store.device
+
+    def columns(self, entries: int) -> int:
+        """The mask's width for a forward that brings the cache to ``entries`` entries."""
+        return entries
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask, past: int, prefill: bool) -> torch.Tensor:
+        return self.store._forward(tokens, positions, mask, logits_to_keep=1 if prefill else 0)
+
+    def keep(self, keep: list[int], start: int) -> None:
+        keep_rows(self.store.cache.layers, keep, start, self.device)
+
+    def cut(self, length: int) -> None:
+        self.store.crop(length)
+
+    def reset(self) -> None:
+        self.store.reset()
+
+
+class SlotKV:
+    """Entries in a compiled runner's static slots (``runner.slots``, borrowed while the batch runs):
+    steps through its package, prompt chunks eagerly, as ``stores.SlotStore`` runs them alone."""
+
+    def __init__(self, runner):
+        from specfree.adapters.packaged import MAX_ROWS
+
+        self.runner, self.slots = runner, runner.slots
+        self.dtype, self.device = self.slots.dtype, self.slots.device
+        self.max_rows = min(LONG_ROWS, MAX_ROWS)  # more rows would leave the package for eager code
+
+    def columns(self, entries: int) -> int:
+        self.slots.room(entries)
+        return self.slots.capacity
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask, past: int, prefill: bool) -> torch.Tensor:
+        # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
+        ids, positions = tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None]
+        if prefill:
+            logits = self.runner.eager(ids, positions, mask, logits_to_keep=1)
+            self.slots.set_length(past + ids.shape[1])
+        else:
+            logits, _ = self.runner(ids, positions, mask)
+            self.slots.past = past + ids.shape[1]
+        return logits[0]
+
+    def keep(self, keep: list[int], start: int) -> None:
+        keep_rows(self.slots.cache.layers, keep, start, self.device)
+
+    def cut(self, length: int) -> None:
+        self.slots.set_length(length)
+
+    def reset(self) -> None:
+        self.slots.reset()
+
+
+class KVArena:
+    """The KV of several sequences in one cache (``kv``: a ``GrowingKV`` or a ``SlotKV``)."""
+
+    def __init__(self, kv: GrowingKV | SlotKV, windows, max_held: int = 4):
+        self.kv, self.windows = kv, windows
+        self.dtype, self.device = kv.dtype, kv.device
         self.owner = np.zeros(0, dtype=np.int64)  # [entries]: the sequence each cache entry belongs to
         self.max_held = max_held
         self.held: OrderedDict[int, np.ndarray] = OrderedDict()  # seq -> the ids its entries hold
         self._next = 0
+
+    @property
+    def max_rows(self) -> int:
+        """The most rows one forward takes with every row exact."""
+        return self.kv.max_rows
 
     @property
     def entries(self) -> int:
@@ -111,38 +183,41 @@ class KVArena:
         if len(live) == len(self.owner):
             return
         if not len(live):
-            self.store.reset()
+            self.kv.reset()
         else:
-            keep_rows(self.store.cache.layers, live.tolist(), 0, self.device)
-            self.store.crop(len(live))
+            self.kv.keep(live.tolist(), 0)
+            self.kv.cut(len(live))
         self.owner = self.owner[live]
 
     @torch.inference_mode()
-    def run(self, parts: list[Rows], logits_to_keep: int = 0) -> torch.Tensor:
+    def run(self, parts: list[Rows], prefill: bool = False) -> torch.Tensor:
         """One forward of every part's rows, in order, each over its own sequence's entries:
-        logits [sum of rows, V] (``logits_to_keep``: only the last rows'). The rows' KV is
-        appended; ``commit`` keeps what each sequence accepted."""
+        logits [sum of rows, V] (``prefill``: prompt chunks, only the last row's logits). The rows'
+        KV is appended; ``commit`` keeps what each sequence accepted."""
         past, total = self.entries, sum(len(p.tokens) for p in parts)
+        width = self.kv.columns(past + total)
         lowest = torch.finfo(self.dtype).min
         masks: dict | None = None  # per layer kind, where the model has several
         start = past
         for part in parts:
             q = len(part.tokens)
-            columns = torch.from_numpy(np.concatenate([np.flatnonzero(self.owner == part.seq), np.arange(start, start + q)]))
+            columns = torch.from_numpy(np.concatenate([np.flatnonzero(self.owner == part.seq),
+                                                       np.arange(start, start + q)]))
             own = self.windows.mask(part.allowed, len(columns) - q, part.positions, self.dtype, torch.device("cpu"))
             own = own if isinstance(own, dict) else {None: own}
             if masks is None:
-                masks = {kind: torch.full((1, 1, total, past + total), lowest, dtype=self.dtype) for kind in own}
+                masks = {kind: torch.full((1, 1, total, width), lowest, dtype=self.dtype) for kind in own}
             for kind, mask in own.items():
                 masks[kind][0, 0, start - past : start - past + q, columns] = mask[0, 0]
             start += q
-        mask = {kind: m.to(self.device) for kind, m in masks.items()}
+        masks = {kind: m.to(self.device) for kind, m in masks.items()}
+        mask = masks[None] if None in masks else masks
         tokens = torch.cat([p.tokens for p in parts])
         positions = torch.cat([p.positions for p in parts])
         try:
-            logits = self.store._forward(tokens, positions, mask.get(None, mask), logits_to_keep=logits_to_keep)
+            logits = self.kv.forward(tokens, positions, mask, past, prefill)
         except BaseException:
-            self.store.crop(past)  # layers the failed forward reached hold its rows: drop them
+            self.kv.cut(past)  # layers the failed forward reached hold its rows: drop them
             raise
         self.owner = np.concatenate([self.owner, *[np.full(len(p.tokens), p.seq) for p in parts]])
         return logits
@@ -154,12 +229,12 @@ class KVArena:
         start = self.entries - rows
         keep = [first + k for first, kept in keeps for k in kept]
         if keep:
-            keep_rows(self.store.cache.layers, keep, start, self.device)
-        self.store.crop(start + len(keep))
+            self.kv.keep(keep, start)
+        self.kv.cut(start + len(keep))
         self.owner = np.concatenate([self.owner[:start], self.owner[start:][keep]])
 
     @torch.inference_mode()
     def reset(self) -> None:
-        self.store.reset()
+        self.kv.reset()
         self.owner = np.zeros(0, dtype=np.int64)
         self.held.clear()

@@ -85,10 +85,6 @@ def run(cfg, reg=None) -> int:
         import torch
 
         torch.set_num_threads(check_int("threads", cfg.threads, low=1))
-    if settings.max_batch > 1 and str(cfg.compile).lower() == "auto":
-        # a batch runs eager forwards (their rows are the ones decoding alone computes, bit for bit);
-        # compile=true keeps the compiled steps and decodes one request at a time
-        cfg.compile = False
     sock = listen(settings.host, settings.port)
     failed: list[str] = []
 
