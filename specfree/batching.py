@@ -22,7 +22,6 @@ a batch decodes its members one at a time.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -111,7 +110,7 @@ class Batch:
         ids = self.engine.encode(prompt, chat)
         slot = next(i for i in range(self.max_batch) if all(m.slot != i for m in self.members))
         if self._strategies[slot] is None:
-            self._strategies[slot] = copy.deepcopy(self.engine.strategy)
+            self._strategies[slot] = self.engine.strategy.fork()
         decoding = self.engine._decoding(ids, max_new_tokens, stop, seed, ignore_eos, logprobs, verifier=verifier,
                                          strategy=self._strategies[slot], timing=False)
         seq, reused = self.arena.join(np.asarray(ids, dtype=np.int64) if cache_prompt else None)
@@ -196,10 +195,10 @@ class Batch:
                 member.error = exc
                 events.append(Event(member, error=exc))
             return
+        # Not fed to the engine's cost curve: a batch's forward of R rows attends over several
+        # contexts, and would teach the curve a price no one request's R rows cost.
         forward_s = time.perf_counter() - start
         rows = logits.shape[0]
-        if self.engine._costs is not None:
-            self.engine._costs.observe(rows, forward_s, context=None)
         keeps, first, verdicts = [], 0, []
         for member, step in group:
             q = step.layout.rows

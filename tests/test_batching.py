@@ -181,3 +181,25 @@ def test_bad_batch_arguments_are_one_clear_error():
         Batch(engine, 1).add([5, 6], max_new_tokens=0)
     batch.close()
     assert batch.arena.entries == 0
+
+
+def test_the_suffix_drafters_of_a_batch_share_one_store():
+    """Each place of a batch forks the engine's drafter; the suffix drafter's forks share its global
+    store, so every request's output lands in the one tree (and each drafts from the others')."""
+    model = tiny_model("llama")
+    engine = Engine.from_model(model, None, "hybrid", drafters=["prompt_lookup", "suffix"], costs=CPU_LIKE)
+    prompt_list = [[5, 6, 7, 8] * 3, [9, 10] * 5, [11, 12, 13] * 2]
+    results = engine.generate_batch(prompt_list, 12, max_batch=3, ignore_eos=True)
+    store = next(d for d in engine.strategy.drafters if d.name == "suffix").pool
+    assert len(store.requests) == 3
+    assert [r.tokens for r in results] == [reference_greedy(model, p, 12, ignore_eos=True) for p in prompt_list]
+
+
+def test_a_batch_teaches_the_engines_cost_curve_nothing(tmp_path):
+    """The curve prices one request's rows; a batch's forward attends over several contexts, so its
+    times are not folded in (they once taught a curve that 3 rows cost 8 times 2)."""
+    engine = Engine.from_model(tiny_model("llama"), None, "prompt_lookup", cache_dir=str(tmp_path))
+    before = engine.costs.as_dict()
+    prompt_list = [[5, 6, 7, 8] * 3, [9, 10] * 5, [11, 12, 13] * 2, [14, 15] * 3] * 2
+    engine.generate_batch(prompt_list, 24, max_batch=4, ignore_eos=True)
+    assert engine.costs.as_dict() == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,12 @@ class Strategy:
 
     def end(self) -> None:
         """The request is over."""
+
+    def fork(self) -> "Strategy":
+        """A drafter for another request decoded at the same time (a batch's other places). The
+        default is an independent copy; a drafter whose state outlives requests may share it
+        instead, so that concurrent requests learn from each other (the suffix drafter's store)."""
+        return copy.deepcopy(self)
 
     def stats(self) -> dict[str, float]:
         """Drafter-specific numbers recorded with each step (pool size, window...)."""

@@ -12,6 +12,7 @@ whose window was left out gets no aux logits, so it knows the window was not dec
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,13 @@ class Hybrid(Strategy):
     def end(self) -> None:
         for drafter in self.drafters:
             drafter.end()
+
+    def fork(self) -> Hybrid:
+        """Each member forked (a suffix member keeps sharing its store)."""
+        twin = copy.copy(self)
+        twin.drafters = [drafter.fork() for drafter in self.drafters]
+        twin._window_members = []
+        return twin
 
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
         candidates: list[list[int]] = []

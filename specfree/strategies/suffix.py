@@ -15,6 +15,7 @@ the file exists, saved atomically when a request ends.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,13 @@ class SuffixDecoding(Strategy):
         self._output = []
         if self.state_file is not None and self._vocab_size is not None:
             self.pool.save(self.state_file, self._vocab_size, self._fingerprint)
+
+    def fork(self) -> SuffixDecoding:
+        """The same global store (its open responses keep concurrent requests apart, and each
+        drafts from the others' outputs as they are written); a request trie of its own."""
+        twin = copy.copy(self)
+        twin.local, twin._response, twin._output, twin._seen = SuffixTrie(self.pool.max_tree_depth), None, [], 0
+        return twin
 
     def stats(self) -> dict[str, float]:
         return {"global_nodes": float(len(self.pool)), "cached_requests": float(len(self.pool.requests)),
