@@ -261,13 +261,13 @@ def run(cfg: Any, console: Console | None = None) -> int:
 
 def _concurrency(items, systems, conversation, store, settings: BenchSettings, model, tokenizer,
                  status: Console) -> None:
-    """Each eager specfree system's prompts ``bench.concurrency`` at a time against one after another
-    (``bench/concurrent.py``); each row is stored as it is measured."""
+    """Each specfree system's prompts ``bench.concurrency`` at a time against one after another
+    (``bench/concurrent.py``), eager and compiled; each row is stored as it is measured."""
     bench = settings.bench
     prompts = [conversation.first_ids(item.turns[0]) for item in items]
     rows = store.meta.setdefault("concurrency", [])
     for system in systems:
-        if not isinstance(system, SpecfreeSystem) or system.path != "eager":
+        if not isinstance(system, SpecfreeSystem):
             continue
         def fresh(system=system):
             return SpecfreeSystem.build(model, tokenizer, system.strategy, system.knobs, settings.config.seed,

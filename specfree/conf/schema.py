@@ -63,7 +63,7 @@ class BenchConfig:
     chat: bool = True
     markdown: bool = False
     cost_curves: bool = True
-    concurrency: int = 1  # > 1: each eager strategy's prompts also run this many at a time (bench/concurrent.py)
+    concurrency: int = 1  # > 1: each strategy's prompts also run this many at a time (bench/concurrent.py)
 
 
 @dataclass
@@ -74,7 +74,7 @@ class ServeConfig:
     port: int = 8000
     api_key: str | None = None  # set: every /v1 and /metrics request needs "Authorization: Bearer <key>"
     model_name: str | None = None  # the id /v1/models lists; null: model.name (or the file or folder name)
-    max_batch: int = 4  # requests decoded together, one forward a step (docs/serve.md); 1: one at a time
+    max_batch: int = 8  # requests decoded together, one forward a step (docs/serve.md); 1: one at a time
     queue_size: int = 16  # requests waiting beside those decoding; one more gets 429 with Retry-After
     request_timeout: float = 600.0  # seconds from arrival to the last token (queue wait included)
     max_body_bytes: int = 1_000_000  # a larger request body gets 413
