@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig
 
 from specfree.adapters.protocol import Adapter
-from specfree.loading import DEFAULT_CACHE
+from specfree.files import DEFAULT_CACHE
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int

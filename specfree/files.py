@@ -14,6 +14,16 @@ from pathlib import Path
 from typing import Any
 
 
+DEFAULT_CACHE = Path.home() / ".cache" / "specfree"  # what specfree keeps between runs, unless told otherwise
+
+
+def cache_folder(cache_dir: str | os.PathLike | None = None) -> Path:
+    """specfree's cache folder: ``cache_dir`` (``~`` expanded), else ``DEFAULT_CACHE``. The one
+    place that says where the kernels' build, GGUF configs, cost curves, compiled packages and the
+    llama.cpp tools are kept."""
+    return Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
+
+
 def user_path(value: str | os.PathLike) -> Path:
     """A path the user typed: ``~`` expanded, and relative to the folder the command started in,
     even where Hydra has changed the working folder since."""

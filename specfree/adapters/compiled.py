@@ -185,7 +185,7 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
     import json
     import logging
 
-    from specfree.loading import DEFAULT_CACHE
+    from specfree.files import cache_folder
 
     choice = check_compile(compile)
     eager = dict(linear_kernel=linear_kernel, cache_dir=cache_dir, precision=precision)
@@ -196,7 +196,7 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
         if choice == "true":
             warnings.warn(f"compile=true: {reason}; decoding on the eager path", stacklevel=3)
         return _eager(model, reason, **eager)
-    folder = Path(cache_dir or DEFAULT_CACHE) / "compiled"
+    folder = cache_folder(cache_dir) / "compiled"
     # int8 graphs are other graphs (the op's precision argument): their own marker
     marker = compiled_marker(model, folder.parent, **compiled_knobs,
                              **({"precision": precision} if precision != "exact" else {}))

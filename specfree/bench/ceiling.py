@@ -265,7 +265,7 @@ def _conversation_and_cost(meta: dict, engine=None):
     where it recorded none, the cached curve of the model, device, dtype and threads it used; and
     the recorded curve's name (None for the cached one). ``engine``: the run's (``run_engine``),
     built here when not given."""
-    from specfree.loading import DEFAULT_CACHE
+    from specfree.files import cache_folder
     from specfree.bench.prompts import load_prompts
     from specfree.bench.runner import Conversation
     from specfree.bench.systems import Turn
@@ -298,4 +298,4 @@ def _conversation_and_cost(meta: dict, engine=None):
     own = run_curve(meta)
     if own is not None:
         return contexts, own[1], own[0]
-    return contexts, CostModel.cached(engine.adapter, DEFAULT_CACHE), None  # measured here only if never before
+    return contexts, CostModel.cached(engine.adapter, cache_folder()), None  # measured here only if never before

@@ -35,7 +35,7 @@ from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_syst
 from specfree.adapters.compiled import check_compile
 from specfree.conf.schema import BenchConfig, SpecfreeConfig
 from specfree.errors import ConfigError, check_int
-from specfree.files import user_path
+from specfree.files import cache_folder, user_path
 from specfree.generation import VERIFIER_KNOBS
 from specfree.parts import build_adapter
 from specfree.progress import progress_bar
@@ -217,7 +217,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
                             precision=settings.config.precision)
     if llama:
         built, skipped = llama_rows.build(llama, llama_rows.source_gguf(settings.model), settings.config.dtype,
-                                          llama_rows.cache_folder(settings.config.cache_dir), torch.get_num_threads(),
+                                          cache_folder(settings.config.cache_dir), torch.get_num_threads(),
                                           llama_rows.context_size(slots, systems[0].engine.adapter.max_length),
                                           systems[0].engine.eos_ids)
         systems += built

@@ -237,12 +237,6 @@ def _recording(llama_cpp):
     return RecordingLlama
 
 
-def cache_folder(cache_dir: str | None) -> Path:
-    from specfree.loading import DEFAULT_CACHE
-
-    return Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE
-
-
 def describe_rows(systems: Sequence[Any], skipped: Sequence[str] = ()) -> str:
     """One line for the report: what ran the llama.cpp rows (and which were left out, and why) and
     what their identity column means."""

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfree.files import atomic_path, fingerprint
+from specfree.files import atomic_path, cache_folder, fingerprint
 from specfree.kernels.codes import PRECISIONS, CodedLinear
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.saved_codes import SavedCodes
@@ -65,14 +65,9 @@ ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 BACKENDS = ("few_row", "few_row_fp32", "library")
 
 
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """specfree's cache folder: ``cache_dir``, else ~/.cache/specfree."""
-    return Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "specfree"
-
-
 def kernel_dir(cache_dir: str | Path | None = None) -> Path:
     """Where a build of this source for this torch lives: a new source or torch builds anew."""
-    return cache_root(cache_dir) / "kernels" / fingerprint(*(s.read_text() for s in (*SOURCES, *HEADERS)),
+    return cache_folder(cache_dir) / "kernels" / fingerprint(*(s.read_text() for s in (*SOURCES, *HEADERS)),
                                                           torch.__version__)
 
 
@@ -318,7 +313,7 @@ def prepare_linears(model: nn.Module, backend: str = "few_row", cache_dir: str |
     isa = ISA_NAMES[int(torch.ops.specfree.best_isa())]
     if pack and isa in LANES:
         # codes found by an earlier load of the same weights are checked, not searched again
-        coder = SavedCodes.for_model(model, _packs, LANES[isa], cache_root(cache_dir)) if backend == "few_row" else None
+        coder = SavedCodes.for_model(model, _packs, LANES[isa], cache_folder(cache_dir)) if backend == "few_row" else None
         tiles = HugePageArena() if backend == "few_row" and has_amx() else None  # on huge pages, as panels
         if tiles is not None:
             tiles.reserve([tile_bytes(m) for m in model.modules() if _packs(m) and tiles_fit(m)])
