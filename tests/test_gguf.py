@@ -223,7 +223,7 @@ def test_a_stock_float32_copy_that_would_not_fit_is_refused_before_unpacking(ggu
     from specfree.errors import SpecfreeError
 
     model, _ = load_model(str(tiny_file(gguf_dir, T.Q4_K)), cache_dir=tmp_path)
-    monkeypatch.setattr(kernels, "available_memory", lambda: 1000)
+    monkeypatch.setattr(kernels.layers, "available_memory", lambda: 1000)
     with pytest.raises(SpecfreeError, match=r"stock float32 copy of this model's linear layers needs .* GiB"):
         with kernels.stock_linears(model):
             pass

@@ -107,13 +107,13 @@ def test_layers_swap_in_share_the_parameters_and_swap_back():
     model = tiny_model("llama", seed=3)
     linears = {name: m.weight for name, m in model.named_modules() if type(m) is nn.Linear}
     try:
-        assert prepare_linears(model, pack=False) == len(linears) and linear_path(model) == f"few_row-{ISA}"
+        assert prepare_linears(model, pack=False) == len(linears) and linear_path(model) == f"few_row-unpacked-{ISA}"
         for name, module in model.named_modules():
             if name in linears:
                 assert isinstance(module, UnpackedLinear) and module.weight is linears[name]  # shared, not copied
         with stock_linears(model):
             assert linear_path(model) == "library"
-        assert linear_path(model) == f"few_row-{ISA}"
+        assert linear_path(model) == f"few_row-unpacked-{ISA}"
     finally:
         assert library_linears(model) == len(linears)
     assert all(type(m) is not UnpackedLinear for m in model.modules())
@@ -208,7 +208,7 @@ def test_the_sources_compile_side_by_side_into_one_library(tmp_path):
     for name, value in (("a", 1), ("b", 2), ("c", 3)):
         sources.append(tmp_path / f"{name}.cpp")
         sources[-1].write_text(f'extern "C" int specfree_test_{name}() {{ return {value}; }}\n')
-    library = kernels._build(tmp_path / "build", progress=False, sources=tuple(sources))
+    library = kernels.build._build(tmp_path / "build", progress=False, sources=tuple(sources))
     loaded = ctypes.CDLL(str(library))
     assert [loaded.specfree_test_a(), loaded.specfree_test_b(), loaded.specfree_test_c()] == [1, 2, 3]
     assert [p.name for p in (tmp_path / "build").iterdir()] == [kernels.LIBRARY]  # no objects left
@@ -222,7 +222,7 @@ def test_a_source_that_does_not_compile_names_its_error_and_leaves_nothing(tmp_p
     good.write_text("int specfree_good() { return 1; }\n")
     broken.write_text("int specfree_broken() { return undeclared_name; }\n")
     with pytest.raises(RuntimeError, match="failed: .*undeclared_name"):
-        kernels._build(tmp_path / "build", progress=False, sources=(good, broken))
+        kernels.build._build(tmp_path / "build", progress=False, sources=(good, broken))
     assert list((tmp_path / "build").iterdir()) == []
 
 
