@@ -15,13 +15,20 @@ namespace specfree {
 
 enum class Isa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
 
-inline Isa best_isa() {
+inline Isa detect_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
   // every AVX2 CPU has F16C too (float16 scales); checked all the same
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     return Isa::kAvx2;
   return Isa::kNone;
+}
+
+// Decided once per process (the first call; thread-safe), not on every op call: the CPU does not
+// change under a process.
+inline Isa best_isa() {
+  static const Isa best = detect_isa();
+  return best;
 }
 
 // "auto" (the best this CPU has), "avx2" or "avx512"; `op` names the caller in errors.
@@ -42,8 +49,11 @@ inline Isa parse_isa(const std::string& name, const char* op) {
 
 // Whether the CPU has AVX-512 VNNI (vpdpbusd: four byte products summed into 32 bits).
 inline bool has_avx512_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni");
+  static const bool vnni = [] {  // once per process, as best_isa
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
+  }();
+  return vnni;
 }
 
 // Four bytes as one 32-bit word (no aliasing).
