@@ -75,6 +75,8 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._queue)
 
+    places = 1  # jobs decoded at once: a place frees every mean job time / places (Retry-After)
+
     @property
     def running(self) -> list[Job]:
         """The jobs being decoded now."""
@@ -89,7 +91,7 @@ class Scheduler:
             if self._stopping:
                 raise APIError(503, "the server is shutting down", code="shutting_down")
             if len(self._queue) >= self.queue_size:
-                wait = max(1, min(60, round(self._mean_s * (self.waiting + 1))))
+                wait = max(1, min(60, round(self._mean_s * (self.waiting + 1) / self.places)))
                 raise APIError(429, f"the queue is full ({self.queue_size} requests waiting); retry in about "
                                     f"{wait} s", code="queue_full", headers={"Retry-After": str(wait)})
             job.on_cancel = self._withdraw
@@ -195,7 +197,7 @@ class BatchScheduler(Scheduler):
     def __init__(self, engine, queue_size: int, metrics: Metrics | None = None, max_batch: int = 4,
                  hold_prompts: bool = True):
         super().__init__(engine, queue_size, metrics)
-        self.max_batch, self.hold_prompts = max_batch, hold_prompts
+        self.places, self.hold_prompts = max_batch, hold_prompts
 
     def _admit(self, batch, jobs: dict) -> list[Job] | None:
         """The jobs that join now (waiting for one while nothing runs); None once stopping."""
@@ -212,7 +214,7 @@ class BatchScheduler(Scheduler):
     def _work(self) -> None:
         from specfree.batching import Batch
 
-        batch = Batch(self.engine, self.max_batch, hold_prompts=self.hold_prompts)
+        batch = Batch(self.engine, self.places, hold_prompts=self.hold_prompts)
         jobs: dict = {}  # Member -> Job
         try:
             while (joining := self._admit(batch, jobs)) is not None:
