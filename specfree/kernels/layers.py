@@ -125,7 +125,7 @@ def prepare_linears(model: nn.Module, backend: str = "few_row", cache_dir: str |
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.
         set_precision(model, precision)  # a GGUF's layers hold codes from the load
-        return sum(isinstance(m, (UnpackedLinear, PanelLinear)) for m in model.modules())
+        return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
     if load_kernels(cache_dir) is None:
         library_linears(model)
         return 0
@@ -148,7 +148,14 @@ def prepare_linears(model: nn.Module, backend: str = "few_row", cache_dir: str |
             coder.save()
     set_precision(model, precision)
     swap_modules(model, lambda m: UnpackedLinear(m) if _fits(m) else None)
-    return sum(isinstance(m, (UnpackedLinear, PanelLinear)) for m in model.modules())
+    return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
+
+
+# The layer classes a weight may be held as besides codes (``CodedLinear``, named with its
+# precision), most specific first, by the name ``linear_path`` gives them: bfloat16 weights on AMX
+# tiles, weights repacked into panels, and the fallback over the model's own [N, K] tensors.
+LAYER_FORMATS = (("tiles", TileLinear), ("panels", PanelLinear), ("unpacked", UnpackedLinear))
+KERNEL_LAYERS = (PanelLinear, UnpackedLinear)  # every layer that runs specfree's ops (tiles and codes are panels)
 
 
 def linear_path(model: nn.Module) -> str:
@@ -166,13 +173,9 @@ def linear_path(model: nn.Module) -> str:
         int8 = [name for name, m in model.named_modules() if isinstance(m, CodedLinear) and m.precision == "int8"]
         precision = "" if not int8 else "-int8" if len(int8) == len(coded) else f"-int8{fingerprint(*int8)[:8]}"
         return f"few_row-coded{precision}-{isa}" if every else f"few_row-coded{fingerprint(*coded)[:8]}{precision}-{isa}"
-    if any(isinstance(m, TileLinear) for m in model.modules()):  # bfloat16 weights on AMX tiles
-        return f"few_row-tiles-{isa}"
-    if any(isinstance(m, PanelLinear) for m in model.modules()):
-        return f"few_row-panels-{isa}"
-    if any(isinstance(m, UnpackedLinear) for m in model.modules()):
-        return f"few_row-unpacked-{isa}"  # the fallback: the model's own [N, K] tensors, not repacked
-    return "library"
+    held = {type(m) for m in model.modules()}
+    return next((f"few_row-{name}-{isa}" for name, layer in LAYER_FORMATS if any(issubclass(c, layer) for c in held)),
+                "library")
 
 
 def _stock(copies: dict):
