@@ -255,3 +255,16 @@ def test_a_rarely_seen_label_is_smoothed_toward_its_source_not_toward_one_half()
     assert acceptance.rate("suffix", "r1", 1) == pytest.approx(53 / 59)  # never seen: the source's rate
     assert acceptance.rate("prompt_lookup", "3", 1) == 0.5  # another source, never seen: one half
     assert acceptance.rate("suffix", "r4+", 2) == 0.5  # another depth is another question
+
+
+def test_a_batch_prices_a_requests_rows_further_along_the_curve():
+    """``Shifted``: a request's k rows in a forward that carries ``others`` rows cost what the curve
+    says of k + others rows, at any context the curve knows."""
+    from specfree.pricing import Shifted
+
+    curve = CostModel([1, 2, 4, 8, 16], [1.0, 1.1, 1.3, 1.8, 3.0], context=64, growth=[0.001] * 5)
+    shifted = Shifted(curve, 3)
+    assert shifted(1) == curve(4) and shifted(5) == curve(8)
+    assert list(shifted.many(np.arange(1, 6))) == list(curve.many(np.arange(4, 9)))
+    assert shifted.at(512)(2) == curve.at(512)(5) > curve(5)
+    assert Shifted(lambda rows: float(rows), 2).many(np.array([1, 2])).tolist() == [3.0, 4.0]  # a plain callable
