@@ -62,8 +62,9 @@ def test_a_cached_curve_whose_shape_no_longer_holds_is_measured_again(tmp_path):
     assert not stale.holds(adapter)
     path.write_text(json.dumps(stale.as_dict()))
     again = CostModel.cached(adapter, tmp_path)
-    # a quick curve: its sizes as far as its budget went this time, one row and two at least
-    assert again.rows.tolist()[:2] == first.rows.tolist()[:2] == [1, 2] and again(8) / again(1) < 2.5
+    # measured again: a quick curve's sizes (one row and two at least), not the stale file's [1, 8]
+    # (no ratio of its times is asserted: a loaded machine may time 8 rows at any multiple of one)
+    assert again.rows.tolist()[:2] == first.rows.tolist()[:2] == [1, 2]
     assert json.loads(path.read_text()) == again.as_dict()
 
 
