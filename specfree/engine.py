@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 
+from specfree.adapters.arena import shared_prefix
 from specfree.adapters.protocol import Adapter
 from specfree.files import DEFAULT_CACHE
 from specfree.cost import CostModel
@@ -317,11 +318,7 @@ class Engine:
         held, version = held
         if version != self.adapter.state_version:  # another engine (or anything else) used the adapter since
             return 0
-        m = min(len(held), len(ids) - 1)
-        if m <= 0:
-            return 0
-        differ = np.flatnonzero(held[:m] != np.asarray(ids[:m], dtype=np.int64))
-        return int(differ[0]) if differ.size else m
+        return shared_prefix(held, ids, len(ids) - 1)
 
     def _prefill(self, ids: np.ndarray) -> None:
         # Chunks only where a prefix can be reused: elsewhere one call, as without the cache (a Mamba-1

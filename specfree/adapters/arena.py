@@ -37,6 +37,16 @@ from specfree.kernels.tree_attention import LONG_ROWS
 DEAD = -1  # the owner of an entry no sequence reads any more
 
 
+def shared_prefix(held: np.ndarray, ids, most: int) -> int:
+    """How many leading ids ``held`` and ``ids`` share, at most ``most`` (a prompt cache reuses at
+    most all of a prompt but its last id, the next step's root)."""
+    m = min(len(held), len(ids), most)
+    if m <= 0:
+        return 0
+    differ = np.flatnonzero(held[:m] != np.asarray(ids[:m], dtype=np.int64))
+    return int(differ[0]) if differ.size else m
+
+
 @dataclass
 class Rows:
     """One sequence's rows in a step: tokens [q], which of them each sees [q, q], positions [q]."""
@@ -141,9 +151,7 @@ class KVArena:
         best, reused = None, 0
         if ids is not None:
             for other, held in self.held.items():
-                m = min(len(held), len(ids) - 1)
-                differ = np.flatnonzero(held[:m] != ids[:m])
-                common = int(differ[0]) if differ.size else m
+                common = shared_prefix(held, ids, len(ids) - 1)
                 if common > reused:
                     best, reused = other, common
         if best is not None:
@@ -167,11 +175,6 @@ class KVArena:
         self.held[seq] = np.asarray(ids, dtype=np.int64).copy()
         while len(self.held) > self.max_held:
             self._drop(self.held.popitem(last=False)[0])
-
-    @torch.inference_mode()
-    def clear_held(self) -> None:
-        for seq in list(self.held):
-            self._drop(self.held.pop(seq))
 
     def _drop(self, seq: int) -> None:
         self.owner[self.owner == seq] = DEAD
