@@ -180,7 +180,7 @@ struct Avx512 {
   SPECFREE_AVX512 static Int dot(Int acc, Int w, Int x) {
     const Int ones = _mm512_set1_epi16(1);
     if constexpr (SMALL) return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), ones));
-    const Int low = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(w, _mm512_set1_epi8(15)), x), ones);
+    const Int low = _mm512_madd_epi16(_mm512_maddubs_epi16(low_nibbles(w), x), ones);
     const Int high = _mm512_madd_epi16(_mm512_maddubs_epi16(high_nibbles(w), x), ones);
     return _mm512_add_epi32(acc, _mm512_add_epi32(low, _mm512_slli_epi32(high, 4)));
   }
@@ -240,7 +240,7 @@ struct Avx2 {
   SPECFREE_AVX2 static Int dot(Int acc, Int w, Int x) {
     const Int ones = _mm256_set1_epi16(1);
     if constexpr (SMALL) return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-    const Int low = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w, _mm256_set1_epi8(15)), x), ones);
+    const Int low = _mm256_madd_epi16(_mm256_maddubs_epi16(low_nibbles(w), x), ones);
     const Int high = _mm256_madd_epi16(_mm256_maddubs_epi16(high_nibbles(w), x), ones);
     return _mm256_add_epi32(acc, _mm256_add_epi32(low, _mm256_slli_epi32(high, 4)));
   }
