@@ -37,8 +37,8 @@ from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.pricing import Shifted
 from specfree.sequence import Chunk, Decoding, Step
 from specfree.types import Generation
+from specfree.settings import DEFAULTS
 
-DEFAULT_MAX_BATCH = 4  # on a CPU: 4 rows of one forward cost about 1.3 one row's (SmolLM2, int8)
 
 
 @dataclass(eq=False)
@@ -81,7 +81,7 @@ class Batch:
     ``hold_prompts``: a finished request's KV is held for a later prompt that starts the same way
     (the batch's prompt cache; at most ``max_batch`` held)."""
 
-    def __init__(self, engine, max_batch: int = DEFAULT_MAX_BATCH, hold_prompts: bool = False):
+    def __init__(self, engine, max_batch: int = DEFAULTS.max_batch, hold_prompts: bool = False):
         reason = engine.batch_off
         if reason is not None:
             raise ConfigError(f"this engine cannot decode requests together: {reason}")
@@ -261,7 +261,7 @@ def _forwards(planned: list[tuple[Member, Step]], limit: int) -> list[list[tuple
     return groups
 
 
-def decode_together(engine, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULT_MAX_BATCH,
+def decode_together(engine, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
                     **settings) -> list[Generation]:
     """Every prompt decoded, ``max_batch`` at a time, each joining as another finishes; results in
     order (a request that fails raises its error once the others are done)."""

@@ -387,7 +387,7 @@ def run_record(engine, cfg) -> dict:
     """What ran: the model's generation settings followed, the forward path, the CPU and versions."""
     from specfree.runinfo import cpu_info, forward_path, versions
 
-    return {"generation": {"mode": cfg.get("generation", "model"), **asdict(engine.model_settings)},
+    return {"generation": {"mode": cfg.generation, **asdict(engine.model_settings)},
             "path": forward_path(engine), "cpu": cpu_info(), "versions": versions()}
 
 

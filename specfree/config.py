@@ -19,6 +19,7 @@ from specfree.conf.messages import config_error
 from specfree.conf.schema import STEP_KNOBS, BenchConfig, ModelConfig, SpecfreeConfig, knob_fields, node_schema
 from specfree.errors import ConfigError, ModelLoadError, one_line
 from specfree.registry import Registry, takes_pool_object
+from specfree.settings import EngineSettings
 
 __all__ = ["BenchConfig", "ModelConfig", "SpecfreeConfig", "compose", "config_error", "engine_parts",
            "group_options", "knob_fields", "load_config", "node_schema"]
@@ -235,17 +236,12 @@ def build_strategy(cfg: DictConfig, reg: Registry):
 def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
     and mask builder are built first, so their mistakes show before the model spends seconds loading."""
-    from specfree.adapters.compiled import check_compile
-    from specfree.generation import check_generation
-    from specfree.kernels import check_precision
     from specfree.loading import check_hub_reachable, load_model
     from specfree.parts import build_parts
 
-    check_compile(cfg.get("compile", "auto"))
-    generation = check_generation(cfg.get("generation", "model"))
-    strategy = build_strategy(cfg, reg)
     own = reg.get("strategy", cfg.strategy.name).knobs  # a factory with its own `priced` keeps it
-    step = {k: v for k, v in knobs(cfg.strategy).items() if k in STEP_KNOBS and k not in own}
+    settings = EngineSettings.from_config(cfg, skip=tuple(own))
+    strategy = build_strategy(cfg, reg)
     if cfg.get("verifier") is not None:
         build(reg, "verifier", cfg.verifier)  # its mistakes show now; it is built with the model's settings below
     mask_builder = build(reg, "mask", cfg.mask) if cfg.get("mask") is not None else None
@@ -254,17 +250,13 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
         raise ModelLoadError(f"model.path not found: {model_cfg.path} (give a model folder or a .gguf file)")
     check_hub_reachable(model_cfg.path or model_cfg.name, model_cfg.revision)
     model, tokenizer = load_model(model_cfg.path or model_cfg.name, device=cfg.device, dtype=cfg.dtype,
-                                  cache_dir=cfg.cache_dir, attn_implementation=model_cfg.attn_implementation,
+                                  cache_dir=settings.cache_dir, attn_implementation=model_cfg.attn_implementation,
                                   revision=model_cfg.revision)
     # The verifier's knobs the config leaves unset (null) follow the model's generation_config.
     chosen = cfg.get("verifier")
-    parts = build_parts(model, reg, strategy, verifier_knobs=knobs(chosen) if chosen is not None else {},
-                        verifier=chosen.name if chosen is not None else None, generation=generation,
-                        adapter_name=model_cfg.adapter, compile=cfg.get("compile", "auto"),
-                        linear_kernel=model_cfg.linear_kernel, cache_dir=cfg.cache_dir,
-                        precision=check_precision(cfg.get("precision", "exact")))
+    parts = build_parts(model, reg, strategy, settings, verifier_knobs=knobs(chosen) if chosen is not None else {},
+                        verifier=chosen.name if chosen is not None else None)
     # cache_dir: the cost curve is kept beside the kernels and packages, where the config says
-    return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, "cache_dir": cfg.cache_dir,
-            "prompt_cache": bool(cfg.get("prompt_cache", False)), **step}
+    return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, **settings.engine_knobs()}
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
 
 from specfree.adapters.arena import shared_prefix
 from specfree.adapters.protocol import Adapter
@@ -27,6 +26,7 @@ from specfree.pricing import AcceptanceModel, Pricer
 from specfree.strategies.base import Strategy
 from specfree.timing import clock
 from specfree.draft_tree import DraftTree
+from specfree.settings import DEFAULTS, EngineSettings
 from specfree.types import AuxBlock, Generation
 from specfree.sequence import Chunk, Decoding
 from specfree.verifiers import GreedyVerifier
@@ -78,10 +78,11 @@ class Engine:
     families, whose state cannot be cropped, never reuse."""
 
     def __init__(self, adapter: Adapter, strategy: Strategy, verifier=None, tokenizer=None,
-                 cache_dir: str | Path | None = None, mask_builder: MaskBuilder | None = None, *,
-                 priced: bool = True, adapt_costs: bool = False, price_context: bool = True,
-                 costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
-                 model_settings: ModelSettings | None = None, prompt_cache: bool = False):
+                 cache_dir: str | Path | None = DEFAULTS.cache_dir, mask_builder: MaskBuilder | None = None, *,
+                 priced: bool = DEFAULTS.priced, adapt_costs: bool = DEFAULTS.adapt_costs,
+                 price_context: bool = DEFAULTS.price_context, costs: CostModel | None = None,
+                 acceptance: AcceptanceModel | None = None, model_settings: ModelSettings | None = None,
+                 prompt_cache: bool = DEFAULTS.prompt_cache):
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
@@ -112,47 +113,40 @@ class Engine:
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, model: str = "smollm2", strategy: str = DEFAULT_STRATEGY, *,
-                        device: str = "cpu", dtype: str = "float32", cache_dir: str | None = None,
-                        compile: str | bool = "auto", **knobs: Any) -> "Engine":
-        """Load ``model`` (embedded name, .gguf, folder or hub id) and build an engine.
-
-        ``knobs`` holds sampling settings (do_sample, temperature, top_k, top_p,
-        repetition_penalty, seed), ``generation``, ``priced``/``adapt_costs``/``prompt_cache`` (see ``from_model``)
-        and the strategy's own knobs, ``linear_kernel`` and ``precision`` (see ``from_model``).
-        ``compile``: see ``from_model``.
-        """
+                        device: str = "cpu", dtype: str = "float32", settings: EngineSettings = DEFAULTS,
+                        **knobs: Any) -> "Engine":
+        """Load ``model`` (embedded name, .gguf, folder or hub id) and build an engine; ``settings`` and
+        ``knobs``: see ``from_model``."""
         from specfree.loading import load_model
 
-        hf_model, tokenizer = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
-        return cls.from_model(hf_model, tokenizer, strategy, cache_dir=cache_dir, compile=compile, **knobs)
+        settings = settings.take(knobs)
+        hf_model, tokenizer = load_model(model, device=device, dtype=dtype, cache_dir=settings.cache_dir)
+        return cls.from_model(hf_model, tokenizer, strategy, settings=settings, **knobs)
 
     @classmethod
     def from_model(cls, model, tokenizer=None, strategy: str | Strategy = DEFAULT_STRATEGY, *,
-                   cache_dir: str | None = None, linear_kernel: str = "few_row", compile: str | bool = False,
-                   adapter: Adapter | None = None, priced: bool = True, adapt_costs: bool = False,
-                   price_context: bool = True, costs: CostModel | None = None,
-                   acceptance: AcceptanceModel | None = None, generation: str | GenerationConfig = "model",
-                   prompt_cache: bool = False, precision: str = "exact", **knobs: Any) -> "Engine":
-        """Wrap an already loaded transformers model (``linear_kernel`` and ``precision``: see ``HFAdapter``;
-        ``precision="int8"`` runs a quantized file's coded layers on 8-bit activations).
+                   adapter: Adapter | None = None, costs: CostModel | None = None,
+                   acceptance: AcceptanceModel | None = None, settings: EngineSettings = DEFAULTS,
+                   **knobs: Any) -> "Engine":
+        """Wrap an already loaded transformers model.
 
-        ``generation``: ``"model"`` (the default) follows what the model's ``generation_config``
-        asks (sampling and its parameters, penalties, forced and suppressed tokens, minimum
-        length) wherever ``knobs`` leave a setting unset; ``"plain"`` ignores it (greedy unless
-        ``do_sample=True``); a ``GenerationConfig`` is followed instead of the model's.
-        ``engine.model_settings`` says what was followed.
+        ``settings`` (``specfree.settings.EngineSettings``: each field's default and meaning), and
+        any of its fields as a keyword over it: ``compile`` (``true`` compiles, minutes the first
+        time on a machine; ``auto``, the default, only where a compiled forward of this model is
+        ready here within seconds), ``precision`` (``"int8"`` runs a quantized file's coded layers
+        on 8-bit activations), ``linear_kernel``, ``cache_dir``, ``generation``, ``prompt_cache``,
+        ``priced``, ``adapt_costs``, ``price_context`` (see ``Engine``). ``generation`` may also be
+        a ``GenerationConfig``, followed instead of the model's; ``engine.model_settings`` says
+        what was followed.
 
-        ``compile``: ``true`` runs a compiled forward (``adapters.compiled``; the first compile on
-        a machine takes minutes), ``auto`` only where one compiled here before is ready within
-        seconds, ``false`` (the default here; ``from_pretrained`` and configs default to ``auto``) never.
-        ``adapter``: one built before for this model (a compiled one is reused, not recompiled).
-        ``priced``, ``adapt_costs``, ``price_context``, ``costs``, ``acceptance``, ``prompt_cache``: see ``Engine``.
+        The other ``knobs``: sampling (do_sample, temperature, top_k, top_p, repetition_penalty,
+        seed, logits_processors) and the strategy's own knobs. ``adapter``: one built before for
+        this model (a compiled one is reused, not recompiled). ``costs``, ``acceptance``: see ``Engine``.
         """
-        from specfree.adapters.compiled import check_compile
-        from specfree.kernels import check_precision
         from specfree.parts import build_parts
         from specfree.plugins import build_plugin_manager, registry
 
+        settings = settings.take(knobs)
         sampling_keys = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
                          "logits_processors")
         sampling = {k: knobs.pop(k) for k in sampling_keys if k in knobs}
@@ -161,14 +155,10 @@ class Engine:
             strategy = reg.make("strategy", strategy, **knobs)
         elif knobs:
             raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
-        check_compile(compile)
-        check_precision(precision)
-        parts = build_parts(model, reg, strategy, verifier_knobs=sampling, generation=generation, adapter=adapter,
-                            compile=compile, linear_kernel=linear_kernel, cache_dir=cache_dir, precision=precision)
+        parts = build_parts(model, reg, strategy, settings, verifier_knobs=sampling, adapter=adapter)
         if parts["model_settings"].ignored:
             warnings.warn(parts["model_settings"].line(), stacklevel=2)
-        return cls(**parts, tokenizer=tokenizer, cache_dir=cache_dir, priced=priced, adapt_costs=adapt_costs,
-                   price_context=price_context, costs=costs, acceptance=acceptance, prompt_cache=prompt_cache)
+        return cls(**parts, tokenizer=tokenizer, costs=costs, acceptance=acceptance, **settings.engine_knobs())
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":
@@ -251,7 +241,7 @@ class Engine:
                                      logprobs))
 
     # ---- several requests together ---------------------------------------------------------
-    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = 4,
+    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
                        **settings: Any) -> list[Generation]:
         """One ``Generation`` per prompt, as ``generate`` gives it (``settings``: its keywords but
         ``cache_prompt``), decoded ``max_batch`` at a time: each step runs every request's rows in

@@ -36,8 +36,8 @@ from transformers.generation.logits_process import (
 )
 
 from specfree.errors import ConfigError
+from specfree.settings import DEFAULTS, check_setting
 
-MODES = ("model", "plain")
 # Settings that become the verifier's own knobs (the sampling verifier takes all, greedy the penalty).
 VERIFIER_KNOBS = ("temperature", "top_k", "top_p", "repetition_penalty")
 # Settings that become logits processors, in the order generate() applies them.
@@ -52,13 +52,6 @@ NEUTRAL: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "top_p": 1.0,
                            "remove_invalid_values": False, "typical_p": 1.0, "epsilon_cutoff": 0.0,
                            "eta_cutoff": 0.0, "num_beams": 1, "guidance_scale": 1.0}
 DEFAULT_TOP_K = 50  # what generate() samples with when the model's config sets no top_k
-
-
-def check_generation(value: Any) -> str:
-    if value not in MODES:
-        raise ConfigError(f"generation must be one of {', '.join(MODES)}, got {value!r} (model: follow the "
-                          "model's generation_config; plain: greedy unless the verifier says otherwise)")
-    return value
 
 
 def model_asks(source: Any) -> dict[str, Any]:
@@ -102,7 +95,7 @@ def _pairs(values: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items())
 
 
-def model_verifier(reg, model, given: Mapping[str, Any], generation: str | GenerationConfig = "model",
+def model_verifier(reg, model, given: Mapping[str, Any], generation: str | GenerationConfig = DEFAULTS.generation,
                    name: str | None = None) -> tuple[Any, ModelSettings]:
     """The verifier: ``name`` (None: sampling when ``do_sample``, given or the model's, else greedy)
     built from the ``given`` knobs over the model's settings. ``generation``: ``"model"`` follows
@@ -110,7 +103,7 @@ def model_verifier(reg, model, given: Mapping[str, Any], generation: str | Gener
     if isinstance(generation, GenerationConfig):
         asked = model_asks(generation)
     else:
-        asked = model_asks(model) if check_generation(generation) == "model" else {}
+        asked = model_asks(model) if check_setting("generation", generation) == "model" else {}
     knobs = {k: v for k, v in given.items() if v is not None}
     followed = {}
     if name is None:

@@ -14,43 +14,38 @@ from typing import Any
 
 from specfree.adapters.protocol import Adapter
 from specfree.registry import Registry
+from specfree.settings import DEFAULTS, EngineSettings
 
 
-def build_adapter(model, reg: Registry | None = None, name: str = "hf", *, compile: str | bool = "false",
-                  linear_kernel: str = "few_row", cache_dir: str | None = None, precision: str = "exact",
-                  **knobs: Any) -> Adapter:
-    """The adapter ``name`` over ``model``. ``compile``, ``cache_dir`` and ``knobs`` (e.g. ``slots``)
-    reach the factories that take them; ``linear_kernel`` and ``precision`` are passed only when not
-    the default."""
-    from specfree.adapters.compiled import check_compile
-
+def build_adapter(model, reg: Registry | None = None, settings: EngineSettings = DEFAULTS, **knobs: Any) -> Adapter:
+    """The adapter ``settings.adapter_name`` over ``model``. ``compile``, ``cache_dir`` and ``knobs``
+    (e.g. ``slots``) reach the factories that take them; ``linear_kernel`` and ``precision`` are
+    passed only when not the default, so an adapter from a plugin need not know them."""
     if reg is None:
         from specfree.plugins import build_plugin_manager, registry
 
         reg = registry(build_plugin_manager())
-    check_compile(compile)
-    takes = reg.get("adapter", name).knobs
-    given = {"compile": compile, "cache_dir": cache_dir, **knobs}
+    settings = settings.checked()
+    takes = reg.get("adapter", settings.adapter_name).knobs
+    given = {"compile": settings.compile, "cache_dir": settings.cache_dir, **knobs}
     extra = {k: v for k, v in given.items() if k in takes}
-    if linear_kernel != "few_row":
-        extra["linear_kernel"] = linear_kernel
-    if precision != "exact":
-        extra["precision"] = precision
-    return reg.make("adapter", name, model=model, **extra)
+    for name in ("linear_kernel", "precision"):
+        if getattr(settings, name) != getattr(DEFAULTS, name):
+            extra[name] = getattr(settings, name)
+    return reg.make("adapter", settings.adapter_name, model=model, **extra)
 
 
-def build_parts(model, reg: Registry, strategy: Any, *, verifier_knobs: dict[str, Any] | None = None,
-                verifier: str | None = None, generation: Any = "model", adapter: Adapter | None = None,
-                adapter_name: str = "hf", compile: str | bool = "false", linear_kernel: str = "few_row",
-                cache_dir: str | None = None, precision: str = "exact") -> dict[str, Any]:
+def build_parts(model, reg: Registry, strategy: Any, settings: EngineSettings = DEFAULTS, *,
+                verifier_knobs: dict[str, Any] | None = None, verifier: str | None = None,
+                adapter: Adapter | None = None) -> dict[str, Any]:
     """``adapter``, ``strategy``, ``verifier`` and ``model_settings`` for ``Engine(...)``: the
     verifier ``verifier`` (None: sampling where asked, else greedy) from ``verifier_knobs`` over the
-    model's generation settings (``generation``: see ``specfree.generation``), then the adapter
-    (``adapter`` when one was built before), so a bad knob shows before the slow model preparation."""
+    model's generation settings (``settings.generation``: see ``specfree.generation``), then the
+    adapter (``adapter`` when one was built before), so a bad knob shows before the slow model
+    preparation."""
     from specfree.generation import model_verifier
 
-    chosen, settings = model_verifier(reg, model, verifier_knobs or {}, generation, verifier)
+    chosen, followed = model_verifier(reg, model, verifier_knobs or {}, settings.generation, verifier)
     if adapter is None:
-        adapter = build_adapter(model, reg, adapter_name, compile=compile, linear_kernel=linear_kernel,
-                                cache_dir=cache_dir, precision=precision)
-    return {"adapter": adapter, "strategy": strategy, "verifier": chosen, "model_settings": settings}
+        adapter = build_adapter(model, reg, settings)
+    return {"adapter": adapter, "strategy": strategy, "verifier": chosen, "model_settings": followed}

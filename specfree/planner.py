@@ -35,7 +35,7 @@ class StepPlanner:
     """
 
     def __init__(self, pricer: Pricer | None, *, chain: bool = False, max_chain: int | None = None,
-                 rollback: bool = False, budget: int | None = None, price_context: bool = False,
+                 rollback: bool = False, budget: int | None = None, price_context: bool,
                  timing: Timing | None = None):
         self.pricer = pricer
         self.chain, self.max_chain, self.rollback = chain, max_chain, rollback
@@ -44,7 +44,7 @@ class StepPlanner:
         self.timing = timing
 
     @classmethod
-    def for_adapter(cls, pricer: Pricer | None, adapter, *, price_context: bool = False,
+    def for_adapter(cls, pricer: Pricer | None, adapter, *, price_context: bool,
                     timing: Timing | None = None) -> "StepPlanner":
         """The engine's planner: chains, their cap and rollback as the adapter's model needs them."""
         caps = adapter.capabilities

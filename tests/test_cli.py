@@ -71,7 +71,9 @@ def test_mistakes_are_one_line_with_exit_code_2(capsys, args, message):
      "error: strategy.draft_len: expected int, got 'abc'"),
     (["prompt=hi", "max_new_tokens=-1"], "error: max_new_tokens must be >= 1, got -1"),
     (["prompt=hi", "threads=0"], "error: threads must be >= 1, got 0"),
-    (["prompt=hi", "compile=fast"], "error: compile must be auto, true or false, got 'fast'"),
+    (["prompt=hi", "compile=fast"], "error: compile must be one of auto, true, false, not 'fast' (the compiled "
+     "forward: true, false, or auto (compiled only where a compiled forward of this model is ready here within "
+     "seconds; adapters/compiled.py))"),
     (["prompt=hi", "dtype=int8"],
      "error: dtype must be one of ['bf16', 'bfloat16', 'float16', 'float32', 'fp16', 'fp32'], got 'int8'"),
     (["prompt=hi", "verifier=sampling", "seed=-1"], "error: seed must be >= 0, got -1"),

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfree import Engine
-from specfree.adapters.compiled import check_compile, compiled_adapter, make_adapter
+from specfree.adapters.compiled import compiled_adapter, make_adapter
+from specfree.settings import check_setting
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.packaged import step_leaves
 from specfree.check import check_against_baseline
@@ -310,11 +311,11 @@ def test_compile_knob_auto_finds_the_package_from_a_model_not_yet_prepared(tmp_p
 
 
 def test_compile_knob_values():
-    assert [check_compile(v) for v in (True, False, "auto", "TRUE", "false")] == ["true", "false", "auto", "true",
-                                                                                 "false"]
-    with pytest.raises(ConfigError, match="compile must be auto, true or false, got 'fast'"):
-        check_compile("fast")
-    with pytest.raises(ConfigError, match="compile must be auto, true or false"):
+    assert [check_setting("compile", v) for v in (True, False, "auto", "TRUE", "false")] == \
+        ["true", "false", "auto", "true", "false"]
+    with pytest.raises(ConfigError, match="compile must be one of auto, true, false, not .fast."):
+        check_setting("compile", "fast")
+    with pytest.raises(ConfigError, match="compile must be one of auto, true, false, not 2"):
         Engine.from_model(tiny_model("llama"), None, "prompt_lookup", compile=2)
 
 

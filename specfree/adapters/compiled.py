@@ -47,6 +47,7 @@ from specfree.adapters.packaged import StepPackage
 from specfree.adapters.runners import RUNNERS, PackageRunner
 from specfree.files import fingerprint
 from specfree.masks.bucketed import ROW_BUCKETS
+from specfree.settings import DEFAULTS, check_setting
 
 MIN_SLOTS = 512  # KV slots of torch.compile's first tier (a graph per tier)
 # Packages take any slot count: they start at one step and grow by one. Every step attends over all
@@ -112,8 +113,8 @@ def layer_shapes(model) -> list[tuple[torch.Size, torch.Size]]:
 def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool | None = None,
                      backend: str | Callable = "auto", min_slots: int | None = None, package_dir: str | Path | None = None,
                      tier_step: int = PACKAGE_TIER_STEP, check_tree_mask: bool = True, grouped_attention: bool = True,
-                     linear_kernel: str = "few_row", cache_dir: str | Path | None = None,
-                     precision: str = "exact") -> HFAdapter:
+                     linear_kernel: str = DEFAULTS.linear_kernel, cache_dir: str | Path | None = None,
+                     precision: str = DEFAULTS.precision) -> HFAdapter:
     """An ``HFAdapter`` over static KV slots whose steps run compiled: the same kernels as the
     eager adapter, ``kv_buffers.StaticSlots``, and a runner (``runners``).
 
@@ -147,20 +148,9 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
 
 
 # ---- choosing the path ------------------------------------------------------------------
-COMPILE_VALUES = ("auto", "true", "false")
 # compile=auto compiles only where the last warm-up of the same setup took at most this long, so a
 # newcomer's first answer never waits on minutes of compiling.
 AUTO_READY_S = 20.0
-
-
-def check_compile(value) -> str:
-    """``compile`` as one of auto/true/false (booleans and their spellings accepted)."""
-    from specfree.errors import ConfigError
-
-    text = str(value).lower() if isinstance(value, (bool, str)) else None
-    if text not in COMPILE_VALUES:
-        raise ConfigError(f"compile must be auto, true or false, got {value!r}")
-    return text
 
 
 def compiled_marker(model, cache_dir, **knobs) -> Path:
@@ -173,8 +163,8 @@ def compiled_marker(model, cache_dir, **knobs) -> Path:
     return Path(cache_dir) / "compiled" / f"{fingerprint(*setup)}.json"
 
 
-def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache_dir=None,
-                 progress: bool = True, slots: int | None = None, precision: str = "exact",
+def make_adapter(model, compile: str | bool = DEFAULTS.compile, *, linear_kernel: str = DEFAULTS.linear_kernel,
+                 cache_dir=None, progress: bool = True, slots: int | None = None, precision: str = DEFAULTS.precision,
                  **compiled_knobs) -> HFAdapter:
     """The adapter for ``compile``: ``true`` compiles (minutes the first time on a machine, with
     progress shown; one warning and the eager adapter where it cannot or fails); ``auto`` does so
@@ -187,7 +177,7 @@ def make_adapter(model, compile="auto", *, linear_kernel: str = "few_row", cache
 
     from specfree.files import cache_folder
 
-    choice = check_compile(compile)
+    choice = check_setting("compile", compile)
     eager = dict(linear_kernel=linear_kernel, cache_dir=cache_dir, precision=precision)
     if choice == "false":
         return _eager(model, "compile=false", **eager)
@@ -234,7 +224,7 @@ def _eager(model, why: str, **eager) -> HFAdapter:
 
 
 def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, linear_kernel: str,
-                             cache_dir, precision: str = "exact") -> bool:
+                             cache_dir, precision: str) -> bool:
     """Whether the compiled adapter's package is on disk, without building the adapter
     (its probes cost most of a second on SmolLM2, every eager start); for torch.compile, whether
     the last warm-up took at most ``AUTO_READY_S``."""

@@ -28,6 +28,7 @@ from specfree.adapters.kv_buffers import growing_cache
 from specfree.adapters.stores import STORES, KVStore
 from specfree.kernels import linear_path, prepare_linears
 from specfree.progress import progress_bar
+from specfree.settings import DEFAULTS
 
 # The one mode every forward specfree runs is under: probes, the cost curve, prompts, steps and
 # replays alike, whatever the model's parameters' ``requires_grad`` (after ``from_pretrained`` they
@@ -38,8 +39,8 @@ from specfree.progress import progress_bar
 grad_free = torch.inference_mode
 
 
-def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = "few_row",
-                  cache_dir: str | None = None, precision: str = "exact") -> int:
+def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = DEFAULTS.linear_kernel,
+                  cache_dir: str | None = None, precision: str = DEFAULTS.precision) -> int:
     """Swap in the kernels every adapter runs (each swap computes the same function; doing it twice
     changes nothing): attention that takes a tree mask, grouped-query SDPA without a per-step copy
     of the cache, specfree's few-row linear kernel (coded layers at ``precision``), fused RMSNorms.
@@ -59,9 +60,9 @@ class HFAdapter:
     eager_because: str | None = None  # why make_adapter gave the eager path (None: compiling was never asked)
 
     def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True,
-                 linear_kernel: str = "few_row", cache_dir: str | None = None, *,
+                 linear_kernel: str = DEFAULTS.linear_kernel, cache_dir: str | None = None, *,
                  runner: StepRunner | None = None, capabilities: Capabilities | None = None,
-                 precision: str = "exact"):
+                 precision: str = DEFAULTS.precision):
         """``linear_kernel``: ``"few_row"`` runs CPU linear layers through specfree's kernel
         (``specfree.kernels``; built once under ``cache_dir``, the library's where it cannot be),
         holding a weight that is exactly a 4- or 8-bit code's values (a dequantized GGUF) as those

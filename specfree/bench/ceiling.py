@@ -239,7 +239,7 @@ def run_curve(meta: dict) -> tuple[str, Callable[[int], float]] | None:
     compiled where it compiled, else eager with specfree's kernels; None where it recorded none."""
     from specfree.cost import CostModel
 
-    path = "compiled" if str(meta.get("compile", "")).lower() == "true" else "eager"
+    path = "compiled" if str(meta.get("compile")).lower() == "true" else "eager"
     for name, points in (meta.get("forward_curves_ms") or {}).items():
         if name.startswith(path) and "library" not in name:
             rows = sorted(int(r) for r in points)

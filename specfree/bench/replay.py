@@ -41,6 +41,7 @@ from specfree.pricing import Pricer
 from specfree.strategies.base import Outcome, Strategy
 from specfree.draft_tree import DraftTree
 from specfree.types import Verdict
+from specfree.settings import DEFAULTS
 
 TOP = 16  # the model's top next tokens kept per recorded position (what logit-learning drafters see)
 ENGINE_PARAMS = ("priced", "adapt_costs", "price_context")
@@ -97,7 +98,7 @@ def record_sequences(records: Sequence[dict], contexts: Callable[[dict], list[li
 
 def replay(strategy: Strategy, turns: Sequence[Recorded], vocab: int, max_length: int,
            cost: Callable[[int], float], pricer: Pricer | None, max_new_tokens: int,
-           price_context: bool = False) -> Replayed:
+           price_context: bool) -> Replayed:
     """Every turn, in order, through ``strategy`` as the engine's loop runs it (``pricer`` None:
     every candidate, as proposed), each step verified against the recorded output; with
     ``price_context``, each step priced and timed at its own context (where ``cost`` has ``at``)."""
@@ -172,7 +173,7 @@ def _strategies(names: Sequence[str], systems_meta: Sequence[dict], registry) ->
             raise ConfigError(f"replay: {strategy_name} cannot be replayed ({REFUSED[strategy_name]}); "
                               "run it with python -m specfree bench")
         knobs = {k: v for k, v in (meta.get("knobs") or {}).items() if k not in ENGINE_PARAMS}
-        priced = (meta.get("knobs") or {}).get("priced", True)
+        priced = (meta.get("knobs") or {}).get("priced", DEFAULTS.priced)
         out.append((name, registry.make("strategy", strategy_name, **knobs), priced))
     return out
 

@@ -26,6 +26,7 @@ from specfree.bench.store import RecordStore
 from specfree.bench.systems import HFSystem, SpecfreeSystem, Turn
 from specfree.errors import ConfigError
 from specfree.plugins import build_plugin_manager, registry
+from specfree.settings import DEFAULTS, EngineSettings
 
 WARMUP_PROMPT = "Write one short sentence about the sea."
 
@@ -50,26 +51,25 @@ class SystemSpec:
 
 
 def build_systems(model, tokenizer, strategies: Sequence[SystemSpec], baselines: Sequence[SystemSpec],
-                  seed: int | None = None, linear_kernel: str = "few_row", compiled=None,
-                  decoding: dict[str, Any] | None = None, precision: str = "exact") -> list[System]:
+                  seed: int | None = None, settings: EngineSettings = DEFAULTS, compiled=None,
+                  decoding: dict[str, Any] | None = None) -> list[System]:
     """The (eager) autoregressive baseline first, then, given a ``compiled`` adapter, the compiled
     autoregressive loop, then the requested strategies (on ``compiled`` when given), then outside
     baselines. All of them share ``model``, and the strategies one forward-cost curve, so that no
     system's pricing differs from another's by a measurement's noise. ``decoding``: the verifier
-    knobs every specfree system decodes with (None: plain greedy). ``precision``: how the eager
-    systems' coded layers multiply (``compiled`` was built with its own)."""
+    knobs every specfree system decodes with (None: plain greedy). ``settings``: the run's (its
+    precision, linear kernel, cache folder; ``compiled`` was built with them)."""
     reg = registry(build_plugin_manager())
-    systems: list[System] = [SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, linear_kernel,
-                                                  decoding=decoding, precision=precision)]
+    systems: list[System] = [SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, settings,
+                                                  decoding=decoding)]
     if compiled is not None:
-        systems.append(SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, adapter=compiled,
+        systems.append(SpecfreeSystem.build(model, tokenizer, BASELINE, {}, seed, reg, settings, adapter=compiled,
                                             suffix=COMPILED, decoding=decoding))
     costs = None  # the first priced engine's curve (read from the cache, checked, or measured)
     for spec in strategies:
-        wants_curve = spec.knobs.get("priced", True) or spec.knobs.get("adapt_costs", False)
-        system = SpecfreeSystem.build(model, tokenizer, spec.name, spec.knobs, seed, reg, linear_kernel,
-                                      adapter=compiled, costs=costs if wants_curve else None, decoding=decoding,
-                                      precision=precision)
+        wants_curve = spec.knobs.get("priced", settings.priced) or spec.knobs.get("adapt_costs", settings.adapt_costs)
+        system = SpecfreeSystem.build(model, tokenizer, spec.name, spec.knobs, seed, reg, settings,
+                                      adapter=compiled, costs=costs if wants_curve else None, decoding=decoding)
         costs = costs or system.engine.costs
         if system.label != BASELINE:  # the baseline runs once, first
             systems.append(system)

@@ -7,6 +7,7 @@ system (perf_counter around the call, after a device sync), so the columns compa
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -22,11 +23,13 @@ from specfree.cost import CostModel
 from specfree.engine import Engine
 from specfree.errors import ConfigError
 from specfree.plugins import Registry, build_plugin_manager, registry
+from specfree.settings import DEFAULTS, EngineSettings
 from specfree.timing import clock
 
 HF_BASELINES = ("hf_generate", "hf_prompt_lookup", "hf_static_compiled")
 LLAMA_CPP_BASELINES = ("llama_cpp", "llama_cpp_lookup")  # built by bench/llama_cpp.py
-OUTSIDE_BASELINES = (*HF_BASELINES, *LLAMA_CPP_BASELINES)
+LLAMA_SERVER_BASELINES = ("llama_server",)  # built by bench/llama_server.py
+OUTSIDE_BASELINES = (*HF_BASELINES, *LLAMA_CPP_BASELINES, *LLAMA_SERVER_BASELINES)
 STATIC_SLOTS = 512  # hf_static_compiled's StaticCache grows in multiples of this
 
 
@@ -79,23 +82,22 @@ class SpecfreeSystem:
     @classmethod
     def build(cls, model, tokenizer, strategy: str, knobs: dict[str, Any] | None = None,
               seed: int | None = None, reg: Registry | None = None,
-              linear_kernel: str = "few_row", adapter=None, suffix: str = "",
-              costs: CostModel | None = None, decoding: dict[str, Any] | None = None,
-              precision: str = "exact") -> SpecfreeSystem:
+              settings: EngineSettings = DEFAULTS, adapter=None, suffix: str = "",
+              costs: CostModel | None = None, decoding: dict[str, Any] | None = None) -> SpecfreeSystem:
         """``knobs`` may hold ``pool`` as a pool config node ``{name, knobs...}`` (or a pool name).
         ``adapter``: a compiled adapter shared by the compiled systems (None: an eager one of its
         own); ``suffix`` is added to the label (`` (compiled)``); ``costs``: the forward-cost curve
         to price on (None: the engine reads or measures its own); ``decoding``: verifier knobs
-        (``do_sample``, ``temperature``...; None: plain greedy)."""
+        (``do_sample``, ``temperature``...; None: plain greedy); ``settings``: the run's (an eager
+        system never compiles)."""
         reg = reg or registry(build_plugin_manager())
         knobs = dict(knobs or {})
         component = reg.get("strategy", strategy)
         # A pool spec in knobs is built by Registry.make, like a hybrid member's.
         # generation="plain": bench times plain greedy decoding, as its transformers baselines run it,
         # or the decoding the run names (then with specfree's systems alone).
-        engine = Engine.from_model(model, tokenizer, strategy, linear_kernel=linear_kernel, compile="false",
-                                   precision=precision,
-                                   adapter=adapter, generation="plain",
+        settings = dataclasses.replace(settings, compile="false", generation="plain")
+        engine = Engine.from_model(model, tokenizer, strategy, settings=settings, adapter=adapter,
                                    costs=None if costs is None else CostModel.from_dict(costs.as_dict()),
                                    **(decoding or {}), **knobs)
         # The step knobs (priced...) are documented defaults too: `{name: trie, priced: false}` is

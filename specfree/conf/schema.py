@@ -24,6 +24,13 @@ from omegaconf import MISSING
 
 from specfree.errors import ConfigError
 from specfree.registry import REGISTRY_PARAMETER, Component
+from specfree.settings import config_fields
+
+
+def with_settings(schema: type, node: str = "") -> type:
+    """``schema`` with the engine settings its node holds appended, made from ``EngineSettings``
+    (``specfree.settings``: each declared there once, with its default)."""
+    return dataclasses.make_dataclass(schema.__name__, config_fields(node), bases=(schema,))
 
 
 @dataclass
@@ -34,11 +41,10 @@ class ModelConfig:
     path: str | None = MISSING
     revision: str | None = None
     attn_implementation: str = "sdpa"
-    adapter: str = "hf"  # a registered model adapter
-    # CPU linear layers: few_row runs specfree's kernel (torch's F.linear where it cannot be built),
-    # holding weights that are exactly a quantized file's (a GGUF's) as their 4- or 8-bit codes;
-    # few_row_fp32 keeps every weight float32; library keeps torch's F.linear
-    linear_kernel: str = "few_row"
+    # adapter and linear_kernel: from specfree.settings
+
+
+ModelConfig = with_settings(ModelConfig, "model")
 
 
 # The outside systems a bench runs unless told otherwise. The llama.cpp rows among them are skipped,
@@ -74,7 +80,6 @@ class ServeConfig:
     port: int = 8000
     api_key: str | None = None  # set: every /v1 and /metrics request needs "Authorization: Bearer <key>"
     model_name: str | None = None  # the id /v1/models lists; null: model.name (or the file or folder name)
-    max_batch: int = 8  # requests decoded together, one forward a step (docs/serve.md); 1: one at a time
     queue_size: int = 16  # requests waiting beside those decoding; one more gets 429 with Retry-After
     request_timeout: float = 600.0  # seconds from arrival to the last token (queue wait included)
     max_body_bytes: int = 1_000_000  # a larger request body gets 413
@@ -83,6 +88,10 @@ class ServeConfig:
     log_level: str = "info"  # uvicorn's: critical | error | warning | info | debug | trace
     prompt_cache: bool = True  # reuse the KV of the longest common prefix with the last request (docs/serve.md)
     cors_origins: list[str] = field(default_factory=list)  # origins a browser may call from ("*": any); none: no CORS
+    # max_batch: from specfree.settings
+
+
+ServeConfig = with_settings(ServeConfig, "serve")
 
 
 @dataclass
@@ -101,16 +110,15 @@ class SpecfreeConfig:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
-    generation: str = "model"  # model | plain: follow the model's generation_config (specfree.generation)
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None
-    compile: str = "auto"  # auto | true | false: the compiled forward (adapters/compiled.py)
-    precision: str = "exact"  # exact | int8: a quantized file's coded layers on float32 or 8-bit activations
-    cache_dir: str | None = None
     output: str | None = None
     verify_against_baseline: bool = False
-    prompt_cache: bool = False  # Engine(prompt_cache=...): reuse the last call's prefix (row-exact chunked prefill)
+    # compile, precision, cache_dir, generation, prompt_cache: from specfree.settings
+
+
+SpecfreeConfig = with_settings(SpecfreeConfig)
 
 
 # ---- config nodes made from the registry ---------------------------------------------------
@@ -118,8 +126,8 @@ class SpecfreeConfig:
 # (``Engine(priced=..., adapt_costs=..., price_context=...)``): every strategy is priced unless told
 # otherwise, at each step's own context, and live forward times stay out of the cost curve (runs
 # repeat step for step).
-STEP_KNOBS: dict[str, tuple[type, Any]] = {"priced": (bool, True), "adapt_costs": (bool, False),
-                                           "price_context": (bool, True)}
+STEP_KNOBS: dict[str, tuple[type, Any]] = {key: (kind, default.default)
+                                           for key, kind, default in config_fields("strategy")}
 
 
 def knob_fields(component: Component) -> dict[str, tuple[Any, Any]]:

@@ -28,7 +28,6 @@ from transformers.generation import (
     StopStringCriteria,
 )
 
-from specfree.adapters.compiled import check_compile
 from specfree.adapters.protocol import Adapter
 from specfree.adapters.kv_buffers import CACHE_ARGUMENTS, cache_in
 from specfree.adapters.norms import fused_norms
@@ -37,6 +36,7 @@ from specfree.engine import DEFAULT_STRATEGY, Engine
 from specfree.errors import ConfigError, check_int
 from specfree.parts import build_adapter
 from specfree.pricing import AcceptanceModel
+from specfree.settings import DEFAULTS, EngineSettings, check_setting
 from specfree.strategies.base import Strategy
 from specfree.types import Generation
 
@@ -58,8 +58,8 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
 
 def speculative_generate(strategy: str | Strategy = DEFAULT_STRATEGY, *, tokenizer=None, seed: int = 0,
-                         compile: str | bool = False, cache_dir: str | None = None, priced: bool = True,
-                         **knobs: Any) -> SpeculativeGenerate:
+                         compile: str | bool = "false", cache_dir: str | None = None,
+                         priced: bool = DEFAULTS.priced, **knobs: Any) -> SpeculativeGenerate:
     """A ``custom_generate`` callable that decodes with ``strategy`` (a registered name or a built drafter).
 
     ``knobs`` are the strategy's own (e.g. ``num_candidates=2``); sampling settings come from
@@ -67,7 +67,9 @@ def speculative_generate(strategy: str | Strategy = DEFAULT_STRATEGY, *, tokeniz
     pass ``generate(tokenizer=...)`` on to a callable, so bind it here. ``seed`` is the default
     sampling seed; ``generate(..., seed=3)`` overrides it per call. ``compile`` (auto/true/false) as in
     ``Engine.from_model``: a compiled forward is built at the first call and kept for the next ones
-    (``cache_dir``: where specfree notes which setups compiled, default ``~/.cache/specfree``).
+    (``cache_dir``: where specfree notes which setups compiled, default ``~/.cache/specfree``). Unlike
+    the engine's, its default is false: compiling (auto included) prepares the caller's model in place,
+    and here it leaves every call with its own layers.
     ``priced``: as in ``Engine`` (False runs the strategy exactly at its knobs).
     """
     return SpeculativeGenerate(strategy, tokenizer=tokenizer, seed=seed, compile=compile, cache_dir=cache_dir,
@@ -79,10 +81,11 @@ class SpeculativeGenerate:
     across calls, as with one ``Engine``; it is not safe to share between threads."""
 
     def __init__(self, strategy: str | Strategy = DEFAULT_STRATEGY, *, tokenizer=None, seed: int = 0,
-                 compile: str | bool = False, cache_dir: str | None = None, priced: bool = True, **knobs: Any):
+                 compile: str | bool = "false", cache_dir: str | None = None, priced: bool = DEFAULTS.priced,
+                 **knobs: Any):
         from specfree.plugins import build_plugin_manager, registry
 
-        self.compile = check_compile(compile)
+        self.compile = check_setting("compile", compile)
         self.cache_dir = cache_dir
         self._compiled: tuple[Any, Adapter] | None = None  # (model, its compiled adapter)
 
@@ -127,6 +130,7 @@ class SpeculativeGenerate:
             engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors,
                                                 adapter=self._adapter(model), priced=self.acceptance is not None,
                                                 acceptance=self.acceptance, cache_dir=self.cache_dir,
+                                                compile=self.compile,
                                                 generation="plain", **sampling)  # generate applied the model's
             engine.watch(input_ids, criteria, generation_config.max_length)
             max_new = max(1, generation_config.max_length - len(prompt))
@@ -151,7 +155,7 @@ class SpeculativeGenerate:
             return None
         if self._compiled is not None and self._compiled[0] is model:
             return self._compiled[1]
-        adapter = build_adapter(model, compile=self.compile, cache_dir=self.cache_dir)
+        adapter = build_adapter(model, settings=EngineSettings(compile=self.compile, cache_dir=self.cache_dir))
         if adapter.compiled:
             self._compiled = (model, adapter)
         return adapter

@@ -42,6 +42,7 @@ from specfree.planner import StepPlanner
 from specfree.pricing import Plan, Pricer, Shifted
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal, Verdict
+from specfree.settings import DEFAULTS
 
 PROPOSER = "specfree.integrations.vllm.SpecfreeProposer"  # speculative_config's "model"
 CONFIG_KEY = "specfree"  # the entry of vLLM's additional_config that holds specfree's config
@@ -109,7 +110,7 @@ def load_strategy_factory(spec: Any) -> tuple[Callable[[], Strategy], bool]:
         raise ConfigError(f"additional_config[{CONFIG_KEY!r}] must be a specfree config (a dict or a YAML path) "
                           f"or a list of overrides such as ['strategy=trie'], got {type(spec).__name__}")
     own = reg.get("strategy", cfg.strategy.name).knobs
-    priced = bool(knobs(cfg.strategy).get("priced", True)) if "priced" not in own else True
+    priced = bool(knobs(cfg.strategy).get("priced", DEFAULTS.priced)) if "priced" not in own else True
     template = build_strategy(cfg, reg)  # built now: a bad config fails at vLLM's start, not its first step
     # Every request's drafter is a copy of it that shares the stores meant to be shared (the global
     # suffix tree), so what one request's output teaches reaches the next, however many run at once.
@@ -247,7 +248,8 @@ class SpecfreeProposer:
         extra = getattr(vllm_config, "additional_config", None) or {}
         make, priced = load_strategy_factory(extra.get(CONFIG_KEY) if isinstance(extra, Mapping) else None)
         self.pricer = Pricer(None) if priced else None  # acceptance learned across all requests
-        self.planner = StepPlanner(self.pricer, chain=True)  # vLLM verifies one chain per request
+        # vLLM verifies one chain per request; rows are priced on vLLM's own step time, not a curve's context
+        self.planner = StepPlanner(self.pricer, chain=True, price_context=False)
         self.clock, self.steps = clock, StepTimes()  # rows priced on vLLM's own step time
         # Tokens a request emits a step, on average: what each of a batch's other rows gains from
         # the step a request's drafts lengthen (pricing weighs a row against the whole batch's tokens).

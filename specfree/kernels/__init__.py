@@ -37,13 +37,13 @@ precision, ``linear_path``), one module per weight format (``panels.py``, ``code
 from specfree.kernels.build import (HEADERS, ISA_NAMES, LIBRARY, SOURCES, find_compiler, has_amx, has_op, kernel_dir,
                                     load_kernels, process_isa)
 from specfree.kernels.codes import CodedLinear
-from specfree.kernels.layers import (BACKENDS, UnpackedLinear, available_memory, check_backend, check_precision,
+from specfree.kernels.layers import (BACKENDS, UnpackedLinear, available_memory,
                                      library_linears, linear_path, prepare_linears, set_precision, stock_linears,
                                      unpacked_linear, unpacked_linears)
 from specfree.kernels.panels import PanelLinear
 from specfree.kernels.tiles import TileLinear
 
 __all__ = ["BACKENDS", "HEADERS", "ISA_NAMES", "LIBRARY", "SOURCES", "CodedLinear", "PanelLinear", "TileLinear",
-           "UnpackedLinear", "available_memory", "check_backend", "check_precision", "find_compiler", "has_amx",
+           "UnpackedLinear", "available_memory", "find_compiler", "has_amx",
            "has_op", "kernel_dir", "library_linears", "linear_path", "load_kernels", "prepare_linears",
            "process_isa", "set_precision", "stock_linears", "unpacked_linear", "unpacked_linears"]

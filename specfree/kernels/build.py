@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from specfree.files import atomic_path, cache_folder, fingerprint
+from specfree.settings import DEFAULTS
 
 SOURCE = Path(__file__).with_name("unpacked_linear.cpp")
 SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
@@ -157,7 +158,7 @@ def _register_fake() -> None:
         return x.new_empty((*x.shape[:-1], n))
 
     @torch.library.register_fake("specfree::coded_linear")
-    def _(x, codes, scales, offsets, bias, n, isa="auto", supers=None, super_offsets=None, precision="exact"):
+    def _(x, codes, scales, offsets, bias, n, isa="auto", supers=None, super_offsets=None, precision=DEFAULTS.precision):
         return x.new_empty((*x.shape[:-1], n))
 
     @torch.library.register_fake("specfree::decode_panels")

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from specfree.kernels.panels import PanelConv1D, PanelEmbedding, PanelLinear, unpack
+from specfree.settings import DEFAULTS, choices
 
 BLOCK = 32  # inputs per scale
 # How a coded layer multiplies (``precision=``; configs, CLI, docs: user-facing):
@@ -32,7 +33,7 @@ BLOCK = 32  # inputs per scale
 # "int8": each activation row quantized alone to 8 bits per block of the weight's (llama.cpp's Q8
 #   rule) and integer dot products (``panel_linear.cpp``, ``SPECFREE_INT8``): cheaper rows, other
 #   bits than exact, each row's its own whatever else is in the call.
-PRECISIONS = ("exact", "int8")
+PRECISIONS = choices("precision")
 ROWS_AT_ONCE = 2048  # rows searched together (bounds the float64 temporaries)
 
 
@@ -66,7 +67,7 @@ class Codes:
         return torch.ops.specfree.decode_panels(self.codes, self.scales, self.offsets, self.supers, self.super_offsets)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, n: int, isa: str = "auto",
-               precision: str = "exact") -> torch.Tensor:
+               precision: str = DEFAULTS.precision) -> torch.Tensor:
         """``x W^T + bias`` for the ``n`` outputs these codes hold (``specfree::coded_linear``), with
         float32 activations (``precision="exact"``) or 8-bit ones (``"int8"``: ``PRECISIONS``)."""
         return torch.ops.specfree.coded_linear(x, self.codes, self.scales, self.offsets, bias, n, isa, self.supers,
@@ -193,7 +194,7 @@ def _panels(q, d, m, lanes: int, nibbles: bool = True) -> Codes:
 class CodedLinear(PanelLinear):
     """A ``PanelLinear`` whose panels are held as codes; its product runs ``specfree::coded_linear``."""
 
-    precision = "exact"  # PRECISIONS; set per layer by ``kernels.set_precision``
+    precision = DEFAULTS.precision  # PRECISIONS; set per layer by ``kernels.set_precision``
 
     def __init__(self, linear: nn.Module, coded: Codes):
         nn.Module.__init__(self)
@@ -246,7 +247,7 @@ class CodedLinear(PanelLinear):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"codes={self.coded.kind} {tuple(self.codes.shape)}"
-                + (f", precision={self.precision}" if self.precision != "exact" else ""))
+                + (f", precision={self.precision}" if self.precision != DEFAULTS.precision else ""))
 
 
 class CodedConv1D(CodedLinear, PanelConv1D):

@@ -13,7 +13,8 @@ from torch import nn
 
 from specfree.files import cache_folder, fingerprint
 from specfree.kernels.build import has_amx, load_kernels, process_isa, registered
-from specfree.kernels.codes import PRECISIONS, CodedLinear
+from specfree.kernels.codes import CodedLinear
+from specfree.settings import DEFAULTS, check_setting, choices
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
@@ -27,7 +28,7 @@ from specfree.kernels.tiles import TileLinear, tile_bytes, tiles_fit
 #   the CPU has AMX, ``UnpackedLinear`` where a layer cannot be packed;
 # "few_row_fp32": the same, every weight kept as float32 panels (no codes, no tiles);
 # "library": torch's own ``F.linear``.
-BACKENDS = ("few_row", "few_row_fp32", "library")
+BACKENDS = choices("linear_kernel")
 
 
 def unpacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -82,41 +83,27 @@ def _plain_cpu_weight(module: nn.Module) -> bool:
             and not module._forward_hooks and not module._forward_pre_hooks)
 
 
-def check_precision(precision: str) -> str:
-    if precision not in PRECISIONS:
-        from specfree.errors import ConfigError
-
-        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    return precision
-
-
-def set_precision(model: nn.Module, precision: str = "exact") -> int:
+def set_precision(model: nn.Module, precision: str = DEFAULTS.precision) -> int:
     """Run the model's coded layers (``CodedLinear``: a quantized file's codes) at ``precision``
     (``codes.PRECISIONS``); returns how many there are. Other layers have no other precision."""
-    check_precision(precision)
+    check_setting("precision", precision)
     coded = [m for m in model.modules() if isinstance(m, CodedLinear)]
     for module in coded:
         module.precision = precision
     return len(coded)
 
 
-def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        from specfree.errors import ConfigError
-
-        raise ConfigError(f"linear_kernel must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    return backend
 
 
-def prepare_linears(model: nn.Module, backend: str = "few_row", cache_dir: str | Path | None = None,
-                    pack: bool = True, precision: str = "exact") -> int:
+def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cache_dir: str | Path | None = None,
+                    pack: bool = True, precision: str = DEFAULTS.precision) -> int:
     """Swap the model's CPU ``nn.Linear`` layers for specfree's kernels, their weights packed
     (``backend="few_row"``, where the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
     the kernel. ``pack``: each weight repacked in place into panels (``PanelLinear``, the fastest
     layout, still one copy; GPT-2's ``Conv1D`` layers too); else ``UnpackedLinear`` over the model's
     own tensors (``nn.Linear`` only). ``precision``: how layers held as codes multiply (``set_precision``)."""
-    check_precision(precision)
-    if check_backend(backend) == "library":
+    check_setting("precision", precision)
+    if check_setting("linear_kernel", backend) == "library":
         library_linears(model)
         return 0
     if backend == "few_row_fp32" and any(isinstance(m, CodedLinear) for m in model.modules()):

@@ -43,6 +43,7 @@ from specfree.serve.scheduler import BatchScheduler, Job, Scheduler
 from specfree.serve.state import SharedState
 from specfree.serve.text import FINISH, StopTrim
 from specfree.verifiers.processors import LogitBias, PresenceFrequencyPenalty
+from specfree.settings import DEFAULTS
 
 log = logging.getLogger("specfree.serve")
 IGNORED_HEADER = "X-Specfree-Ignored-Fields"
@@ -299,7 +300,7 @@ class Server:
 
 
 def create_app(engine=None, settings: ServeConfig | None = None, *, load: Callable[[], Any] | None = None,
-               model_name: str = "specfree", generation: Any = "model",
+               model_name: str = "specfree", generation: Any = DEFAULTS.generation,
                on_failure: Callable[[str], None] | None = None) -> FastAPI:
     """The app over ``engine`` (or the one ``load()`` returns, built in a thread after startup;
     ``on_failure(reason)`` is called if that fails, and the app answers 500 from then on).

@@ -102,7 +102,7 @@ def run(cfg, reg=None) -> int:
         failed.append(reason)
         server.should_exit = True
 
-    app = create_app(load=load, settings=settings, model_name=served_name(cfg), generation=cfg.get("generation", "model"),
+    app = create_app(load=load, settings=settings, model_name=served_name(cfg), generation=cfg.generation,
                      on_failure=stop)
     config = uvicorn.Config(app, log_level=settings.log_level, timeout_graceful_shutdown=5, lifespan="on")
     server = uvicorn.Server(config)

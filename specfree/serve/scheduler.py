@@ -23,6 +23,7 @@ from typing import Any
 from specfree.errors import SpecfreeError, one_line
 from specfree.serve.errors import APIError
 from specfree.serve.metrics import Metrics
+from specfree.settings import DEFAULTS
 
 log = logging.getLogger("specfree.serve")
 
@@ -194,7 +195,7 @@ class BatchScheduler(Scheduler):
     between two steps as soon as there is room; the queue holds the rest, ``queue_size`` at most.
     ``hold_prompts``: a finished job's KV waits for the next turn of its chat (the prompt cache)."""
 
-    def __init__(self, engine, queue_size: int, metrics: Metrics | None = None, max_batch: int = 4,
+    def __init__(self, engine, queue_size: int, metrics: Metrics | None = None, max_batch: int = DEFAULTS.max_batch,
                  hold_prompts: bool = True):
         super().__init__(engine, queue_size, metrics)
         self.places, self.hold_prompts = max_batch, hold_prompts

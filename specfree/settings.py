@@ -1,0 +1,133 @@
+"""How an engine runs its model: every such setting declared once, with its default, the values it
+takes and a line saying what it does.
+
+Everything else reads them from here. The Hydra schema's fields are made from ``EngineSettings``
+(``conf/schema.py``: each at its node, ``model.linear_kernel``, ``strategy.priced``,
+``serve.max_batch``, the rest at the top); ``Engine.from_pretrained`` and ``Engine.from_model`` take
+its fields as keywords (``EngineSettings.take``); ``parts`` builds the adapter from one; the adapter,
+the kernels, the batch and ``serve`` take their defaults from ``DEFAULTS``. ``tests/test_settings.py``
+fails if any other place states one of these defaults. A new setting is one field here, plus the code
+that acts on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from specfree.errors import ConfigError
+
+
+def setting(default: Any, doc: str, *, choices: tuple = (), node: str = "", key: str = "") -> Any:
+    """A field of ``EngineSettings``: ``node`` is the config node that holds it (top level when
+    empty), ``key`` its name there (the field's own name when empty)."""
+    return field(default=default, metadata={"doc": doc, "choices": choices, "node": node, "key": key})
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    compile: str = setting(
+        "auto", "the compiled forward: true, false, or auto (compiled only where a compiled forward of this "
+        "model is ready here within seconds; adapters/compiled.py)", choices=("auto", "true", "false"))
+    precision: str = setting(
+        "exact", "how a quantized file's coded layers multiply: exact (float32 activations, transformers' "
+        "output) or int8 (8-bit activations, llama.cpp's arithmetic)", choices=("exact", "int8"))
+    linear_kernel: str = setting(
+        "few_row", "CPU linear layers: few_row (specfree's kernel, a quantized file's weights held as its codes), "
+        "few_row_fp32 (the kernel on float32 weights) or library (torch's F.linear)",
+        choices=("few_row", "few_row_fp32", "library"), node="model")
+    adapter_name: str = setting("hf", "the registered model adapter", node="model", key="adapter")
+    cache_dir: str | None = setting(
+        None, "kernels, compiled packages, cost curves and unpacked models (null: ~/.cache/specfree)")
+    generation: str = setting(
+        "model", "model: follow the model's generation_config where the verifier leaves a setting unset; "
+        "plain: ignore it (greedy unless the verifier samples)", choices=("model", "plain"))
+    prompt_cache: bool = setting(
+        False, "prefill in row-exact chunks and reuse the KV of the last call's longest common prefix")
+    priced: bool = setting(
+        True, "keep only the drafted rows that raise expected tokens a second on the cost curve (false: "
+        "run the strategy exactly at its knobs)", node="strategy")
+    adapt_costs: bool = setting(
+        False, "fold live forward times into the cost curve (tracks drift; step counts then vary)", node="strategy")
+    price_context: bool = setting(
+        True, "price each step's rows at its own context (false: at the curve's 256 tokens)", node="strategy")
+    max_batch: int = setting(
+        8, "requests decoded together, one forward a step, each as if alone (1: one at a time)", node="serve")
+
+    def take(self, knobs: dict[str, Any]) -> EngineSettings:
+        """These settings with every setting named in ``knobs`` (removed from it) put in, checked."""
+        given = {f.name: knobs.pop(f.name) for f in dataclasses.fields(self) if f.name in knobs}
+        return dataclasses.replace(self, **given).checked()
+
+    def checked(self) -> EngineSettings:
+        """These settings with each value checked against its choices (``compile`` also takes booleans)."""
+        return dataclasses.replace(self, **{f.name: check_setting(f.name, getattr(self, f.name))
+                                            for f in dataclasses.fields(self) if f.metadata["choices"]})
+
+    def engine_knobs(self) -> dict[str, Any]:
+        """The settings ``Engine(...)`` itself takes as keywords (the others shape its parts)."""
+        return {name: getattr(self, name) for name in ENGINE_KNOBS}
+
+    @classmethod
+    def from_config(cls, cfg: Any, skip: tuple[str, ...] = ()) -> EngineSettings:
+        """The settings a composed config holds (each at its node; a missing node or key keeps the
+        default), checked. ``skip``: keys of the strategy node that are the strategy's own knobs."""
+        given = {}
+        for f in dataclasses.fields(cls):
+            node = _read(cfg, f.metadata["node"]) if f.metadata["node"] else cfg
+            value = _read(node, config_key(f))
+            if value is not _ABSENT and not (f.metadata["node"] == "strategy" and config_key(f) in skip):
+                given[f.name] = value
+        return cls(**given).checked()
+
+
+DEFAULTS = EngineSettings()
+ENGINE_KNOBS = ("cache_dir", "priced", "adapt_costs", "price_context", "prompt_cache")
+
+
+_ABSENT = object()
+
+
+def _read(node: Any, key: str) -> Any:
+    """``node[key]`` of a config (a mapping, or the schema's dataclass object); absent: ``_ABSENT``."""
+    if node is None or node is _ABSENT:
+        return _ABSENT
+    if isinstance(node, Mapping):
+        return node[key] if key in node else _ABSENT
+    return getattr(node, key, _ABSENT)
+
+
+def config_key(f: dataclasses.Field) -> str:
+    return f.metadata["key"] or f.name
+
+
+def check_setting(name: str, value: Any) -> Any:
+    """``value`` for the setting ``name`` (a field of ``EngineSettings``) if it is one of its
+    choices, else a ConfigError naming them. ``generation`` also takes a GenerationConfig object."""
+    f = next(f for f in dataclasses.fields(EngineSettings) if f.name == name)
+    choices = f.metadata["choices"]
+    if isinstance(value, bool) and "true" in choices:
+        value = "true" if value else "false"
+    elif isinstance(value, str) and "true" in choices:
+        value = value.lower()
+    if name == "generation" and hasattr(value, "to_diff_dict"):  # a GenerationConfig, followed as given
+        return value
+    if value not in choices:
+        raise ConfigError(f"{config_key(f)} must be one of {', '.join(choices)}, not {value!r} "
+                          f"({f.metadata['doc']})")
+    return value
+
+
+def choices(name: str) -> tuple:
+    """The values the setting ``name`` takes."""
+    return next(f for f in dataclasses.fields(EngineSettings) if f.name == name).metadata["choices"]
+
+
+def config_fields(node: str) -> list[tuple[str, Any, dataclasses.Field]]:
+    """The settings a config node holds, as ``dataclasses.make_dataclass`` fields (key, type, default)."""
+    types = typing.get_type_hints(EngineSettings)
+    return [(config_key(f), types[f.name], field(default=f.default)) for f in dataclasses.fields(EngineSettings)
+            if f.metadata["node"] == node]
