@@ -10,6 +10,7 @@ partial table and exits with 130; ``bench.resume=true`` continues the run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import platform
 import signal
 import threading
@@ -23,6 +24,7 @@ from rich.console import Console
 
 from specfree.bench import concurrent
 from specfree.bench import llama_cpp as llama_rows
+from specfree.bench import llama_server as server_rows
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
 from specfree.bench.methods import method_rows
@@ -30,18 +32,20 @@ from specfree.bench.plots import cost_curve_plot, paper_vs_measured, write_plots
 from specfree.bench.prompts import load_prompts, shipped_prompts
 from specfree.bench.report import (markdown, members_section, method_section, rich_method_table, rich_table,
                                    wide_console)
-from specfree.bench.systems import SpecfreeSystem
+from specfree.bench.systems import LLAMA_CPP_BASELINES, LLAMA_SERVER_BASELINES, SpecfreeSystem
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
-from specfree.adapters.compiled import check_compile
-from specfree.conf.schema import BenchConfig, SpecfreeConfig
+from specfree.conf.schema import STEP_KNOBS, BenchConfig, SpecfreeConfig
 from specfree.errors import ConfigError, check_int
 from specfree.files import cache_folder, user_path
 from specfree.generation import VERIFIER_KNOBS
 from specfree.parts import build_adapter
 from specfree.progress import progress_bar
 from specfree.runinfo import cpu_name, versions
+from specfree.settings import EngineSettings
 
 INTERRUPTED = 130
+
+OUTSIDE_LLAMA = (*LLAMA_CPP_BASELINES, *LLAMA_SERVER_BASELINES)  # built apart from build_systems
 
 
 @dataclass
@@ -54,7 +58,8 @@ class BenchSettings:
     out: Path
     strategies: list[SystemSpec]  # the main strategy first
     baselines: list[SystemSpec]
-    compile: str  # auto/true: strategies on the compiled forward, beside the eager baseline
+    engine: EngineSettings  # compile (auto/true: strategies on the compiled forward, beside the eager
+    # baseline), precision, linear kernel, cache folder
     decoding: dict[str, Any]  # every specfree system's verifier knobs ({}: plain greedy; ``decoding_knobs``)
 
     @property
@@ -105,7 +110,8 @@ class BenchSettings:
             raise ConfigError("bench.out is not set and no Hydra run folder exists: set bench.out=DIR")
         return cls(config, prompts=_prompts_path(bench.prompts), out=user_path(out).resolve(),
                    strategies=[main, *(_spec(s, "bench.strategies") for s in bench.strategies)],
-                   baselines=baselines, compile=check_compile(config.compile), decoding=decoding)
+                   baselines=baselines, engine=EngineSettings.from_config(config, skip=tuple(STEP_KNOBS)),  # each system's own
+                   decoding=decoding)
 
     def meta(self) -> dict[str, Any]:
         bench, config = self.bench, self.config
@@ -114,8 +120,8 @@ class BenchSettings:
                 "repeats": bench.repeats, "warmup": bench.warmup, "chat": bench.chat, "device": config.device,
                 "dtype": config.dtype, "threads": config.threads, "seed": config.seed, "baseline": BASELINE,
                 "decoding": self.decoding or "greedy",
-                "linear_kernel": config.model.linear_kernel, "precision": config.precision,
-                "compile": self.compile,
+                "linear_kernel": self.engine.linear_kernel, "precision": self.engine.precision,
+                "compile": self.engine.compile,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu": cpu_name(),
                 "versions": versions()}
 
@@ -174,11 +180,9 @@ def compiled_adapter(model, settings: BenchSettings, slots: int):
     """The compiled adapter the strategies share (compile=auto or true), its graphs compiled up
     front for ``slots`` KV slots, so decode times hold no compile; None for compile=false, or
     where compiling cannot or did not work (it warned)."""
-    if settings.compile == "false":
+    if settings.engine.compile == "false":
         return None
-    adapter = build_adapter(model, compile="true", cache_dir=settings.config.cache_dir, slots=slots,
-                            linear_kernel=settings.config.model.linear_kernel,
-                            precision=settings.config.precision)
+    adapter = build_adapter(model, None, dataclasses.replace(settings.engine, compile="true"), slots=slots)
     return adapter if adapter.compiled else None
 
 
@@ -196,6 +200,8 @@ def run(cfg: Any, console: Console | None = None) -> int:
     settings = BenchSettings.from_config(cfg)
     bench = settings.bench
     llama, llama_line = llama_rows.select(settings.baselines, settings.model)  # before the slow model load
+    source = llama_rows.source_gguf(settings.model)
+    servers = server_rows.select(settings.baselines, source, cache_folder(settings.engine.cache_dir))
     items = load_prompts(settings.prompts, bench.format, bench.fields, bench.limit, bench.per_category)
     store = store_mod.RecordStore(settings.out, settings.meta(), resume=settings.bench.resume)
 
@@ -212,9 +218,8 @@ def run(cfg: Any, console: Console | None = None) -> int:
     slots = kv_slots_needed(tokenizer, items, settings)
     compiled = compiled_adapter(model, settings, slots)
     systems = build_systems(model, tokenizer, settings.strategies,
-                            [b for b in settings.baselines if b.name not in llama_rows.BASELINES],
-                            settings.config.seed, settings.config.model.linear_kernel, compiled, settings.decoding,
-                            precision=settings.config.precision)
+                            [b for b in settings.baselines if b.name not in OUTSIDE_LLAMA],
+                            settings.config.seed, settings.engine, compiled, settings.decoding)
     if llama:
         built, skipped = llama_rows.build(llama, llama_rows.source_gguf(settings.model), settings.config.dtype,
                                           cache_folder(settings.config.cache_dir), torch.get_num_threads(),
@@ -222,6 +227,12 @@ def run(cfg: Any, console: Console | None = None) -> int:
                                           systems[0].engine.eos_ids)
         systems += built
         llama_line = llama_rows.describe_rows(systems, skipped)
+    if servers:
+        systems += server_rows.build(servers, source, llama_rows.gguf_precision(source),
+                                     cache_folder(settings.engine.cache_dir), torch.get_num_threads(),
+                                     llama_rows.context_size(slots, systems[0].engine.adapter.max_length),
+                                     systems[0].engine.eos_ids)
+        llama_line = "; ".join(filter(None, [llama_line, server_rows.describe_rows(systems)]))
     if llama_line:
         Console(stderr=True).print(llama_line, highlight=False, markup=False, soft_wrap=True)
         store.meta["llama_cpp"] = llama_line
@@ -271,8 +282,8 @@ def _concurrency(items, systems, conversation, store, settings: BenchSettings, m
             continue
         def fresh(system=system):
             return SpecfreeSystem.build(model, tokenizer, system.strategy, system.knobs, settings.config.seed,
-                                        adapter=system.engine.adapter, costs=system.engine.costs,
-                                        decoding=settings.decoding, precision=settings.config.precision).engine
+                                        settings=settings.engine, adapter=system.engine.adapter,
+                                        costs=system.engine.costs, decoding=settings.decoding).engine
         with status.status(f"{system.label}: {len(prompts)} requests one after another, then "
                            f"{bench.concurrency} at a time"):
             rows.append(concurrent.measure(fresh, system.label, prompts, bench.max_new_tokens, bench.concurrency))

@@ -1,0 +1,59 @@
+"""llama.cpp's own server as bench rows: what it refuses before anything loads, and, where
+``scripts/build_llama_cpp.sh`` has built llama-server here, real requests on the SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specfree.bench import llama_server as server_rows
+from specfree.bench.llama_cpp import gguf_precision, source_gguf
+from specfree.bench.runner import SystemSpec
+from specfree.errors import ConfigError
+from specfree.files import DEFAULT_CACHE
+
+
+def test_knobs_are_checked():
+    server_rows.check_knobs({"spec_type": "ngram-mod"})
+    with pytest.raises(ConfigError, match="llama_server.spec_type must be one of none, ngram-simple"):
+        server_rows.check_knobs({"spec_type": "eagle"})
+    with pytest.raises(ConfigError, match="llama_server takes no draft_max; its knobs: spec_type"):
+        server_rows.check_knobs({"draft_max": 8})
+
+
+def test_rows_it_cannot_run_are_one_config_error_naming_the_fix(tmp_path):
+    asked = [SystemSpec("hf_generate", {}), SystemSpec("llama_server", {})]
+    assert server_rows.select([SystemSpec("hf_generate", {})], None, tmp_path) == []
+    with pytest.raises(ConfigError, match=r"runs llama.cpp on a GGUF file: give the model as one \(model.path="):
+        server_rows.select(asked, None, tmp_path)
+    with pytest.raises(ConfigError, match="no llama-server is built under .*: run scripts/build_llama_cpp.sh"):
+        server_rows.select(asked, tmp_path / "model.gguf", tmp_path)
+
+
+def test_the_newest_build_is_found(tmp_path):
+    for version in ("0.3.30", "0.3.36"):
+        exe = tmp_path / "llama.cpp" / version / "bin" / "llama-server"
+        exe.parent.mkdir(parents=True)
+        exe.write_text("")
+    assert server_rows.binary(tmp_path) == tmp_path / "llama.cpp" / "0.3.36" / "bin" / "llama-server"
+
+
+@pytest.mark.skipif(server_rows.binary(DEFAULT_CACHE) is None,
+                    reason="llama-server is not built here (scripts/build_llama_cpp.sh)")
+@pytest.mark.parametrize("spec_type", ["none", "ngram-mod"])
+def test_a_real_server_answers_with_its_own_timings(spec_type):
+    gguf = source_gguf("smollm2")
+    system = server_rows.build([SystemSpec("llama_server", {"spec_type": spec_type})], gguf, gguf_precision(gguf),
+                               DEFAULT_CACHE, threads=2, n_ctx=256, eos_ids=[2])[0]
+    try:
+        prompt = [1, 9690, 198, 2683, 314, 253, 5356, 30, 2]  # any ids: the server is fed ids, as in bench
+        turn = system.run(prompt, 12)
+    finally:
+        system.server.stop()
+    assert 1 <= len(turn.tokens) <= 12 and turn.stop_reason in ("eos", "max_new_tokens")
+    assert 0 < turn.prefill_s < turn.wall_s and turn.prompt_tokens == len(prompt)
+    assert 1 <= turn.steps <= len(turn.tokens)
+    assert system.label == ("llama_server[Q4_1]" if spec_type == "none" else "llama_server(spec_type=ngram-mod)[Q4_1]")
+    assert system.server.process.poll() is not None  # stopped
+    assert Path(system.details["gguf"]) == gguf
