@@ -20,6 +20,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specfree.parts import build_adapter
+from specfree.settings import EngineSettings
 from specfree.bench.cli import cpu_name
 from specfree.engine import Engine
 from specfree.plugins import build_plugin_manager, registry
@@ -52,7 +53,7 @@ def main() -> None:
     print(json.dumps(result), flush=True)
     with tempfile.TemporaryDirectory() as cache:
         start = time.perf_counter()
-        adapter = build_adapter(model, compile="true", cache_dir=cache)
+        adapter = build_adapter(model, settings=EngineSettings(compile="true", cache_dir=cache))
         result.update(compiled_by=adapter.describe(),
                       cold_start_s=round(time.perf_counter() - start, 1), rss_after_compile_GB=round(current_rss_gb(), 2))
         print(json.dumps(result), flush=True)

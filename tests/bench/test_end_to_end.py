@@ -21,6 +21,7 @@ from specfree.bench.compare import compare
 from specfree.bench.runner import WARMUP_PROMPT
 from specfree.bench.systems import HFSystem
 from specfree.kernels import load_kernels
+from specfree.settings import EngineSettings
 
 SYSTEMS = ["autoregressive", "prompt_lookup(draft_len=4)", "hf_generate",
            "hf_prompt_lookup(prompt_lookup_num_tokens=10)"]
@@ -258,12 +259,12 @@ def test_the_compiled_rows_run_the_configured_linear_kernel(monkeypatch):
     from types import SimpleNamespace
 
     asked = {}
-    monkeypatch.setattr(cli, "build_adapter", lambda model, **knobs: asked.update(knobs) or SimpleNamespace(
-        compiled=False))
-    settings = SimpleNamespace(compile="true", config=SimpleNamespace(
-        cache_dir=None, precision="int8", model=SimpleNamespace(linear_kernel="few_row_fp32")))
-    assert cli.compiled_adapter(torch.nn.Linear(2, 2), settings, slots=64) is None  # not compiled: no rows
+    monkeypatch.setattr(cli, "build_adapter", lambda model, reg, settings, **knobs: asked.update(
+        vars(settings), **knobs) or SimpleNamespace(compiled=False))
+    engine = EngineSettings(compile="auto", precision="int8", linear_kernel="few_row_fp32")
+    assert cli.compiled_adapter(torch.nn.Linear(2, 2), SimpleNamespace(engine=engine), slots=64) is None
     assert asked["linear_kernel"] == "few_row_fp32" and asked["compile"] == "true" and asked["precision"] == "int8"
+    assert asked["slots"] == 64
 
 
 def test_bench_concurrency_decodes_the_prompts_together_and_one_after_another(tiny_model_dir, prompts, tmp_path):
