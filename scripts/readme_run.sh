@@ -1,33 +1,43 @@
 #!/usr/bin/env bash
 # Every measured number of the README from one run on one machine, one command after another (run
 # nothing else meanwhile): the quick start's decode, the full bench ("Where it stands", the strategies'
-# column), each SmolLM2 GGUF type against llama.cpp (the models table), and each file's peak RSS.
+# column), each SmolLM2 GGUF type against llama.cpp's own server (the models table) with its peak RSS,
+# and int8 with several requests decoded together.
 #   scripts/readme_run.sh OUT [SHARED]     # OUT: a folder (docs/bench/run_XX); SHARED: ../shared
-# Needs llama-cpp-python (the `llama-cpp` extra) for llama.cpp's rows and the requantized files.
-# Each step writes into OUT as it ends; OUT/log.txt says what ran, when, on which CPU.
+#   STEPS="types int8" scripts/readme_run.sh OUT    # only some steps (quick, bench, types, int8)
+# Needs llama-cpp-python (the `llama-cpp` extra: llama_cpp rows, requantized files) and llama-server
+# (scripts/build_llama_cpp.sh). Each step writes into OUT as it ends; OUT/log.txt says what ran, when,
+# on which CPU and commit.
 set -euo pipefail
 out="${1:?give the output folder, e.g. docs/bench/run_bb}"
 shared="${2:-../shared}"
 python="${PYTHON:-.venv/bin/python}"
 prompts="$shared/bench/spec_bench_questions.jsonl"
 files="${FILES:-$HOME/.cache/specfree/gguf-types}"   # requantized copies, kept for later runs
-types="${TYPES:-Q4_0 Q8_0 Q4_K_M Q5_K_M Q6_K}"
+types="${TYPES:-Q4_1 Q4_0 Q8_0 Q4_K_M Q5_K_M Q6_K}"
+steps="${STEPS:-quick bench types int8}"
+servers='[llama_server, {name: llama_server, spec_type: ngram-mod}]'
 mkdir -p "$out" "$files"
 log="$out/log.txt"
 say() { echo "$(date -u +%FT%TZ) $*" | tee -a "$log" >&2; }
+wants() { [[ " $steps " == *" $1 "* ]]; }
 
 say "cpu: $(lscpu | sed -n 's/^Model name: *//p') family $(lscpu | sed -n 's/^CPU family: *//p')" \
-    "model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) cores; commit $(git rev-parse --short HEAD)"
+    "model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) cores; commit $(git rev-parse --short HEAD); steps: $steps"
 
-say "quick start"
-"$python" -m specfree decode threads=2 output="$out/quick_start.json" \
-    prompt="Rewrite in the past tense: The fox jumps over the dog." >"$out/quick_start.txt" 2>&1
+if wants quick; then
+    say "quick start"
+    "$python" -m specfree decode threads=2 output="$out/quick_start.json" \
+        prompt="Rewrite in the past tense: The fox jumps over the dog." >"$out/quick_start.txt" 2>&1
+fi
 
-say "bench: every strategy and outside system, SmolLM2 Q4_1 as shipped"
-"$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
-    strategy=hybrid 'bench.strategies=[prompt_lookup, suffix, trie, recycling, sam, logit_spec, lookahead]' \
-    'bench.baselines=[hf_generate, hf_prompt_lookup, llama_cpp, llama_cpp_lookup]' bench.out="$out/bench" \
-    >"$out/bench.txt" 2>&1
+if wants bench; then
+    say "bench: every strategy and outside system, SmolLM2 Q4_1 as shipped"
+    "$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
+        strategy=hybrid 'bench.strategies=[prompt_lookup, suffix, trie, recycling, sam, logit_spec, lookahead]' \
+        'bench.baselines=[hf_generate, hf_prompt_lookup, llama_cpp, llama_cpp_lookup]' bench.out="$out/bench" \
+        >"$out/bench.txt" 2>&1
+fi
 
 peak() {  # the peak RSS of a 32-token compiled decode, its package already built: two runs
     for round in 1 2; do
@@ -36,18 +46,30 @@ peak() {  # the peak RSS of a 32-token compiled decode, its package already buil
         echo "$round $(cat "$out/rss.tmp") KiB $*" >>"$out/peak_rss.txt"
     done
 }
-say "peak RSS, Q4_1"
-peak
 
-for type in $types; do
-    file="$files/smollm2.$type.gguf"
-    [ -f "$file" ] || "$python" scripts/random_gguf.py smollm2 "$file" --type "$type" >>"$log" 2>&1
-    say "bench $type"
+if wants types; then
+    for type in $types; do
+        if [ "$type" = Q4_1 ]; then
+            model=(model=smollm2)  # the file as shipped
+        else
+            file="$files/smollm2.$type.gguf"
+            [ -f "$file" ] || "$python" scripts/random_gguf.py smollm2 "$file" --type "$type" >"$out/quantize.txt" 2>&1
+            model=(model=local model.path="$file")
+        fi
+        say "bench $type: the hybrid and the compiled loop beside llama-server, plain and ngram-mod"
+        "$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
+            strategy=hybrid "bench.baselines=$servers" bench.cost_curves=false "${model[@]}" \
+            bench.out="$out/bench_$type" >"$out/bench_$type.txt" 2>&1
+        say "peak RSS, $type"
+        peak "${model[@]}"
+    done
+fi
+
+if wants int8; then
+    say "bench int8, SmolLM2 Q4_1: the hybrid and suffix beside llama-server, then 4 requests at a time"
     "$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
-        strategy=hybrid 'bench.baselines=[llama_cpp, llama_cpp_lookup]' bench.cost_curves=false \
-        model=local model.path="$file" bench.out="$out/bench_$type" >"$out/bench_$type.txt" 2>&1
-    say "peak RSS, $type"
-    peak model=local model.path="$file"
-done
+        precision=int8 strategy=hybrid 'bench.strategies=[suffix]' "bench.baselines=$servers" \
+        bench.concurrency=4 bench.out="$out/bench_int8" >"$out/bench_int8.txt" 2>&1
+fi
 rm -f "$out/rss.tmp" "$out/rss_decode.json"
 say "done"
