@@ -90,7 +90,7 @@ class Batch:
         self.engine, self.max_batch = engine, max_batch
         if adapter.compiled:  # the runner's slots: the adapter's own steps must not run beside the batch
             adapter.reset()
-            kv = SlotKV(adapter.runner)
+            kv = SlotKV(adapter.runner, adapter.store.slots)
         else:
             kv = GrowingKV(adapter.model, caps, EagerRunner(adapter.model, caps.cache_argument, caps.takes_positions))
         self.arena = KVArena(kv, caps.windows, max_held=max_batch if hold_prompts else 0)

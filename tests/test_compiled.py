@@ -18,14 +18,15 @@ from hypothesis import strategies as st
 
 from specfree import Engine
 from specfree.adapters.compiled import compiled_adapter, make_adapter
-from specfree.settings import check_setting
 from specfree.adapters.hf import HFAdapter
+from specfree.adapters.kv_buffers import StaticSlots
 from specfree.adapters.packaged import step_leaves
 from specfree.check import check_against_baseline
 from specfree.errors import ConfigError
 from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.masks.bucketed import bucket_for, pad_rows, static_mask
 from specfree.plugins import build_plugin_manager, registry
+from specfree.settings import check_setting
 from tests import tiny_models
 from tests.test_lossless import prompts, strategy_specs
 from tests.tiny_models import reference_greedy, tiny_model
@@ -250,6 +251,8 @@ def test_slots_grow_in_tiers_and_output_stays_plain():
     result = Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 60)
     assert adapter.store.slots.capacity >= len(prompt) + len(result.tokens) > 64  # grew 16 -> 32 -> 64 -> 128
     assert result.tokens == reference_greedy(model, prompt, 60)
+    # the store owns the slots: the runner that wrote every step into them keeps none
+    assert not [name for name, value in vars(adapter.runner).items() if isinstance(value, StaticSlots)]
 
 
 def broken_backend(graph_module, example_inputs):

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from specfree.adapters.capabilities import Capabilities
-from specfree.adapters.kv_buffers import keep_rows
+from specfree.adapters.kv_buffers import StaticSlots, keep_rows
 from specfree.adapters.stores import GrowingStore
 from specfree.kernels.tree_attention import LONG_ROWS
 
@@ -84,13 +84,13 @@ class GrowingKV:
 
 
 class SlotKV:
-    """Entries in a compiled runner's static slots (``runner.slots``, borrowed while the batch runs):
-    steps through its package, prompt chunks eagerly, as ``stores.SlotStore`` runs them alone."""
+    """Entries in a compiled adapter's static slots (its ``SlotStore``'s, borrowed while the batch
+    runs): steps through its runner's package, prompt chunks eagerly, as the store runs them alone."""
 
-    def __init__(self, runner):
+    def __init__(self, runner, slots: StaticSlots):
         from specfree.adapters.packaged import MAX_ROWS
 
-        self.runner, self.slots = runner, runner.slots
+        self.runner, self.slots = runner, slots
         self.dtype, self.device = self.slots.dtype, self.slots.device
         self.max_rows = min(LONG_ROWS, MAX_ROWS)  # more rows would leave the package for eager code
 
@@ -102,10 +102,10 @@ class SlotKV:
         # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
         ids, positions = tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None]
         if prefill:
-            logits = self.runner.eager(ids, positions, mask, logits_to_keep=1)
+            logits = self.runner.eager(ids, positions, mask, self.slots, logits_to_keep=1)
             self.slots.set_length(past + ids.shape[1])
         else:
-            logits, _ = self.runner(ids, positions, mask)
+            logits, _ = self.runner(ids, positions, mask, self.slots)
             self.slots.past = past + ids.shape[1]
         return logits[0]
 

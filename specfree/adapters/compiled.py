@@ -135,16 +135,17 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
     first = min_slots or (tier_step if packaged else MIN_SLOTS)
     slots = StaticSlots(layer_shapes(model), model.dtype, device, first, tier_step if packaged else None)
     if packaged:
-        runner = RUNNERS["package"](model, slots, package_dir, package_options(), buckets)
+        runner = RUNNERS["package"](model, package_dir, package_options(), buckets)
     else:
         options = (inductor_options(device, max_autotune, kernel_linears=kernel_linears) or None) \
             if backend == "inductor" else None
         # Dynamo decides whether parameters become graph constants while tracing, from the global
         # inductor config: freezing given only in ``options`` would leave the weights as inputs.
         tracing = {"freezing": True} if options and options.get("freezing") else {}
-        runner = RUNNERS["graphs"](model, slots, backend, buckets, max_autotune, options, tracing)
+        runner = RUNNERS["graphs"](model, backend, buckets, max_autotune, options, tracing)
     return HFAdapter(model, check_tree_mask=check_tree_mask, grouped_attention=grouped_attention,
-                     linear_kernel=linear_kernel, cache_dir=cache_dir, runner=runner, precision=precision)
+                     linear_kernel=linear_kernel, cache_dir=cache_dir, runner=runner, slots=slots,
+                     precision=precision)
 
 
 # ---- choosing the path ------------------------------------------------------------------

@@ -24,8 +24,8 @@ from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_ma
 from specfree.adapters.capabilities import Capabilities, model_device, model_structure
 from specfree.adapters.norms import fuse_norms
 from specfree.adapters.runners import EagerRunner, StepRunner
-from specfree.adapters.kv_buffers import growing_cache
-from specfree.adapters.stores import STORES, KVStore
+from specfree.adapters.kv_buffers import StaticSlots, growing_cache
+from specfree.adapters.stores import STORES, KVStore, SlotStore
 from specfree.kernels import linear_path, prepare_linears
 from specfree.progress import progress_bar
 from specfree.settings import DEFAULTS
@@ -61,16 +61,17 @@ class HFAdapter:
 
     def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True,
                  linear_kernel: str = DEFAULTS.linear_kernel, cache_dir: str | None = None, *,
-                 runner: StepRunner | None = None, capabilities: Capabilities | None = None,
-                 precision: str = DEFAULTS.precision):
+                 runner: StepRunner | None = None, slots: StaticSlots | None = None,
+                 capabilities: Capabilities | None = None, precision: str = DEFAULTS.precision):
         """``linear_kernel``: ``"few_row"`` runs CPU linear layers through specfree's kernel
         (``specfree.kernels``; built once under ``cache_dir``, the library's where it cannot be),
         holding a weight that is exactly a 4- or 8-bit code's values (a dequantized GGUF) as those
         codes, ``"few_row_fp32"`` the same with every weight kept float32, ``"library"`` keeps
         torch's ``F.linear``. ``precision``: how layers held as codes multiply, ``"exact"`` (float32
         activations) or ``"int8"`` (8-bit activations, ``kernels.codes.PRECISIONS``). ``runner``: a
-        compiled runner whose static KV slots (``runner.slots``) the steps run over, instead of eager forwards over a growing cache;
-        tree-verified models only. ``capabilities``: the record ``probes.inspect_model`` made for
+        compiled runner, and ``slots``: the static KV slots its steps run over (held by the adapter's
+        ``SlotStore``, their one owner), instead of eager forwards over a growing cache; tree-verified
+        models only. ``capabilities``: the record ``probes.inspect_model`` made for
         this model (given: no probes run); ``check_tree_mask=False`` skips the probes."""
         structure = capabilities or model_structure(model)  # refusals first, before any kernel is swapped
         self.model = model.eval()
@@ -78,7 +79,9 @@ class HFAdapter:
         self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir, precision)
         structure = dataclasses.replace(structure, attention=attention_path(model))  # fixed from here on
         self._device = model_device(model)
-        self._compiled_runner = runner
+        if (runner is None) != (slots is None):
+            raise ValueError("a compiled runner and its KV slots come together")
+        self._compiled_runner, self._slots = runner, slots
         with grad_free():  # the probes' forwards, and a store's own (a recurrent one finds its mixers)
             self._attach(structure if capabilities else probes.inspect_model(
                 structure, self._probe, compiled=runner is not None, probe=check_tree_mask), runner)
@@ -86,8 +89,8 @@ class HFAdapter:
     def _attach(self, capabilities: Capabilities, runner: StepRunner | None) -> None:
         self.capabilities = capabilities
         self.runner = runner or EagerRunner(self.model, capabilities.cache_argument, capabilities.takes_positions)
-        self.store: KVStore = STORES["slots" if runner is not None else capabilities.store](
-            self.model, capabilities, self.runner)
+        self.store: KVStore = (SlotStore(self.model, capabilities, runner, self._slots) if runner is not None
+                               else STORES[capabilities.store](self.model, capabilities, self.runner))
 
     def _probe(self, capabilities: Capabilities) -> HFAdapter:
         """An adapter over the same, already prepared model, running as ``capabilities`` say (the
@@ -249,7 +252,7 @@ class HFAdapter:
             return 0.0
         start = time.perf_counter()
         self.reset()
-        self.runner.slots.room(slots or self.runner.slots.min_slots)
+        self.store.slots.room(slots or self.store.slots.min_slots)
         sizes = self.runner.warm_up_rows()
         with progress_bar(show=progress, transient=True) as bar:
             task = bar.add_task("compiling the forward", total=len(sizes))

@@ -3,13 +3,14 @@
 Every runner is called the same way: ``runner(ids, positions, mask, cache, logits_to_keep=0)``
 (ids, positions [1, B]) returns the rows' logits [1, B, V] and the cache the step wrote into (a
 family may make its own on the first forward); ``rows_for(rows)`` says the row count a step runs at
-(padding included) and ``compiled`` whether it runs compiled code.
+(padding included) and ``compiled`` whether it runs compiled code. A runner owns no KV: the cache
+is its caller's (a store's, or a batch's arena), given with each call.
 
 - ``EagerRunner``: plain eager forwards over the cache a store gives it (growing, recurrent).
 
-The compiled runners own static KV slots (``kv_buffers.StaticSlots``) and write a step's KV into them at
-past..past+B. Each can run the same step eagerly, and does so, with one warning, when its compiler
-fails: slower, never wrong.
+The compiled runners are given static KV slots (``kv_buffers.StaticSlots``, the ``SlotStore``'s) and
+write a step's KV into them at past..past+B. Each can run the same step eagerly, and does so, with
+one warning, when its compiler fails: slower, never wrong.
 
 - ``PackageRunner``: one AOTInductor package (``packaged.py``) for every row count up to
   ``packaged.MAX_ROWS`` and every slot count; built once per model architecture, kept on disk,
@@ -70,8 +71,8 @@ class EagerRunner:
 class StepRunner:
     """What the compiled runners share: the eager fallback, compile time and failure bookkeeping."""
 
-    def __init__(self, model: torch.nn.Module, slots: StaticSlots):
-        self.model, self.slots = model, slots
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
         self.cache_name = cache_argument(model)  # read once: not inside a traced step
         self.compiled = True  # False once the compiler failed: every step then runs eagerly
         self.compile_s = 0.0  # wall time of the calls that compiled (or loaded) a new step
@@ -85,29 +86,30 @@ class StepRunner:
     def compiles(self, rows: int) -> bool:
         raise NotImplementedError
 
-    def step_kind(self, rows: int) -> tuple:
+    def step_kind(self, rows: int, slots: StaticSlots) -> tuple:
         """What a new compiled step is made for: the first call of each kind counts as compile time
         (a graph per row bucket and slot tier)."""
-        return rows, self.slots.capacity
+        return rows, slots.capacity
 
-    def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
+    def _compiled_step(self, ids, positions, mask, slots: StaticSlots) -> torch.Tensor:
         raise NotImplementedError
 
-    def eager(self, ids: torch.Tensor, positions: torch.Tensor, mask, logits_to_keep: int = 0) -> torch.Tensor:
-        """An eager forward over the slots (prompts: a graph per prompt length would never be reused)."""
+    def eager(self, ids: torch.Tensor, positions: torch.Tensor, mask, slots: StaticSlots,
+              logits_to_keep: int = 0) -> torch.Tensor:
+        """An eager forward over ``slots`` (prompts: a graph per prompt length would never be reused)."""
         return self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                          logits_to_keep=logits_to_keep, **{self.cache_name: self.slots.cache}).logits
+                          logits_to_keep=logits_to_keep, **{self.cache_name: slots.cache}).logits
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask, cache=None, logits_to_keep: int = 0):
-        """The step over the runner's own slots (``cache``, if given, is theirs)."""
-        return self._step_logits(ids, positions, mask), self.slots.cache
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask, cache: StaticSlots, logits_to_keep: int = 0):
+        """The step over the caller's slots ``cache``, written at ``cache.past``; returns them."""
+        return self._step_logits(ids, positions, mask, cache), cache
 
-    def _step_logits(self, ids: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
-        rows, slots = ids.shape[1], self.slots
+    def _step_logits(self, ids: torch.Tensor, positions: torch.Tensor, mask, slots: StaticSlots) -> torch.Tensor:
+        rows = ids.shape[1]
         if self.compiled and self.compiles(rows):
-            shape, start = self.step_kind(rows), time.perf_counter()
+            shape, start = self.step_kind(rows, slots), time.perf_counter()
             try:
-                logits = self._compiled_step(ids, positions, mask)
+                logits = self._compiled_step(ids, positions, mask, slots)
             except Exception as exc:  # any compiler failure: the same step, eagerly
                 self.give_up(exc)
                 slots.set_length(slots.past)
@@ -129,10 +131,10 @@ class StepRunner:
 class PackageRunner(StepRunner):
     """One AOTInductor package for 1..``PACKAGE_MAX_ROWS`` rows and any slot count."""
 
-    def __init__(self, model: torch.nn.Module, slots: StaticSlots, package_dir: str | Path | None, options: dict,
+    def __init__(self, model: torch.nn.Module, package_dir: str | Path | None, options: dict,
                  buckets: Sequence[int] = ROW_BUCKETS):
         """``buckets``: the row counts whose cost the cost curve measures (the package takes any)."""
-        super().__init__(model, slots)
+        super().__init__(model)
         self.buckets = tuple(sorted(set(buckets)))
         self.linears = linear_path(model)
         self.package = StepPackage(model, package_dir, options, self.linears)
@@ -140,7 +142,7 @@ class PackageRunner(StepRunner):
     def compiles(self, rows: int) -> bool:
         return rows <= PACKAGE_MAX_ROWS
 
-    def step_kind(self, rows: int) -> tuple:
+    def step_kind(self, rows: int, slots: StaticSlots) -> tuple:
         return ()  # one package for every row count and slot count: only its build or load compiles
 
     def ready(self) -> bool:
@@ -154,8 +156,8 @@ class PackageRunner(StepRunner):
         verb = "loading" if self.ready() else "compiling (about a minute, once per model)"
         return f"{verb} the forward's package"
 
-    def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
-        rows, slots = ids.shape[1], self.slots
+    def _compiled_step(self, ids, positions, mask, slots: StaticSlots) -> torch.Tensor:
+        rows = ids.shape[1]
         slot_index = torch.arange(slots.past, slots.past + rows, device=ids.device)
         return self.package.run(ids, positions, mask, slot_index, slots.buffers)
 
@@ -174,9 +176,10 @@ class GraphRunner(StepRunner):
     eagerly. ``options``: Inductor's; ``tracing_config``: Inductor settings dynamo must see while it
     traces (freezing: whether the weights become graph constants)."""
 
-    def __init__(self, model: torch.nn.Module, slots: StaticSlots, backend: str | Callable, buckets: Sequence[int],
+    def __init__(self, model: torch.nn.Module, backend: str | Callable, buckets: Sequence[int],
                  max_autotune: bool, options: dict | None, tracing_config: dict):
-        super().__init__(model, slots)
+        super().__init__(model)
+        self._slots: StaticSlots | None = None  # the caller's slots, during a step only
         self.backend, self.buckets, self.max_autotune = backend, tuple(sorted(set(buckets))), max_autotune
         self.linears = linear_path(model)
         self._tracing_config = tracing_config
@@ -200,12 +203,18 @@ class GraphRunner(StepRunner):
         return f"compiling the forward for {rows} row{'s' * (rows > 1)}"
 
     def _step(self, ids, positions, mask) -> torch.Tensor:
-        return eager_step(self.model, self.cache_name, self.slots, ids, positions, mask)
+        return eager_step(self.model, self.cache_name, self._slots, ids, positions, mask)
 
-    def _compiled_step(self, ids, positions, mask) -> torch.Tensor:
-        with (torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT),
-              torch._inductor.config.patch(self._tracing_config)):
-            return self._graph(ids, positions, mask)
+    def _compiled_step(self, ids, positions, mask, slots: StaticSlots) -> torch.Tensor:
+        # The graph reads the slots as an attribute, which dynamo guards: other slots, another graph;
+        # they are the caller's for this call only.
+        self._slots = slots
+        try:
+            with (torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT),
+                  torch._inductor.config.patch(self._tracing_config)):
+                return self._graph(ids, positions, mask)
+        finally:
+            self._slots = None
 
     @property
     def options(self) -> dict:

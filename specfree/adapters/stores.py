@@ -13,8 +13,11 @@ rows ``keep``, drop the rest). A store runs its forwards through a runner (``run
 - ``RerunStore``: the token ids of a model without a KV cache, which runs the whole sequence again.
 - ``SlotStore``: static slots (``kv_buffers.StaticSlots``) a compiled runner's steps write into.
 
-A new store is one subclass of ``KVStore`` and one entry in ``STORES``; ``Capabilities.store``
-names the eager store a model needs, and an adapter given a compiled runner uses ``"slots"``.
+Each store owns its KV: it grows it, commits and crops rows; the runner it calls reads and writes
+the KV it is given with each call and keeps none (a batch's ``arena.KVArena`` borrows a
+``SlotStore``'s slots while it runs). A new store is one subclass of ``KVStore`` and one entry in
+``STORES``; ``Capabilities.store`` names the eager store a model needs, and an adapter given a
+compiled runner keeps its KV in a ``SlotStore``.
 """
 
 from __future__ import annotations
@@ -216,14 +219,14 @@ class RerunStore(KVStore):
 
 
 class SlotStore(KVStore):
-    """Static KV slots a compiled runner (``runner.slots``) writes into: rows padded to the row
-    count the runner takes, every step masked over all slots; prompts run eagerly (a graph per
+    """Static KV slots, owned here, that a compiled runner writes each step into: rows padded to the
+    row count the runner takes, every step masked over all slots; prompts run eagerly (a graph per
     prompt length would never be reused), a first prompt over a cache of its own length whose keys
     and values are then copied into the slots (``_first_prefill``)."""
 
-    def __init__(self, model, caps: Capabilities, runner):
+    def __init__(self, model, caps: Capabilities, runner, slots: StaticSlots):
         super().__init__(model, caps, runner)
-        self.slots: StaticSlots = runner.slots
+        self.slots = slots
         self._start = 0  # the slot where the last step began: padding rows included
 
     @property
@@ -241,7 +244,8 @@ class SlotStore(KVStore):
             self._first_prefill(ids.to(self.device)[None], positions.to(self.device)[None])
         else:
             self.runner.eager(ids.to(self.device)[None], positions.to(self.device)[None],
-                              self._mask(causal(q), past, positions, self.slots.capacity), logits_to_keep=1)
+                              self._mask(causal(q), past, positions, self.slots.capacity), self.slots,
+                              logits_to_keep=1)
         self.slots.set_length(past + q)
 
     def _first_prefill(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
@@ -272,7 +276,7 @@ class SlotStore(KVStore):
         mask = self._mask(allowed, past, positions, self.slots.capacity)
         # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
         logits, _ = self.runner(tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None], mask,
-                                self.slots.cache)
+                                self.slots)
         self.slots.past = past + rows
         return logits[0]
 
@@ -294,6 +298,6 @@ class SlotStore(KVStore):
             self.runner.compiled = compiled
 
 
-# A store's name (``Capabilities.store``, or "slots" for a compiled runner) -> its class.
-STORES: dict[str, type[KVStore]] = {"growing": GrowingStore, "recurrent": RecurrentStore, "rerun": RerunStore,
-                                    "slots": SlotStore}
+# A store's name (``Capabilities.store``) -> its class; a compiled runner's steps keep theirs in a
+# ``SlotStore`` over the slots they were compiled for.
+STORES: dict[str, type[KVStore]] = {"growing": GrowingStore, "recurrent": RecurrentStore, "rerun": RerunStore}
