@@ -43,7 +43,7 @@ def test_token_only_drafters_unpriced_replay_the_run_step_for_step(run):
     for label, strategy, priced in replay._strategies(systems, data["systems"], registry(build_plugin_manager())):
         assert not priced
         done = replay.replay(strategy, turns, model.config.vocab_size, model.config.max_position_embeddings, cost,
-                             None, 24)
+                             None, 24, price_context=False)
         recorded = [t["emitted"] for r in data["records"] if r["system"] == label for t in r["turns"]]
         assert done.per_step == recorded, label
         assert done.drafting_s > 0  # the strategy's own calls, timed
