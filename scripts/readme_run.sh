@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Every measured number of the README from one run on one machine, one command after another (run
-# nothing else meanwhile): the quick start's decode, the full bench ("Where it stands", the strategies'
-# column), each SmolLM2 GGUF type against llama.cpp's own server (the models table) with its peak RSS,
-# and int8 with several requests decoded together.
+# Every measured number of README.md (README.md#where-it-stands names the run) from one run on one
+# machine, one command after another (run nothing else meanwhile): the quick start's decode, the
+# full bench ("Where it stands", the strategies' column), each SmolLM2 GGUF type against llama.cpp's
+# own server (the models table) with its peak RSS, and int8 with several requests decoded together.
 #   scripts/readme_run.sh OUT [SHARED]     # OUT: a folder (docs/bench/run_XX); SHARED: ../shared
 #   STEPS="types int8" scripts/readme_run.sh OUT    # only some steps (quick, bench, types, int8)
 # Needs llama-cpp-python (the `llama-cpp` extra: llama_cpp rows, requantized files) and llama-server

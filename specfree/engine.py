@@ -46,7 +46,7 @@ def _check_text(text: str) -> str:
 
 # Lays out one step's rows: (tree, aux rows, root position) -> tokens, positions, mask.
 MaskBuilder = Callable[[DraftTree, AuxBlock | None, int], Layout]
-DEFAULT_STRATEGY = "hybrid"  # the strategy that measures best on `bench`
+DEFAULT_STRATEGY = "hybrid"  # why: docs/strategies.md#the-default-the-priced-hybrid
 # ``prompt_cache``'s prefill chunk: at most this many rows run the row-exact attention (more go to SDPA).
 EXACT_CHUNK = LONG_ROWS
 
