@@ -110,8 +110,9 @@ class BenchSettings:
             raise ConfigError("bench.out is not set and no Hydra run folder exists: set bench.out=DIR")
         return cls(config, prompts=_prompts_path(bench.prompts), out=user_path(out).resolve(),
                    strategies=[main, *(_spec(s, "bench.strategies") for s in bench.strategies)],
-                   baselines=baselines, engine=EngineSettings.from_config(config, skip=tuple(STEP_KNOBS)),  # each system's own
-                   decoding=decoding)
+                   baselines=baselines, decoding=decoding,
+                   # the step knobs (priced...) are each system's own, not the run's
+                   engine=EngineSettings.from_config(config, skip=tuple(STEP_KNOBS)))
 
     def meta(self) -> dict[str, Any]:
         bench, config = self.bench, self.config
@@ -220,18 +221,15 @@ def run(cfg: Any, console: Console | None = None) -> int:
     systems = build_systems(model, tokenizer, settings.strategies,
                             [b for b in settings.baselines if b.name not in OUTSIDE_LLAMA],
                             settings.config.seed, settings.engine, compiled, settings.decoding)
+    # llama.cpp's rows: the run's threads, a context that holds what the compiled slots hold, the same EOS
+    outside = (cache_folder(settings.engine.cache_dir), torch.get_num_threads(),
+               llama_rows.context_size(slots, systems[0].engine.adapter.max_length), systems[0].engine.eos_ids)
     if llama:
-        built, skipped = llama_rows.build(llama, llama_rows.source_gguf(settings.model), settings.config.dtype,
-                                          cache_folder(settings.config.cache_dir), torch.get_num_threads(),
-                                          llama_rows.context_size(slots, systems[0].engine.adapter.max_length),
-                                          systems[0].engine.eos_ids)
+        built, skipped = llama_rows.build(llama, source, settings.config.dtype, *outside)
         systems += built
         llama_line = llama_rows.describe_rows(systems, skipped)
     if servers:
-        systems += server_rows.build(servers, source, llama_rows.gguf_precision(source),
-                                     cache_folder(settings.engine.cache_dir), torch.get_num_threads(),
-                                     llama_rows.context_size(slots, systems[0].engine.adapter.max_length),
-                                     systems[0].engine.eos_ids)
+        systems += server_rows.build(servers, source, llama_rows.gguf_precision(source), *outside)
         llama_line = "; ".join(filter(None, [llama_line, server_rows.describe_rows(systems)]))
     if llama_line:
         Console(stderr=True).print(llama_line, highlight=False, markup=False, soft_wrap=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specfree.bench.systems import LLAMA_CPP_BASELINES as BASELINES
-from specfree.bench.systems import Turn, describe
+from specfree.bench.systems import Turn, check_listed_once, describe
 from specfree.conf.schema import DEFAULT_BASELINES
 from specfree.errors import ConfigError, check_int
 from specfree.files import atomic_path, file_digest, fingerprint, remember_digest
@@ -291,10 +291,7 @@ def build(specs: Sequence[Any], source: Path, dtype: str, cache_dir: Path, threa
     if dtype not in FTYPES:
         raise ConfigError(f"the llama.cpp rows need dtype float32, bfloat16 or float16, got {dtype!r}")
     rows = [(spec.name, check_knobs(spec.name, spec.knobs)) for spec in specs]
-    labels = [label(name, knobs, "") for name, knobs in rows]
-    dup = next((x for x in labels if labels.count(x) > 1), None)
-    if dup:
-        raise ConfigError(f"{dup!r} is listed twice in bench.baselines; each entry must differ")
+    check_listed_once([label(name, knobs, "") for name, knobs in rows])
     run_precision = FTYPES[dtype][0]
     files: dict[str, Path | None] = {run_precision: None, gguf_precision(source): source}
     skipped = []

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specfree.bench.systems import LLAMA_SERVER_BASELINES, Turn, describe
+from specfree.bench.systems import LLAMA_SERVER_BASELINES, Turn, check_listed_once, describe
 from specfree.errors import ConfigError
 
 NAME = LLAMA_SERVER_BASELINES[0]
@@ -143,8 +143,7 @@ class LlamaServerSystem:
 
     @property
     def label(self) -> str:
-        shown = {k: v for k, v in self.knobs.items() if KNOBS.get(k) != v}
-        return f"{describe(NAME, shown)}[{self.precision}]"
+        return label(self.knobs, self.precision)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -169,10 +168,7 @@ def build(specs: Sequence[Any], source: Path, precision: str, cache_dir: Path, t
           eos_ids: Sequence[int]) -> list[LlamaServerSystem]:
     """A server for every ``llama_server`` row asked for, each started and ready."""
     exe = binary(cache_dir)
-    labels = [describe(NAME, dict(spec.knobs)) for spec in specs]
-    dup = next((x for x in labels if labels.count(x) > 1), None)
-    if dup:
-        raise ConfigError(f"{dup!r} is listed twice in bench.baselines; each entry must differ")
+    check_listed_once([label(spec.knobs, "") for spec in specs])
     systems = []
     for spec in specs:
         knobs = dict(spec.knobs)
@@ -181,6 +177,12 @@ def build(specs: Sequence[Any], source: Path, precision: str, cache_dir: Path, t
                    "flash_attn": "auto"}
         systems.append(LlamaServerSystem(server, precision, sorted(eos_ids), knobs, details))
     return systems
+
+
+def label(knobs: dict[str, Any], precision: str) -> str:
+    """``llama_server(spec_type=ngram-mod)[Q4_1]``: the knobs that differ from the defaults, the weights."""
+    shown = {k: v for k, v in knobs.items() if KNOBS.get(k) != v}
+    return f"{describe(NAME, shown)}[{precision}]"
 
 
 def describe_rows(systems: Sequence[Any]) -> str:

@@ -54,6 +54,13 @@ class Turn:
         return asdict(self)
 
 
+def check_listed_once(labels: list[str]) -> None:
+    """An outside baseline's rows must differ: two entries that make one label would be one row twice."""
+    dup = next((x for x in labels if labels.count(x) > 1), None)
+    if dup:
+        raise ConfigError(f"{dup!r} is listed twice in bench.baselines; each entry must differ")
+
+
 def _as_list(value: Any) -> Any:
     """Tuples as lists: a default of ("a", "b") and a config's [a, b] are the same knob value."""
     return list(value) if isinstance(value, (tuple, list)) else value

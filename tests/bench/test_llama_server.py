@@ -31,6 +31,14 @@ def test_rows_it_cannot_run_are_one_config_error_naming_the_fix(tmp_path):
         server_rows.select(asked, tmp_path / "model.gguf", tmp_path)
 
 
+def test_one_row_listed_twice_is_refused_before_a_server_starts(tmp_path):
+    """``{spec_type: none}`` is the plain row spelled out: the same label, the same row twice."""
+    twice = [SystemSpec("llama_server", {}), SystemSpec("llama_server", {"spec_type": "none"})]
+    with pytest.raises(ConfigError, match=r"'llama_server\[\]' is listed twice in bench.baselines"):
+        server_rows.build(twice, tmp_path / "model.gguf", "Q4_1", tmp_path, threads=2, n_ctx=256, eos_ids=[2])
+    assert server_rows.label({"spec_type": "ngram-mod"}, "Q4_1") == "llama_server(spec_type=ngram-mod)[Q4_1]"
+
+
 def test_the_newest_build_is_found(tmp_path):
     for version in ("0.3.30", "0.3.36"):
         exe = tmp_path / "llama.cpp" / version / "bin" / "llama-server"
