@@ -107,7 +107,7 @@ def config_key(f: dataclasses.Field) -> str:
 def check_setting(name: str, value: Any) -> Any:
     """``value`` for the setting ``name`` (a field of ``EngineSettings``) if it is one of its
     choices, else a ConfigError naming them. ``generation`` also takes a GenerationConfig object."""
-    f = next(f for f in dataclasses.fields(EngineSettings) if f.name == name)
+    f = _field(name)
     choices = f.metadata["choices"]
     if isinstance(value, bool) and "true" in choices:
         value = "true" if value else "false"
@@ -123,7 +123,11 @@ def check_setting(name: str, value: Any) -> Any:
 
 def choices(name: str) -> tuple:
     """The values the setting ``name`` takes."""
-    return next(f for f in dataclasses.fields(EngineSettings) if f.name == name).metadata["choices"]
+    return _field(name).metadata["choices"]
+
+
+def _field(name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(EngineSettings) if f.name == name)
 
 
 def config_fields(node: str) -> list[tuple[str, Any, dataclasses.Field]]:
