@@ -8,7 +8,8 @@ A ``Batch`` holds up to ``max_batch`` requests (``Member``s). A step:
    becomes its first root;
 2. every decoding member plans its rows (its drafter proposes, the shared pricer keeps the rows
    worth their cost, priced on the curve at the step's total rows, ``pricing.Shifted``);
-3. one forward runs all their rows over the ``KVArena``, each row seeing only its own sequence;
+3. one forward runs all their rows over the KV manager (``kv_manager.KVManager``), each row seeing
+   only its own sequence;
 4. each member verifies, keeps its accepted rows' KV, and emits.
 
 Members join between steps (continuous batching) and leave when they stop; one that fails ends
@@ -29,7 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specfree.adapters.arena import GrowingKV, KVArena, Rows, SlotKV
+from specfree.adapters.kv_buffers import GrowingBuffers
+from specfree.adapters.kv_manager import KVManager, Rows
 from specfree.adapters.capabilities import causal
 from specfree.adapters.runners import EagerRunner
 from specfree.errors import ConfigError
@@ -43,7 +45,7 @@ from specfree.settings import DEFAULTS
 
 @dataclass(eq=False)
 class Member:
-    """One request in a batch: its decoding, its sequence in the arena, and where its prefill is."""
+    """One request in a batch: its decoding, its sequence in the KV manager, and where its prefill is."""
 
     decoding: Decoding
     seq: int
@@ -88,12 +90,14 @@ class Batch:
         adapter = engine.adapter
         caps = adapter.capabilities
         self.engine, self.max_batch = engine, max_batch
-        if adapter.compiled:  # the runner's slots: the adapter's own steps must not run beside the batch
+        held = max_batch if hold_prompts else 0
+        if adapter.compiled:  # the adapter's manager (the runner's slots): its own steps must not run beside the batch
             adapter.reset()
-            kv = SlotKV(adapter.runner, adapter.store.slots)
+            self.kv = adapter.store.kv
+            self.kv.max_held = held
         else:
-            kv = GrowingKV(adapter.model, caps, EagerRunner(adapter.model, caps.cache_argument, caps.takes_positions))
-        self.arena = KVArena(kv, caps.windows, max_held=max_batch if hold_prompts else 0)
+            runner = EagerRunner(adapter.model, caps.cache_argument, caps.takes_positions)
+            self.kv = KVManager(GrowingBuffers(adapter.dtype, adapter.device), runner, caps.windows, held)
         self.members: list[Member] = []
         self._strategies: list = [engine.strategy] + [None] * (max_batch - 1)  # one drafter per slot
 
@@ -113,7 +117,7 @@ class Batch:
             self._strategies[slot] = self.engine.strategy.fork()
         decoding = self.engine._decoding(ids, max_new_tokens, stop, seed, ignore_eos, logprobs, verifier=verifier,
                                          strategy=self._strategies[slot], timing=False)
-        seq, reused = self.arena.join(np.asarray(ids, dtype=np.int64) if cache_prompt else None)
+        seq, reused = self.kv.join(np.asarray(ids, dtype=np.int64) if cache_prompt else None)
         member = Member(decoding, seq, slot, prefilled=reused, cached_tokens=reused)
         self.members.append(member)
         if not member.prefilling:
@@ -153,14 +157,14 @@ class Batch:
             parts.append((member, Rows(member.seq, ids, causal(len(ids)), torch.arange(member.prefilled, end))))
             room -= len(ids)
         try:
-            self.arena.run([rows for _, rows in parts], prefill=True)
-        except Exception as exc:  # the forward failed (the arena kept nothing): these newcomers end
+            self.kv.run([rows for _, rows in parts], prompt=True)
+        except Exception as exc:  # the forward failed (the manager kept nothing): these newcomers end
             for member, _ in parts:
                 member.error = exc
                 events.append(Event(member, error=exc))
             return
         total = sum(len(rows.tokens) for _, rows in parts)
-        self.arena.commit(total, [(0, list(range(total)))])
+        self.kv.commit(total, [(0, list(range(total)))])
         seconds = time.perf_counter() - start
         for member, rows in parts:
             member.prefilled += len(rows.tokens)
@@ -182,15 +186,15 @@ class Batch:
             if step is not None:
                 steps[member] = step
                 planned_rows += step.layout.rows
-        for group in _forwards(list(steps.items()), self.arena.max_rows):
+        for group in _forwards(list(steps.items()), self.kv.max_rows):
             self._run_group(group, events)
 
     def _run_group(self, group: list[tuple[Member, Step]], events: list[Event]) -> None:
         start = time.perf_counter()
         parts = [Rows(m.seq, s.layout.tokens, s.layout.allowed, s.layout.positions) for m, s in group]
         try:
-            logits = self.arena.run(parts)
-        except Exception as exc:  # the forward itself failed (the arena kept nothing): every member in it ends
+            logits = self.kv.run(parts)
+        except Exception as exc:  # the forward itself failed (the manager kept nothing): every member in it ends
             for member, _ in group:
                 member.error = exc
                 events.append(Event(member, error=exc))
@@ -207,7 +211,7 @@ class Batch:
                 keeps.append((first, [0, *verdict.path]))
                 verdicts.append((member, step, verdict, logits[first : first + q]))
             first += q
-        self.arena.commit(rows, keeps)
+        self.kv.commit(rows, keeps)
         for member, step, verdict, own in verdicts:
             shared = {"batch.requests": float(len(group)), "batch.rows": float(rows)}
             chunk = self._guarded(member, events, member.decoding.emit, step, verdict, own, forward_s, shared)
@@ -233,21 +237,21 @@ class Batch:
         if not member.prefilling:
             d.strategy.end()
         # A step cut short by a stop may have kept rows past the last emitted id: only the ids' rows are held.
-        kept = min(self.arena.length(member.seq), d.n)
-        self.arena.leave(member.seq, d.buffer[:kept] if hold else None)
+        kept = min(self.kv.length(member.seq), d.n)
+        self.kv.leave(member.seq, d.buffer[:kept] if hold else None)
         self.members.remove(member)
 
     def close(self) -> None:
         """End every member and drop all KV (a compiled adapter's slots are its own again)."""
         for member in list(self.members):
             self._leave(member, hold=False)
-        self.arena.reset()
+        self.kv.reset()
         if self.engine.adapter.compiled:
             self.engine.adapter.reset()
 
 
 def _forwards(planned: list[tuple[Member, Step]], limit: int) -> list[list[tuple[Member, Step]]]:
-    """The members' rows in forwards of at most ``limit`` rows (``KVArena.max_rows``: past it a
+    """The members' rows in forwards of at most ``limit`` rows (``KVManager.max_rows``: past it a
     row's bits could depend on the others), in order; a member asking more runs alone."""
     groups: list[list[tuple[Member, Step]]] = []
     rows = limit + 1

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specfree.adapters.arena import shared_prefix
+from specfree.adapters.kv_manager import shared_prefix
 from specfree.adapters.protocol import Adapter
 from specfree.files import DEFAULT_CACHE
 from specfree.cost import CostModel

@@ -59,7 +59,7 @@ def test_each_request_of_a_batch_is_its_own_greedy_decoding(family, spec, priced
     requests = [dict(prompt=p, max_new_tokens=m, logprobs=1) for p, m in zip(prompt_list, max_new)]
     batch = Batch(engine, max_batch)
     results = drive(batch, requests, arrivals)
-    assert batch.arena.entries == 0  # every request's KV left with it
+    assert batch.kv.entries == 0  # every request's KV left with it
     for i, request in enumerate(requests):
         alone = engine.generate(request["prompt"], request["max_new_tokens"], logprobs=1)
         assert results[i].tokens == alone.tokens == reference_greedy(model, request["prompt"],
@@ -127,7 +127,7 @@ def test_a_request_that_fails_ends_alone():
     assert isinstance(results[1], ValueError)
     for i in (0, 2):
         assert results[i].tokens == reference_greedy(model, requests[i]["prompt"], 16, ignore_eos=True)
-    assert batch.arena.entries == 0
+    assert batch.kv.entries == 0
 
 
 def test_a_held_prompt_is_adopted_by_the_next_request_that_starts_with_it():
@@ -138,13 +138,13 @@ def test_a_held_prompt_is_adopted_by_the_next_request_that_starts_with_it():
     batch = Batch(engine, 2, hold_prompts=True)
     first = [5, 6, 7, 8, 9, 10]
     done = drive(batch, [dict(prompt=first, max_new_tokens=12, ignore_eos=True, logprobs=0)], [0])[0]
-    assert batch.arena.entries > 0  # held
+    assert batch.kv.entries > 0  # held
     second = first + done.tokens + [11, 12, 13]
     again = drive(batch, [dict(prompt=second, max_new_tokens=12, ignore_eos=True, logprobs=0)], [0])[0]
     assert again.cached_tokens == len(first) + len(done.tokens) - 1
     assert again.logprobs == engine.generate(second, 12, ignore_eos=True, logprobs=0).logprobs
     batch.close()
-    assert batch.arena.entries == 0
+    assert batch.kv.entries == 0
 
 
 def test_generate_batch_returns_one_generation_per_prompt_in_order():
@@ -180,7 +180,7 @@ def test_bad_batch_arguments_are_one_clear_error():
     with pytest.raises(ConfigError, match="max_new_tokens"):
         Batch(engine, 1).add([5, 6], max_new_tokens=0)
     batch.close()
-    assert batch.arena.entries == 0
+    assert batch.kv.entries == 0
 
 
 def test_the_suffix_drafters_of_a_batch_share_one_store():

@@ -21,6 +21,7 @@ from specfree.adapters.compiled import compiled_adapter, make_adapter
 from specfree.adapters.hf import HFAdapter
 from specfree.adapters.kv_buffers import StaticSlots
 from specfree.adapters.packaged import step_leaves
+from specfree.batching import Batch
 from specfree.check import check_against_baseline
 from specfree.errors import ConfigError
 from specfree.kernels.tree_attention import LONG_ROWS
@@ -251,7 +252,8 @@ def test_slots_grow_in_tiers_and_output_stays_plain():
     result = Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 60)
     assert adapter.store.slots.capacity >= len(prompt) + len(result.tokens) > 64  # grew 16 -> 32 -> 64 -> 128
     assert result.tokens == reference_greedy(model, prompt, 60)
-    # the store owns the slots: the runner that wrote every step into them keeps none
+    # the store's KV manager owns the slots: the runner that wrote every step into them keeps none
+    assert adapter.store.kv.buffers is adapter.store.slots
     assert not [name for name, value in vars(adapter.runner).items() if isinstance(value, StaticSlots)]
 
 
@@ -343,6 +345,7 @@ def test_a_batch_on_a_package_gives_each_request_its_compiled_decoding(compiled_
     adapter = compiled_adapters[which]
     engine = engine_on(adapter, "prompt_lookup", {})
     assert engine.batch_off is None
+    assert Batch(engine, max_batch=3).kv is adapter.store.kv  # one owner of the slots: the adapter's manager
     prompt_list = [[5, 6, 7, 8] * 3, [9, 10] * 5, [11, 12, 13] * 2, [3 + (7 * i) % 120 for i in range(170)], [30, 31] * 4]
     together = engine.generate_batch(prompt_list, 20, max_batch=3, ignore_eos=True, logprobs=1)
     assert adapter.compiled and adapter.past_len == 0  # the slots are the adapter's again, empty

@@ -1,5 +1,11 @@
-"""KV buffers under the stores (``stores``): a cache whose layers grow in place (eager steps), static
-slots (compiled steps), keeping a step's accepted rows in them, and the name a forward gives its cache.
+"""KV buffers under the KV manager (``kv_manager``): a cache whose layers grow in place (eager
+steps, ``GrowingBuffers``), static slots (compiled steps, ``StaticSlots``), keeping a step's accepted
+rows in them, and the name a forward gives its cache.
+
+Both kinds offer one interface, the manager's only view of them: ``cache`` (what a forward writes),
+``room(entries)`` (make room; the mask's width), ``forward(runner, ids, positions, mask, prompt)``
+(run ``runner`` over them: the runner is given the buffers with the call and keeps none),
+``keep(keep, start)`` (move kept rows down), ``set_length(length)`` and ``reset()``.
 
 transformers' ``DynamicLayer`` appends a step's keys and values with ``torch.cat``, which copies
 the whole cache of every layer on every step. ``GrowingLayer`` keeps them in buffers with room
@@ -78,6 +84,34 @@ def growing_cache() -> Cache:
     return Cache(layer_class_to_replicate=GrowingLayer)
 
 
+class GrowingBuffers:
+    """The KV of eager forwards: a cache of ``GrowingLayer``s (cache index == entry), as wide as its
+    entries; prompts keep only their last row's logits."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.dtype, self.device = dtype, device
+        self.reset()
+
+    def room(self, entries: int) -> int:
+        return entries  # the layers grow as the forward writes
+
+    def forward(self, runner, ids: torch.Tensor, positions: torch.Tensor, mask, prompt: bool) -> torch.Tensor:
+        # ids, positions [1, B] -> logits [1, B, V] ([1, 1, V] for a prompt)
+        logits, self.cache = runner(ids, positions, mask, self.cache, 1 if prompt else 0)
+        return logits
+
+    def keep(self, keep: list[int], start: int) -> None:
+        keep_rows(self.cache.layers, keep, start, self.device)
+
+    def set_length(self, length: int) -> None:
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, :length]
+            layer.values = layer.values[:, :, :length]
+
+    def reset(self) -> None:
+        self.cache = growing_cache()
+
+
 class StaticSlots:
     """The KV store of compiled steps: preallocated slots (transformers' ``StaticLayer``) that never
     move, so a graph or a package compiled against them stays valid.
@@ -111,10 +145,11 @@ class StaticSlots:
             slots *= 2
         return slots
 
-    def room(self, needed: int) -> None:
-        """Room for ``needed`` slots: a larger tier when they do not fit (new graphs follow)."""
+    def room(self, needed: int) -> int:
+        """Room for ``needed`` slots: a larger tier when they do not fit (new graphs follow); returns
+        the slots a mask spans (every step attends over all of them)."""
         if needed <= self.capacity:
-            return
+            return self.capacity
         slots, layers = self.tier(needed), []
         for index, (key_shape, value_shape) in enumerate(self.layer_shapes):
             layer = StaticLayer(max_cache_len=slots)
@@ -129,6 +164,7 @@ class StaticSlots:
         self.cache = Cache(layers=layers)
         self.buffers = [t for layer in layers for t in (layer.keys, layer.values)]
         self.set_length(self.past)
+        return self.capacity
 
     def set_length(self, length: int) -> None:
         self.past = length
@@ -143,11 +179,39 @@ class StaticSlots:
             self.cache, self.buffers = None, []
         self.set_length(0)
 
-    def commit(self, keep: list[int], start: int) -> None:
-        """Keep the KV of the rows ``keep`` (ascending, keep[0] == 0) of the step that began at
-        slot ``start``; drop the rest (padding rows included)."""
+    def forward(self, runner, ids: torch.Tensor, positions: torch.Tensor, mask, prompt: bool) -> torch.Tensor | None:
+        """A step through the compiled ``runner`` (logits [1, B, V]); a prompt eagerly (a graph per
+        prompt length would never be reused; logits [1, 1, V]); ``mask=None``: a first prompt, plainly
+        causal from slot 0 (``_first_prompt``; no logits)."""
+        past, rows = self.past, ids.shape[1]
+        self.room(past + rows)
+        if mask is None:
+            self._first_prompt(runner, ids, positions)
+            self.set_length(rows)
+            return None
+        if prompt:
+            logits = runner.eager(ids, positions, mask, self, logits_to_keep=1)
+            self.set_length(past + rows)
+            return logits
+        # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
+        logits, _ = runner(ids.clone(), positions.clone(), mask, self)
+        self.past = past + rows
+        return logits
+
+    def _first_prompt(self, runner, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """Run over a cache exactly the prompt's length, where attention is plainly causal (no mask
+        over the empty slots after it; a long prompt takes SDPA's causal path, which skips the
+        hidden half), then copy its keys and values into the slots."""
+        cache = growing_cache()
+        runner.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                     **{runner.cache_name: cache})
+        q = ids.shape[1]
+        for grown, slot in zip(cache.layers, self.cache.layers, strict=True):
+            slot.keys[:, :, :q] = grown.keys
+            slot.values[:, :, :q] = grown.values
+
+    def keep(self, keep: list[int], start: int) -> None:
         keep_rows(self.cache.layers, keep, start, self.device)
-        self.set_length(start + len(keep))
 
 
 def keep_rows(layers, keep: list[int], start: int, device: torch.device) -> None:

@@ -3,13 +3,14 @@
 Every runner is called the same way: ``runner(ids, positions, mask, cache, logits_to_keep=0)``
 (ids, positions [1, B]) returns the rows' logits [1, B, V] and the cache the step wrote into (a
 family may make its own on the first forward); ``rows_for(rows)`` says the row count a step runs at
-(padding included) and ``compiled`` whether it runs compiled code. A runner owns no KV: the cache
-is its caller's (a store's, or a batch's arena), given with each call.
+(padding included), ``exact_rows`` the most rows a forward takes with every row exact, and
+``compiled`` whether it runs compiled code. A runner owns no KV: the cache is the KV manager's
+(``kv_manager``), given with each call.
 
 - ``EagerRunner``: plain eager forwards over the cache a store gives it (growing, recurrent).
 
-The compiled runners are given static KV slots (``kv_buffers.StaticSlots``, the ``SlotStore``'s) and
-write a step's KV into them at past..past+B. Each can run the same step eagerly, and does so, with
+The compiled runners are given static KV slots (``kv_buffers.StaticSlots``, a manager's) and write
+a step's KV into them at past..past+B. Each can run the same step eagerly, and does so, with
 one warning, when its compiler fails: slower, never wrong.
 
 - ``PackageRunner``: one AOTInductor package (``packaged.py``) for every row count up to
@@ -33,6 +34,7 @@ from specfree.adapters.kv_buffers import StaticSlots, cache_argument, cache_in
 from specfree.adapters.packaged import MAX_ROWS as PACKAGE_MAX_ROWS
 from specfree.adapters.packaged import StepPackage
 from specfree.kernels import linear_path
+from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.masks.bucketed import ROW_BUCKETS, bucket_for
 
 # A graph per (row bucket, slot tier); dynamo's default limit of 8 per function is too few.
@@ -52,6 +54,7 @@ class EagerRunner:
     position ids (Mamba-style models pass unknown arguments on to their kernels)."""
 
     compiled, compile_s, failure = False, 0.0, None
+    exact_rows = LONG_ROWS  # rows the row-exact attention operator takes
 
     def __init__(self, model: torch.nn.Module, cache_name: str | None, takes_positions: bool = True):
         self.model, self.cache_name, self.takes_positions = model, cache_name, takes_positions
@@ -70,6 +73,8 @@ class EagerRunner:
 
 class StepRunner:
     """What the compiled runners share: the eager fallback, compile time and failure bookkeeping."""
+
+    exact_rows = min(LONG_ROWS, PACKAGE_MAX_ROWS)  # more rows would leave the package for eager code
 
     def __init__(self, model: torch.nn.Module):
         self.model = model

@@ -1,4 +1,4 @@
-"""KV stores: where a step's rows keep their keys and values, one class per way of keeping them.
+"""KV stores: how one sequence's steps run over its KV, one class per kind of KV.
 
 Every store offers the same interface to ``HFAdapter``: ``past`` (tokens kept), ``reset()``,
 ``prefill(ids)`` (keep a prompt's KV, no logits), ``run(tokens, allowed, positions)`` (a step's
@@ -6,18 +6,20 @@ logits; ``allowed=None``: plain causal rows), ``run_plain(tokens, positions)`` (
 model's own causal mask, the probes' reference) and ``keep(keep, rows)`` (keep the KV of the step's
 rows ``keep``, drop the rest). A store runs its forwards through a runner (``runners``).
 
-- ``GrowingStore``: a cache of ``kv_buffers.GrowingLayer``s growing in place; kept rows move down, the
-  tail is cut: no second forward.
+- ``GrowingStore``: one sequence of a ``KVManager`` over growing buffers (eager forwards); kept rows
+  move down, the tail is cut: no second forward.
+- ``SlotStore``: one sequence of a ``KVManager`` over a compiled runner's static slots.
 - ``RecurrentStore``: recurrent states (or a family's own cache), snapshot before a chain, put back
   and the kept rows replayed after a rejection (``recurrent``).
 - ``RerunStore``: the token ids of a model without a KV cache, which runs the whole sequence again.
-- ``SlotStore``: static slots (``kv_buffers.StaticSlots``) a compiled runner's steps write into.
 
-Each store owns its KV: it grows it, commits and crops rows; the runner it calls reads and writes
-the KV it is given with each call and keeps none (a batch's ``arena.KVArena`` borrows a
-``SlotStore``'s slots while it runs). A new store is one subclass of ``KVStore`` and one entry in
-``STORES``; ``Capabilities.store`` names the eager store a model needs, and an adapter given a
-compiled runner keeps its KV in a ``SlotStore``.
+Rows of KV have one owner, the KV manager (``kv_manager``): it holds the buffers, appends a
+forward's rows, commits and drops them, for the eager and compiled paths alike; a store lays out
+its sequence's rows and masks, and a batch runs several sequences over a manager of the same class.
+A recurrent store keeps its states itself: they hold no rows to move, and a rejection puts a
+snapshot back. A new store is one subclass of ``KVStore`` and one entry in ``STORES``;
+``Capabilities.store`` names the eager store a model needs, and an adapter given a compiled runner
+keeps its KV in a ``SlotStore``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import torch
 
 from specfree.adapters import recurrent
 from specfree.adapters.capabilities import Capabilities, causal, model_device
-from specfree.adapters.kv_buffers import StaticSlots, growing_cache, keep_rows
+from specfree.adapters.kv_buffers import GrowingBuffers, StaticSlots
+from specfree.adapters.kv_manager import KVManager
 from specfree.masks.bucketed import pad_rows
 
 
@@ -72,20 +75,9 @@ class KVStore:
         return self.caps.windows.mask(allowed, past, positions, self.dtype, self.device, slots)
 
 
-class GrowingStore(KVStore):
-    """A cache of ``kv_buffers.GrowingLayer``s (no sliding-window layers: cache index == position); a
-    mask only where rows are not plain causal, a window is exceeded, or chains take specfree's."""
-
-    def __init__(self, model, caps: Capabilities, runner):
-        super().__init__(model, caps, runner)
-        self.reset()
-
-    @property
-    def past(self) -> int:
-        return self.cache.get_seq_length()
-
-    def reset(self) -> None:
-        self.cache = recurrent.new_cache(self.model, self.caps.cache_kind)
+class CacheStore(KVStore):
+    """Eager forwards over a transformers cache: a mask only where rows are not plain causal, a window
+    is exceeded, or chains take specfree's (what ``GrowingStore`` and ``RecurrentStore`` share)."""
 
     def prefill(self, ids: torch.Tensor) -> None:
         past, q = self.past, ids.numel()
@@ -108,42 +100,62 @@ class GrowingStore(KVStore):
         return self._mask(causal(q) if allowed is None else allowed, past, positions)
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
-        logits, self.cache = self.runner(tokens.to(self.device)[None], positions.to(self.device)[None], mask,
-                                         self.cache, logits_to_keep)
-        return logits[0]
+        """Logits [q, V] of the rows (``logits_to_keep=1``: the last row's); their KV is kept."""
+        raise NotImplementedError
+
+
+class GrowingStore(CacheStore):
+    """One sequence of a ``KVManager`` over growing buffers (no sliding-window layers: cache index
+    == position)."""
+
+    def __init__(self, model, caps: Capabilities, runner):
+        super().__init__(model, caps, runner)
+        self.kv = KVManager(GrowingBuffers(self.dtype, self.device), runner, caps.windows)
+        self.reset()
+
+    @property
+    def cache(self):
+        return self.kv.buffers.cache
+
+    @property
+    def past(self) -> int:
+        return self.kv.entries  # the sequence is its manager's only one
+
+    def reset(self) -> None:
+        self.kv.reset()
+        self.seq, _ = self.kv.join()
+
+    def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
+        return self.kv.forward([(self.seq, tokens.numel())], tokens, positions, mask, prompt=logits_to_keep == 1)
 
     def keep(self, keep: list[int], rows: int) -> None:
-        start, n = self.past - rows, len(keep)
-        keep_rows(self.cache.layers, keep, start, self.device)
-        self.crop(start + n)
+        self.kv.commit(rows, [(0, keep)])
 
     croppable = True
 
     def crop(self, length: int) -> None:
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, :length]
-            layer.values = layer.values[:, :, :length]
+        self.kv.truncate(length)
 
 
-class RecurrentStore(GrowingStore):
-    """Recurrent states beside attention KV, or a family's own cache (chains only). A chain's step
-    snapshots the states; a rejection puts them back and runs the kept rows again, through only the
-    state-writing mixers where they can be found (``replay``), else through the whole model."""
+class RecurrentStore(CacheStore):
+    """Recurrent states beside attention KV, or a family's own cache (chains only), kept here. A
+    chain's step snapshots the states; a rejection puts them back and runs the kept rows again,
+    through only the state-writing mixers where they can be found (``replay``), else through the
+    whole model."""
 
     def __init__(self, model, caps: Capabilities, runner):
         super().__init__(model, caps, runner)
+        self.reset()
         self.replay = recurrent.MixerReplay.find(model, self.cache, lambda: self.prefill(torch.arange(3, 6))) \
             if caps.cache_kind == "states" else None
         self.reset()
-
-    croppable = False  # a recurrent state holds no rows to cut
 
     @property
     def past(self) -> int:
         return self._length  # recurrent layers have no sequence axis to read it from
 
     def reset(self) -> None:
-        super().reset()
+        self.cache = recurrent.new_cache(self.model, self.caps.cache_kind)
         self._length = 0
         self._step: tuple | None = None
 
@@ -165,10 +177,10 @@ class RecurrentStore(GrowingStore):
                 hook.remove()
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
-        logits = super()._forward(tokens, positions, mask, logits_to_keep)
+        logits, self.cache = self.runner(tokens.to(self.device)[None], positions.to(self.device)[None], mask,
+                                         self.cache, logits_to_keep)
         self._length += tokens.numel()
-        return logits
-
+        return logits[0]
     def keep(self, keep: list[int], rows: int) -> None:
         """Keep the first ``len(keep)`` rows of the chain: when some were rejected, put the states
         back as they were before the step and run the kept rows again (their logits are not needed)."""
@@ -219,46 +231,35 @@ class RerunStore(KVStore):
 
 
 class SlotStore(KVStore):
-    """Static KV slots, owned here, that a compiled runner writes each step into: rows padded to the
-    row count the runner takes, every step masked over all slots; prompts run eagerly (a graph per
+    """One sequence of a ``KVManager`` over a compiled runner's static slots: rows padded to the row
+    count the runner takes, every step masked over all slots; prompts run eagerly (a graph per
     prompt length would never be reused), a first prompt over a cache of its own length whose keys
-    and values are then copied into the slots (``_first_prefill``)."""
+    and values are then copied into the slots (``StaticSlots.forward`` given no mask)."""
 
     def __init__(self, model, caps: Capabilities, runner, slots: StaticSlots):
         super().__init__(model, caps, runner)
-        self.slots = slots
-        self._start = 0  # the slot where the last step began: padding rows included
+        self.kv = KVManager(slots, runner, caps.windows)
+        self.seq, _ = self.kv.join()
+        self._rows = 0  # the last step's rows, padding included
+
+    @property
+    def slots(self) -> StaticSlots:
+        return self.kv.buffers
 
     @property
     def past(self) -> int:
-        return self.slots.past
+        return self.kv.entries  # the sequence is its manager's only one (a batch resets it first)
 
     def reset(self) -> None:
-        self.slots.reset()
+        self.kv.reset()
+        self.seq, _ = self.kv.join()
 
     def prefill(self, ids: torch.Tensor) -> None:
-        past, q = self.slots.past, ids.numel()
-        self.slots.room(past + q)
+        past, q = self.past, ids.numel()
         positions = torch.arange(past, past + q)
-        if past == 0 and self.caps.cache_kind == "growing" and self.caps.windows.narrowest is None:
-            self._first_prefill(ids.to(self.device)[None], positions.to(self.device)[None])
-        else:
-            self.runner.eager(ids.to(self.device)[None], positions.to(self.device)[None],
-                              self._mask(causal(q), past, positions, self.slots.capacity), self.slots,
-                              logits_to_keep=1)
-        self.slots.set_length(past + q)
-
-    def _first_prefill(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
-        """A prompt from the first slot: run over a cache exactly its length, where attention is
-        plainly causal (no mask over the empty slots after it; a long prompt takes SDPA's causal
-        path, which skips the hidden half), then its keys and values copied into the slots."""
-        cache = growing_cache()
-        self.runner.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
-                          **{self.runner.cache_name: cache})
-        q = ids.shape[1]
-        for grown, slot in zip(cache.layers, self.slots.cache.layers, strict=True):
-            slot.keys[:, :, :q] = grown.keys
-            slot.values[:, :, :q] = grown.values
+        first = past == 0 and self.caps.cache_kind == "growing" and self.caps.windows.narrowest is None
+        mask = None if first else self._mask(causal(q), past, positions, self.kv.columns(q))
+        self.kv.forward([(self.seq, q)], ids, positions, mask, prompt=True)
 
     def run(self, tokens: torch.Tensor, allowed: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         q = tokens.numel()
@@ -270,23 +271,17 @@ class SlotStore(KVStore):
 
     def _run(self, tokens: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] of rows already padded for the runner; their KV goes into slots past..past+B."""
-        past, rows = self.slots.past, tokens.numel()
-        self._start = past
-        self.slots.room(past + rows)
-        mask = self._mask(allowed, past, positions, self.slots.capacity)
-        # Fresh inference tensors: a graph's guards tell them from tensors made outside inference mode.
-        logits, _ = self.runner(tokens.to(self.device).clone()[None], positions.to(self.device).clone()[None], mask,
-                                self.slots)
-        self.slots.past = past + rows
-        return logits[0]
+        self._rows = tokens.numel()
+        mask = self._mask(allowed, self.past, positions, self.kv.columns(self._rows))
+        return self.kv.forward([(self.seq, self._rows)], tokens, positions, mask)
 
     def keep(self, keep: list[int], rows: int) -> None:
-        self.slots.commit(keep, self._start)
+        self.kv.commit(self._rows, [(0, keep)])  # padding rows dropped too
 
     croppable = True
 
     def crop(self, length: int) -> None:
-        self.slots.set_length(length)  # the slots past it are written over by the next rows
+        self.kv.truncate(length)  # the slots past it are written over by the next rows
 
     @contextmanager
     def eager_steps(self):
