@@ -131,6 +131,8 @@ def curve_notes(meta: dict) -> list[str]:
     """One line per measured curve, each point also as a multiple of the run's read-pass floor."""
     floor = min((meta.get("linear_curves_ms") or {}).get("read_pass", {}).values(), default=None)
     lines = [f"read-pass floor (every weight read once, no arithmetic; same run): {floor:.1f} ms"] if floor else []
+    if meta.get("llama_batched_bench"):  # llama.cpp's own curve: the command it ran, or why none
+        lines.append(f"llama.cpp's forward curve, {meta['llama_batched_bench']}")
     for key, what in (("linear_curves_ms", "linear layers alone, ms per pass"),
                       ("forward_curves_ms", "forward at 256 tokens of context, ms")):
         for name, curve in (meta.get(key) or {}).items():
@@ -153,12 +155,14 @@ def curve_notes(meta: dict) -> list[str]:
     return lines
 
 
-def cost_curves(model, eager, compiled) -> dict[str, Any]:
+def cost_curves(model, eager, compiled, gguf: Path | None, cache_dir: Path, threads: int) -> dict[str, Any]:
     """ms per pass over the model's linear layers alone (torch's kernels against specfree's), and
     per forward at 256 tokens of context: eager with torch's linear layers, eager with the kernel,
-    compiled. What decides how large a draft can pay on this machine."""
+    compiled, and llama.cpp's own on the model's GGUF (``llama_batched``, where its tool is built).
+    What decides how large a draft can pay on this machine."""
     from specfree.cost import CostModel
     from specfree.kernels import linear_path, stock_linears
+    from specfree.bench import llama_batched
     from specfree.bench.linear_curves import linear_curves
 
     def forward(adapter) -> dict[int, float]:
@@ -172,9 +176,14 @@ def cost_curves(model, eager, compiled) -> dict[str, Any]:
         forwards[f"eager, {linear_path(model)}"] = forward(eager)
     if compiled is not None:
         forwards[f"compiled, {compiled.linears}"] = forward(compiled)
+    meta: dict[str, Any] = {}
+    if gguf is not None:
+        curve, meta["llama_batched_bench"] = llama_batched.forward_curve(gguf, cache_dir, threads)
+        if curve is not None:
+            forwards[f"llama.cpp {llama_rows.gguf_precision(gguf)}, {llama_batched.NAME}"] = curve
     # The linear curves time CPU kernels (specfree's and torch's) on CPU tensors: on a GPU, forwards only.
     on_cpu = next(model.parameters()).device.type == "cpu"
-    return {"linear_curves_ms": linear_curves(model) if on_cpu else {}, "forward_curves_ms": forwards}
+    return {**meta, "linear_curves_ms": linear_curves(model) if on_cpu else {}, "forward_curves_ms": forwards}
 
 
 def compiled_adapter(model, settings: BenchSettings, slots: int):
@@ -247,7 +256,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
         store.meta["compiled_by"] = compiled.describe()
     if settings.bench.cost_curves and not settings.bench.resume:
         with Console(stderr=True).status("measuring the cost curves of the linear layers and the forward"):
-            store.meta.update(cost_curves(model, systems[0].engine.adapter, compiled))
+            store.meta.update(cost_curves(model, systems[0].engine.adapter, compiled, source, *outside[:2]))
     engine = systems[0].engine
     store.meta["verification"] = engine.adapter.capabilities.describe()  # trees, or chains and why
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),

@@ -38,10 +38,21 @@ START_TIMEOUT_S = 300  # loading a 7B file from a cold disk
 REQUEST_TIMEOUT_S = 3600
 
 
-def binary(cache_dir: Path) -> Path | None:
-    """The newest ``llama-server`` that ``scripts/build_llama_cpp.sh`` built under ``cache_dir``."""
-    found = sorted((cache_dir / "llama.cpp").glob("*/bin/llama-server"))
+def tool(cache_dir: Path, name: str) -> Path | None:
+    """The newest llama.cpp tool ``name`` that ``scripts/build_llama_cpp.sh`` built under ``cache_dir``."""
+    found = sorted((cache_dir / "llama.cpp").glob(f"*/bin/{name}"))
     return found[-1] if found else None
+
+
+def tool_env(exe: Path) -> dict[str, str]:
+    """The environment a tool runs in: its libraries sit beside it (the build's run path may name a
+    folder long gone)."""
+    return {**os.environ, "LD_LIBRARY_PATH": f"{exe.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+
+
+def binary(cache_dir: Path) -> Path | None:
+    """The newest ``llama-server`` built under ``cache_dir``."""
+    return tool(cache_dir, "llama-server")
 
 
 def select(baselines: Sequence[Any], source: Path | None, cache_dir: Path) -> list[Any]:
@@ -87,10 +98,8 @@ class Server:
                      "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx)]
         if spec_type != "none":
             self.args += ["--spec-type", spec_type]
-        # its libraries sit beside it (the build's run path may name a folder long gone)
-        env = {**os.environ, "LD_LIBRARY_PATH": f"{exe.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
         self.log = tempfile.TemporaryFile(mode="w+")  # its log, read only to say why it failed
-        self.process = subprocess.Popen(self.args, env=env, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        self.process = subprocess.Popen(self.args, env=tool_env(exe), stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         atexit.register(self.stop)
         self._wait_ready()
 

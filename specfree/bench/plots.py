@@ -102,14 +102,16 @@ def cost_curve_plot(meta: dict, path: Path) -> Path | None:
     for i, (key, title) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         floor = meta["linear_curves_ms"].get("read_pass") if meta.get("linear_curves_ms") else None
+        ticks: set[int] = set()  # every curve's rows (llama.cpp's curve has fewer points than specfree's)
         for name, curve in meta[key].items():
             rows = [int(r) for r in curve]
+            ticks.update(rows)
             if name != "read_pass":
                 ax.plot(rows, list(curve.values()), marker="o", label=name)
         if floor:  # the same line in both panels: what one read of the weights costs in this run
             ax.axhline(min(floor.values()), color="black", linestyle="--", linewidth=1, label="read-pass floor")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(rows, [str(r) for r in rows])
+        ax.set_xticks(sorted(ticks), [str(r) for r in sorted(ticks)])
         ax.set_ylim(bottom=0)
         ax.set_xlabel("rows in the call")
         ax.set_ylabel("ms")
