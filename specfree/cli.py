@@ -38,7 +38,7 @@ COMMANDS = {
     "bench": "benchmark strategies over a prompt file (bench=spec_bench or bench=custom)",
     "compare": "one table over decode multirun folders and bench outputs: compare DIR...",
     "ceiling": "how fast a perfect copier could have been on a bench run's outputs: ceiling DIR",
-    "replay": "strategies replayed on a bench run's outputs, priced on its curve: replay DIR [STRATEGY ...] [--flat F]",
+    "replay": "strategies replayed on a bench run's outputs, priced on its curve: replay DIR [STRATEGY ...] [--flat F] [--curve OTHER]",
     "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
     "datastore": "build a retrieval datastore from corpora or from the model's own answers",
     "serve": "an OpenAI-compatible server (/v1/chat/completions...) over one engine: serve serve.port=8000",

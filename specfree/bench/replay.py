@@ -7,7 +7,9 @@ per step and rows per step in seconds, without the model's forwards. Each system
 its decode speedup modelled, on the curve its engine priced on in the run (recorded since run Y;
 for older runs, and strategies the run did not have, the run's measured forward curve, at its
 reference context); ``--flat F`` prices the same steps on a curve where 8 rows cost F times one
-row, to ask what a flatter forward would buy. Each system's drafting time per step is timed too:
+row, to ask what a flatter forward would buy; ``--curve OTHER`` on the forward curve another bench
+run measured (``OTHER``: its bench.json or folder), to ask what the same drafts would buy on another
+model or machine (a 1-7B file's curve: the drafts of a small model priced as a large one's forward). Each system's drafting time per step is timed too:
 its strategy's and its pricing's own calls, which a live step adds to its forward (the replay's
 logits, built from the recorded top tokens, are not counted). What a replay cannot tell:
 
@@ -31,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specfree.bench import store as store_mod
-from specfree.bench.ceiling import _conversation_and_cost, run_engine
+from specfree.bench.ceiling import _conversation_and_cost, run_curve, run_engine
 from specfree.bench.metrics import BASELINE, COMPILED
 from specfree.bench.report import markdown_table, wide_console
 from specfree.cost import CostModel
@@ -185,31 +187,61 @@ def measured_tokens_per_step(records: Sequence[dict], label: str) -> float | Non
     return sum(len(t["tokens"]) for t in turns) / steps if steps else None
 
 
+USAGE = "usage: python -m specfree replay BENCH_JSON_OR_FOLDER [STRATEGY ...] [--flat F] [--curve OTHER_BENCH]"
+
+
+def _option(args: list[str], flag: str, what: str) -> str | None:
+    """The value after ``flag`` (both taken out of ``args``), None where it is absent."""
+    if flag not in args:
+        return None
+    i = args.index(flag)
+    if i + 1 >= len(args):
+        raise ConfigError(f"replay: {flag} takes {what}")
+    value = args[i + 1]
+    del args[i : i + 2]
+    return value
+
+
+def other_curve(source: str) -> tuple[CostModel, str]:
+    """The forward curve another bench run measured for its own path, and its name."""
+    _, other = store_mod.read_output(source, "replay --curve")
+    meta = other.get("meta", {})
+    found = run_curve(meta)
+    if found is None:
+        raise ConfigError(f"replay: --curve {source} recorded no forward curve: run its bench with "
+                          "bench.cost_curves=true")
+    name, cost = found
+    return cost, f"{meta.get('model', source)}'s {name} curve (--curve)"
+
+
 def main(args: Sequence[str], console: Console | None = None) -> int:
-    """Entry point of ``python -m specfree replay BENCH [STRATEGY ...] [--flat F]``; the table is
-    printed and written to ``replay.md`` beside the bench.json."""
+    """Entry point of ``python -m specfree replay BENCH [STRATEGY ...] [--flat F] [--curve OTHER]``;
+    the table is printed and written to ``replay.md`` (``replay_flat_F.md``, ``replay_curve.md``)
+    beside the bench.json."""
     from specfree.plugins import build_plugin_manager, registry
 
     args = list(args)
-    flat = None
-    if "--flat" in args:
-        i = args.index("--flat")
+    flat = _option(args, "--flat", "a number, the cost of 8 rows over one row (e.g. --flat 1.15)")
+    if flat is not None:
         try:
-            flat = float(args[i + 1])
-        except (IndexError, ValueError):
+            flat = float(flat)
+        except ValueError:
             raise ConfigError("replay: --flat takes a number, the cost of 8 rows over one row (e.g. --flat 1.15)") from None
         if flat < 1.0:
             raise ConfigError(f"replay: --flat {flat} would make 8 rows cheaper than one; pass 1.0 or more")
-        del args[i : i + 2]
+    source = _option(args, "--curve", "another bench run's bench.json or folder")
     if not args:
-        raise ConfigError("usage: python -m specfree replay BENCH_JSON_OR_FOLDER [STRATEGY ...] [--flat F]")
+        raise ConfigError(USAGE)
     path, data = store_mod.read_output(args[0], "replay")
     meta, records = data.get("meta", {}), data["records"]
     chosen = _strategies(args[1:], data.get("systems", []), registry(build_plugin_manager()))
+    elsewhere = other_curve(source) if source is not None else None  # checked before the model loads
     engine = run_engine(meta)  # its model also gives the logits of the recorded sequences
     contexts, cost, curve_name = _conversation_and_cost(meta, engine)
+    if elsewhere is not None:
+        cost, curve_name = elsewhere
     if flat is not None:
-        cost, curve_name = flattened(cost, flat), f"flattened: 8 rows {flat}x one row"
+        cost, curve_name = flattened(cost, flat), f"{curve_name + ', ' if elsewhere else ''}flattened: 8 rows {flat}x one row"
     model = engine.adapter.model
     turns = record_sequences(records, contexts, model)
     vocab, max_length = model.config.vocab_size, int(getattr(model.config, "max_position_embeddings", 1 << 20))
@@ -218,7 +250,7 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     body = []
     engines = meta.get("pricing_curves") or {}
     for label, strategy, priced in chosen:
-        own = label in engines and flat is None  # the curve this system's engine priced on
+        own = label in engines and flat is None and source is None  # the curve this system's engine priced on
         curve = CostModel.from_dict(engines[label]) if own else cost
         done = replay(strategy, turns, vocab, max_length, curve, Pricer(curve) if priced else None,
                       int(meta.get("max_new_tokens", 128)), price_context=own)
@@ -233,7 +265,8 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     for line in body:
         table.add_row(*line)
     (console or wide_console()).print(table)
-    out = path.parent / ("replay.md" if flat is None else f"replay_flat_{flat:g}.md")
+    out = path.parent / ("replay" + ("_curve" if source is not None else "") +
+                         ("" if flat is None else f"_flat_{flat:g}") + ".md")
     out.write_text(f"# Strategies replayed on the baseline's outputs\n\n{markdown_table(headers, body, left=1)}\n",
                    encoding="utf-8")
     return 0

@@ -93,3 +93,32 @@ def test_a_bench_records_the_curve_each_engine_priced_on_and_replay_prices_on_it
     console = Console(record=True, width=250, file=open("/dev/null", "w"))  # noqa: SIM115
     assert replay.main([str(run), *priced], console) == 0
     assert "its engine's curve, each step's context" in console.export_text()
+
+
+def other_run(run, folder, curves):
+    """A copy of ``run``'s bench.json in ``folder`` whose recorded forward curves are ``curves``."""
+    data = json.loads((run / "bench.json").read_text())
+    data["meta"]["forward_curves_ms"] = curves
+    folder.mkdir()
+    (folder / "bench.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_replay_prices_the_same_drafts_on_another_runs_curve(run, tmp_path):
+    """On a curve where any number of rows costs one row, the modelled speedup is the tokens a step."""
+    from rich.console import Console
+
+    rows = ["1", "2", "4", "8", "16", "32"]
+    flat = other_run(run, tmp_path / "flat", {"eager, few_row-coded-avx2": dict.fromkeys(rows, 10.0)})
+    console = Console(record=True, width=250, file=open("/dev/null", "w"))  # noqa: SIM115
+    assert replay.main([str(run), "--curve", str(flat)], console) == 0
+    written = (run / "replay_curve.md").read_text()
+    assert "'s eager, few_row-coded-avx2 curve (--curve)" in written
+    lines = [line.split("|") for line in written.splitlines() if line.startswith("| ") and "x |" in line]
+    assert len(lines) == 3  # the run's three strategies
+    for cells in lines:
+        assert cells[5].strip() == cells[2].strip() + "x"  # speedup on the flat curve == tokens per step
+    with pytest.raises(ConfigError, match=r"--curve .* recorded no forward curve: run its bench with bench.cost_curves"):
+        replay.main([str(run), "--curve", str(other_run(run, tmp_path / "none", {}))])
+    with pytest.raises(ConfigError, match="--curve takes another bench run's bench.json or folder"):
+        replay.main([str(run), "--curve"])
