@@ -169,3 +169,20 @@ def test_codes_found_once_are_loaded_after_and_only_where_they_decode_exactly(tm
     pack_linears(plain, linear, lanes, coder)
     coder.save()
     assert coder.searched and not coder.codes and not (tmp_path / "plain").exists()
+
+
+def test_the_linear_curves_of_a_model_too_large_to_copy_measure_its_codes_alone():
+    """bench's cost curves where the dense variants' weight copies would not fit: the coded
+    variants only, on the codes the layers hold, and one line saying why."""
+    from specfree.bench.linear_curves import DENSE_COPIES, dense_bytes, linear_curves, linear_modules, no_room_for_copies
+
+    model = fresh_model("llama_gguf", seed=4)
+    HFAdapter(model, check_tree_mask=False)
+    need = DENSE_COPIES * dense_bytes(linear_modules(model))
+    assert no_room_for_copies(model, memory=need) is None
+    why = no_room_for_copies(model, memory=need - 1)
+    assert why is not None and why.startswith(f"{DENSE_COPIES} unpacked copies of the weights need ")
+    assert no_room_for_copies(model, copies=1, memory=need // DENSE_COPIES) is None
+    curves = linear_curves(model, rows=(1, 3), rounds=1, dense=False)
+    assert set(curves) == {f"few_row-coded-{ISA}", f"few_row-coded-int8-{ISA}"}
+    assert all(ms > 0 for per_rows in curves.values() for ms in per_rows.values())

@@ -131,6 +131,11 @@ def curve_notes(meta: dict) -> list[str]:
     """One line per measured curve, each point also as a multiple of the run's read-pass floor."""
     floor = min((meta.get("linear_curves_ms") or {}).get("read_pass", {}).values(), default=None)
     lines = [f"read-pass floor (every weight read once, no arithmetic; same run): {floor:.1f} ms"] if floor else []
+    for key, what in (("linear_curves_skipped", "linear layers alone: the dense variants (blas, oneDNN, panels, "
+                                                "the read-pass floor) not measured, only the codes"),
+                      ("library_forward_skipped", "forward with torch's linear layers not measured")):
+        if meta.get(key):  # left out for want of memory
+            lines.append(f"{what}: {meta[key]}")
     if meta.get("llama_batched_bench"):  # llama.cpp's own curve: the command it ran, or why none
         lines.append(f"llama.cpp's forward curve, {meta['llama_batched_bench']}")
     for key, what in (("linear_curves_ms", "linear layers alone, ms per pass"),
@@ -163,27 +168,33 @@ def cost_curves(model, eager, compiled, gguf: Path | None, cache_dir: Path, thre
     from specfree.cost import CostModel
     from specfree.kernels import linear_path, stock_linears
     from specfree.bench import llama_batched
-    from specfree.bench.linear_curves import linear_curves
+    from specfree.bench.linear_curves import linear_curves, no_room_for_copies
 
     def forward(adapter) -> dict[int, float]:
         curve = CostModel.measure(adapter, context=256)
         return {int(r): round(1e3 * s, 2) for r, s in zip(curve.rows, curve.seconds)}
 
-    forwards = {}
-    with stock_linears(model):
-        forwards["eager, library linears"] = forward(eager)
+    forwards: dict[str, dict[int, float]] = {}
+    meta: dict[str, Any] = {}
+    meta["library_forward_skipped"] = no_room_for_copies(model, copies=1)  # torch's layers unpack every weight
+    if meta["library_forward_skipped"] is None:
+        with stock_linears(model):
+            forwards["eager, library linears"] = forward(eager)
     if linear_path(model) != "library":
         forwards[f"eager, {linear_path(model)}"] = forward(eager)
     if compiled is not None:
         forwards[f"compiled, {compiled.linears}"] = forward(compiled)
-    meta: dict[str, Any] = {}
     if gguf is not None:
         curve, meta["llama_batched_bench"] = llama_batched.forward_curve(gguf, cache_dir, threads)
         if curve is not None:
             forwards[f"llama.cpp {llama_rows.gguf_precision(gguf)}, {llama_batched.NAME}"] = curve
     # The linear curves time CPU kernels (specfree's and torch's) on CPU tensors: on a GPU, forwards only.
     on_cpu = next(model.parameters()).device.type == "cpu"
-    return {**meta, "linear_curves_ms": linear_curves(model) if on_cpu else {}, "forward_curves_ms": forwards}
+    linears = {}
+    if on_cpu:
+        meta["linear_curves_skipped"] = no_room_for_copies(model)
+        linears = linear_curves(model, dense=meta["linear_curves_skipped"] is None)
+    return {**meta, "linear_curves_ms": linears, "forward_curves_ms": forwards}
 
 
 def compiled_adapter(model, settings: BenchSettings, slots: int):

@@ -30,6 +30,10 @@ its products. Variants:
   graph per row count, minutes for a real model).
 
 Rows take turns within each round, rounds repeat, and the best pass per (variant, rows) is kept.
+Every variant but the coded ones multiplies float32 (or 16-bit) copies of the weights, several at
+once; where those copies would not fit in the memory available (a 7B file held as codes on a
+24 GB machine: ``no_room_for_copies`` says why), ``dense=False`` measures only the coded variants,
+on the codes the engine's layers hold.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfree.kernels import UnpackedLinear, has_amx, load_kernels
+from specfree.kernels import UnpackedLinear, available_memory, has_amx, load_kernels
 from specfree.kernels.codes import PRECISIONS, CodedLinear, find_codes
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.panels import LANES, PanelLinear, pack
@@ -50,6 +54,9 @@ from specfree.kernels.tiles import pack_tiles
 
 ROWS = (1, 2, 4, 8, 16)
 STREAMS = (1, 2, 4, 8)  # how many side-by-side streams a thread reads in the floor's pass
+# Copies of the weights alive at once while the dense variants run: unpacked, packed for each of two
+# ISA paths, and oneDNN's packed copy.
+DENSE_COPIES = 4
 
 
 def linear_modules(model: nn.Module) -> list[nn.Module]:
@@ -61,6 +68,17 @@ def linear_modules(model: nn.Module) -> list[nn.Module]:
             seen.add(key)
             out.append(module)
     return out
+
+
+def dense_bytes(modules: Sequence[nn.Module]) -> int:
+    """The bytes of one unpacked copy of every layer's weight, in its dtype."""
+    total = 0
+    for m in modules:
+        if isinstance(m, PanelLinear):
+            total += m.out_features * m.in_features * m.panels.element_size()
+        else:
+            total += m.weight.numel() * m.weight.element_size()
+    return total
 
 
 def weight_and_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -115,10 +133,24 @@ def _inductor_passes(layers, rows: Sequence[int]) -> dict[int, Callable]:
     return passes
 
 
+def no_room_for_copies(model: nn.Module, copies: int = DENSE_COPIES, memory: int | None = None) -> str | None:
+    """Why ``copies`` unpacked copies of the model's linear weights cannot be made here (they would
+    not fit in ``memory``, default what the OS says is available), None where they can."""
+    memory = available_memory() if memory is None else memory
+    need = copies * dense_bytes(linear_modules(model))
+    if memory is None or need <= memory:
+        return None
+    return f"{copies} unpacked cop{'y' if copies == 1 else 'ies'} of the weights need {need / 2**30:.1f} GB, " \
+           f"{memory / 2**30:.1f} GB available"
+
+
 def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5, inductor: bool = False,
-                  progress: Callable[[str], None] | None = None) -> dict[str, dict[int, float]]:
-    """Milliseconds per pass over the model's linear layers, per variant and row count."""
+                  progress: Callable[[str], None] | None = None, dense: bool = True) -> dict[str, dict[int, float]]:
+    """Milliseconds per pass over the model's linear layers, per variant and row count
+    (``dense=False``: the coded variants only, no copy of any weight)."""
     modules = linear_modules(model)
+    if not dense:
+        return _best(_coded_passes(modules, rows), rows, rounds)
     layers = [weight_and_bias(m) for m in modules]
     variants: dict[str, Callable] = {"blas": lambda x, w, b: F.linear(x, w, b)}
     onednn = _onednn(layers)
@@ -177,6 +209,30 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
         if progress:
             progress("compiling Inductor's C++ GEMM for each row count")
         passes["inductor_cpp"] = _inductor_passes(layers, rows)
+    return _best(passes, rows, rounds)
+
+
+def _coded_passes(modules: Sequence[nn.Module], rows: Sequence[int]) -> dict[str, dict[int, Callable]]:
+    """The coded variants alone, on the codes (and panels) the engine's layers hold: no copies."""
+    isa = load_kernels(progress=False)
+    held = [m for m in modules if isinstance(m, PanelLinear)]
+    if isa is None or not any(isinstance(m, CodedLinear) for m in held):
+        return {}
+    activations = {m: {k: torch.randn(m, k) for k in {layer.in_features for layer in held}} for m in rows}
+    passes = {}
+    for precision in PRECISIONS:
+        products = [(lambda x, c=m.coded, b=m.bias, n=m.out_features, precision=precision: c.linear(
+            x, b, n, isa, precision)) if isinstance(m, CodedLinear) else
+            (lambda x, p=m.panels, b=m.bias, n=m.out_features: torch.ops.specfree.panel_linear(x, p, b, n, isa))
+            for m in held]
+        name = f"few_row-coded-{isa}" if precision == "exact" else f"few_row-coded-{precision}-{isa}"
+        passes[name] = {r: (lambda xs=activations[r], products=products:
+                            [f(xs[m.in_features]) for f, m in zip(products, held)]) for r in rows}
+    return passes
+
+
+def _best(passes: dict[str, dict[int, Callable]], rows: Sequence[int], rounds: int) -> dict[str, dict[int, float]]:
+    """The best pass per (variant, rows) in ms: rows take turns within each round, round 0 warms up."""
     best = {name: {m: float("inf") for m in rows} for name in passes}
     with torch.no_grad():
         for round_ in range(rounds + 1):  # round 0 warms up
