@@ -69,8 +69,8 @@ class HFAdapter:
         codes, ``"few_row_fp32"`` the same with every weight kept float32, ``"library"`` keeps
         torch's ``F.linear``. ``precision``: how layers held as codes multiply, ``"exact"`` (float32
         activations) or ``"int8"`` (8-bit activations, ``kernels.codes.PRECISIONS``). ``runner``: a
-        compiled runner, and ``slots``: the static KV slots its steps run over (held by the adapter's
-        ``SlotStore``, their one owner), instead of eager forwards over a growing cache; tree-verified
+        compiled runner, and ``slots``: the static KV slots its steps run over (held by the KV manager
+        of the adapter's ``SlotStore``, their one owner), instead of eager forwards over a growing cache; tree-verified
         models only. ``capabilities``: the record ``probes.inspect_model`` made for
         this model (given: no probes run); ``check_tree_mask=False`` skips the probes."""
         structure = capabilities or model_structure(model)  # refusals first, before any kernel is swapped

@@ -9,6 +9,7 @@ rows ``keep``, drop the rest). A store runs its forwards through a runner (``run
 - ``GrowingStore``: one sequence of a ``KVManager`` over growing buffers (eager forwards); kept rows
   move down, the tail is cut: no second forward.
 - ``SlotStore``: one sequence of a ``KVManager`` over a compiled runner's static slots.
+  (Both are ``SequenceStore``s: a sequence alone in its manager.)
 - ``RecurrentStore``: recurrent states (or a family's own cache), snapshot before a chain, put back
   and the kept rows replayed after a rejection (``recurrent``).
 - ``RerunStore``: the token ids of a model without a KV cache, which runs the whole sequence again.
@@ -104,37 +105,45 @@ class CacheStore(KVStore):
         raise NotImplementedError
 
 
-class GrowingStore(CacheStore):
-    """One sequence of a ``KVManager`` over growing buffers (no sliding-window layers: cache index
-    == position)."""
+class SequenceStore(KVStore):
+    """One sequence of a ``KVManager`` over ``buffers``, alone in it: what ``GrowingStore`` and
+    ``SlotStore`` share (its entries are the manager's; cropping cuts the manager back)."""
 
-    def __init__(self, model, caps: Capabilities, runner):
+    croppable = True
+
+    def __init__(self, model, caps: Capabilities, runner, buffers):
         super().__init__(model, caps, runner)
-        self.kv = KVManager(GrowingBuffers(self.dtype, self.device), runner, caps.windows)
+        self.kv = KVManager(buffers, runner, caps.windows)
         self.reset()
 
     @property
-    def cache(self):
-        return self.kv.buffers.cache
-
-    @property
     def past(self) -> int:
-        return self.kv.entries  # the sequence is its manager's only one
+        return self.kv.entries  # the sequence is its manager's only one (a batch resets it first)
 
     def reset(self) -> None:
         self.kv.reset()
         self.seq, _ = self.kv.join()
+
+    def crop(self, length: int) -> None:
+        self.kv.truncate(length)
+
+
+class GrowingStore(SequenceStore, CacheStore):
+    """One sequence of a ``KVManager`` over growing buffers (no sliding-window layers: cache index
+    == position)."""
+
+    def __init__(self, model, caps: Capabilities, runner):
+        super().__init__(model, caps, runner, GrowingBuffers(model.dtype, model_device(model)))
+
+    @property
+    def cache(self):
+        return self.kv.buffers.cache
 
     def _forward(self, tokens, positions, mask, logits_to_keep: int = 0) -> torch.Tensor:
         return self.kv.forward([(self.seq, tokens.numel())], tokens, positions, mask, prompt=logits_to_keep == 1)
 
     def keep(self, keep: list[int], rows: int) -> None:
         self.kv.commit(rows, [(0, keep)])
-
-    croppable = True
-
-    def crop(self, length: int) -> None:
-        self.kv.truncate(length)
 
 
 class RecurrentStore(CacheStore):
@@ -230,29 +239,19 @@ class RerunStore(KVStore):
         self.ids = self.ids[: self.past - rows + len(keep)]  # a chain: its first rows
 
 
-class SlotStore(KVStore):
+class SlotStore(SequenceStore):
     """One sequence of a ``KVManager`` over a compiled runner's static slots: rows padded to the row
     count the runner takes, every step masked over all slots; prompts run eagerly (a graph per
     prompt length would never be reused), a first prompt over a cache of its own length whose keys
     and values are then copied into the slots (``StaticSlots.forward`` given no mask)."""
 
     def __init__(self, model, caps: Capabilities, runner, slots: StaticSlots):
-        super().__init__(model, caps, runner)
-        self.kv = KVManager(slots, runner, caps.windows)
-        self.seq, _ = self.kv.join()
+        super().__init__(model, caps, runner, slots)
         self._rows = 0  # the last step's rows, padding included
 
     @property
     def slots(self) -> StaticSlots:
         return self.kv.buffers
-
-    @property
-    def past(self) -> int:
-        return self.kv.entries  # the sequence is its manager's only one (a batch resets it first)
-
-    def reset(self) -> None:
-        self.kv.reset()
-        self.seq, _ = self.kv.join()
 
     def prefill(self, ids: torch.Tensor) -> None:
         past, q = self.past, ids.numel()
@@ -277,11 +276,6 @@ class SlotStore(KVStore):
 
     def keep(self, keep: list[int], rows: int) -> None:
         self.kv.commit(self._rows, [(0, keep)])  # padding rows dropped too
-
-    croppable = True
-
-    def crop(self, length: int) -> None:
-        self.kv.truncate(length)  # the slots past it are written over by the next rows
 
     @contextmanager
     def eager_steps(self):

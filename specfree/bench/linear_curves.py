@@ -150,7 +150,7 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
     (``dense=False``: the coded variants only, no copy of any weight)."""
     modules = linear_modules(model)
     if not dense:
-        return _best(_coded_passes(modules, rows), rows, rounds)
+        return _best(_coded_passes(_held_layers(modules), rows), rows, rounds)
     layers = [weight_and_bias(m) for m in modules]
     variants: dict[str, Callable] = {"blas": lambda x, w, b: F.linear(x, w, b)}
     onednn = _onednn(layers)
@@ -187,17 +187,8 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
         coded = [m.coded if isinstance(m, CodedLinear) else find_codes(w, LANES[paths[-1]])
                  for m, (w, _) in zip(modules, layers)]
         if any(c is not None for c in coded):  # each layer as an engine holds it: codes, else panels
-            panels = [None if c is not None else pack(w, LANES[paths[-1]]) for c, (w, _) in zip(coded, layers)]
-            for precision in PRECISIONS:
-                products = [(lambda x, c=c, b=b, n=w.shape[0], precision=precision: c.linear(
-                    x, b, n, paths[-1], precision)) if c is not None else
-                    (lambda x, p=p, b=b, n=w.shape[0]: torch.ops.specfree.panel_linear(x, p, b, n, paths[-1]))
-                    for c, p, (w, b) in zip(coded, panels, layers)]
-                name = f"few_row-coded-{paths[-1]}" if precision == "exact" else f"few_row-coded-{precision}-{paths[-1]}"
-                passes[name] = {
-                    m: (lambda xs=activations[m], products=products: [f(xs[w.shape[1]]) for f, (w, _) in
-                                                                      zip(products, layers)])
-                    for m in rows}
+            passes.update(_coded_passes([(c, None if c is not None else pack(w, LANES[paths[-1]]), b, *w.shape)
+                                         for c, (w, b) in zip(coded, layers)], rows, paths[-1]))
     if has_amx() and all(w.dtype == torch.bfloat16 for w, _ in layers):  # as a bf16 engine's model runs them
         arena = HugePageArena()  # as an engine's model holds them
         tiles = [(pack_tiles(w, arena), b, w.shape[0]) for w, b in layers]
@@ -212,22 +203,28 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
     return _best(passes, rows, rounds)
 
 
-def _coded_passes(modules: Sequence[nn.Module], rows: Sequence[int]) -> dict[str, dict[int, Callable]]:
-    """The coded variants alone, on the codes (and panels) the engine's layers hold: no copies."""
-    isa = load_kernels(progress=False)
-    held = [m for m in modules if isinstance(m, PanelLinear)]
-    if isa is None or not any(isinstance(m, CodedLinear) for m in held):
+def _held_layers(modules: Sequence[nn.Module]) -> list[tuple]:
+    """The engine's packed layers as ``_coded_passes`` takes them: their codes (or None) and panels."""
+    return [(m.coded if isinstance(m, CodedLinear) else None, m.panels, m.bias, m.out_features, m.in_features)
+            for m in modules if isinstance(m, PanelLinear)]
+
+
+def _coded_passes(held: Sequence[tuple], rows: Sequence[int], isa: str | None = None) -> dict[str, dict[int, Callable]]:
+    """The coded variants, one per precision: each layer as an engine holds it, ``held`` as
+    (codes or None, panels where there are no codes, bias, n, k); {} where no layer holds codes or
+    the kernel cannot run (``isa`` None: the one it loads)."""
+    isa = isa or load_kernels(progress=False)
+    if isa is None or all(c is None for c, *_ in held):
         return {}
-    activations = {m: {k: torch.randn(m, k) for k in {layer.in_features for layer in held}} for m in rows}
+    activations = {r: {k: torch.randn(r, k) for *_, k in held} for r in rows}
     passes = {}
     for precision in PRECISIONS:
-        products = [(lambda x, c=m.coded, b=m.bias, n=m.out_features, precision=precision: c.linear(
-            x, b, n, isa, precision)) if isinstance(m, CodedLinear) else
-            (lambda x, p=m.panels, b=m.bias, n=m.out_features: torch.ops.specfree.panel_linear(x, p, b, n, isa))
-            for m in held]
+        products = [(lambda x, c=c, b=b, n=n, precision=precision: c.linear(x, b, n, isa, precision)) if c is not None
+                    else (lambda x, p=p, b=b, n=n: torch.ops.specfree.panel_linear(x, p, b, n, isa))
+                    for c, p, b, n, _ in held]
         name = f"few_row-coded-{isa}" if precision == "exact" else f"few_row-coded-{precision}-{isa}"
         passes[name] = {r: (lambda xs=activations[r], products=products:
-                            [f(xs[m.in_features]) for f, m in zip(products, held)]) for r in rows}
+                            [f(xs[k]) for f, (*_, k) in zip(products, held)]) for r in rows}
     return passes
 
 

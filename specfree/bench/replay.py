@@ -9,9 +9,10 @@ for older runs, and strategies the run did not have, the run's measured forward 
 reference context); ``--flat F`` prices the same steps on a curve where 8 rows cost F times one
 row, to ask what a flatter forward would buy; ``--curve OTHER`` on the forward curve another bench
 run measured (``OTHER``: its bench.json or folder), to ask what the same drafts would buy on another
-model or machine (a 1-7B file's curve: the drafts of a small model priced as a large one's forward). Each system's drafting time per step is timed too:
-its strategy's and its pricing's own calls, which a live step adds to its forward (the replay's
-logits, built from the recorded top tokens, are not counted). What a replay cannot tell:
+model or machine (a 1-7B file's curve: the drafts of a small model priced as a large one's
+forward). Each system's drafting time per step is timed too: its strategy's and its pricing's own
+calls, which a live step adds to its forward (the replay's logits, built from the recorded top
+tokens, are not counted). What a replay cannot tell:
 
 - a live engine's steps also take their own time, which the curve only models;
 - drafters that learn from the model's logits (recycling, logit_spec) see those of the rows the
@@ -188,6 +189,7 @@ def measured_tokens_per_step(records: Sequence[dict], label: str) -> float | Non
 
 
 USAGE = "usage: python -m specfree replay BENCH_JSON_OR_FOLDER [STRATEGY ...] [--flat F] [--curve OTHER_BENCH]"
+FLAT_TAKES = "a number, the cost of 8 rows over one row (e.g. --flat 1.15)"
 
 
 def _option(args: list[str], flag: str, what: str) -> str | None:
@@ -221,12 +223,12 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     from specfree.plugins import build_plugin_manager, registry
 
     args = list(args)
-    flat = _option(args, "--flat", "a number, the cost of 8 rows over one row (e.g. --flat 1.15)")
+    flat = _option(args, "--flat", FLAT_TAKES)
     if flat is not None:
         try:
             flat = float(flat)
         except ValueError:
-            raise ConfigError("replay: --flat takes a number, the cost of 8 rows over one row (e.g. --flat 1.15)") from None
+            raise ConfigError(f"replay: --flat takes {FLAT_TAKES}") from None
         if flat < 1.0:
             raise ConfigError(f"replay: --flat {flat} would make 8 rows cheaper than one; pass 1.0 or more")
     source = _option(args, "--curve", "another bench run's bench.json or folder")
@@ -241,7 +243,8 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     if elsewhere is not None:
         cost, curve_name = elsewhere
     if flat is not None:
-        cost, curve_name = flattened(cost, flat), f"{curve_name + ', ' if elsewhere else ''}flattened: 8 rows {flat}x one row"
+        flat_name = f"flattened: 8 rows {flat}x one row"
+        cost, curve_name = flattened(cost, flat), f"{curve_name}, {flat_name}" if elsewhere else flat_name
     model = engine.adapter.model
     turns = record_sequences(records, contexts, model)
     vocab, max_length = model.config.vocab_size, int(getattr(model.config, "max_position_embeddings", 1 << 20))
@@ -250,7 +253,8 @@ def main(args: Sequence[str], console: Console | None = None) -> int:
     body = []
     engines = meta.get("pricing_curves") or {}
     for label, strategy, priced in chosen:
-        own = label in engines and flat is None and source is None  # the curve this system's engine priced on
+        # the curve this system's engine priced on, unless another was asked for
+        own = label in engines and flat is None and source is None
         curve = CostModel.from_dict(engines[label]) if own else cost
         done = replay(strategy, turns, vocab, max_length, curve, Pricer(curve) if priced else None,
                       int(meta.get("max_new_tokens", 128)), price_context=own)
