@@ -211,6 +211,24 @@ def test_compiled_verify_rows_equal_the_one_row_step_bit_for_bit(compiled_adapte
     assert torch.equal(chain, alone) and torch.equal(tree, alone)
 
 
+@pytest.mark.parametrize("which", sorted({("llama", PACKAGED), ("llama_gguf", PACKAGED), ("llama", "inductor")}))
+def test_a_compiled_step_computes_the_eager_steps_bits(compiled_adapters, which):
+    """The norms, rotary table and activation run specfree's ops (adapters/pinned.py), which Inductor
+    calls as they are: compiled logits equal the eager adapter's bit for bit, prompt and steps."""
+    from tests.test_tree_attention import CONTEXT, chain_and_tree_against_one_row
+
+    compiled = compiled_adapters[which]
+    if not compiled.kernel_linears:
+        pytest.skip("specfree's library cannot be built here")
+    pinned = {type(m).__name__ for m in compiled.model.modules()}
+    assert {"FusedRMSNorm", "PinnedRotary", "PinnedActivation"} <= pinned
+    eager = HFAdapter(tiny_model(which[0]), check_tree_mask=False)
+    continuation = torch.tensor([20, 21, 22, 23])
+    for got, expected in zip(chain_and_tree_against_one_row(compiled, CONTEXT, continuation),
+                             chain_and_tree_against_one_row(eager, CONTEXT, continuation)):
+        assert torch.equal(got, expected)
+
+
 def test_padding_rows_change_no_real_row():
     model = tiny_model("llama")
     eager = HFAdapter(model, check_tree_mask=False)

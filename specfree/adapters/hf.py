@@ -23,6 +23,7 @@ from specfree.adapters import probes
 from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_maskable_attention, use_tree_attention
 from specfree.adapters.capabilities import Capabilities, model_device, model_structure
 from specfree.adapters.norms import fuse_norms
+from specfree.adapters.pinned import pin_math
 from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.kv_buffers import StaticSlots, growing_cache
 from specfree.adapters.stores import STORES, KVStore, SlotStore
@@ -52,6 +53,7 @@ def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = DE
         use_tree_attention(model, cache_dir) or use_grouped_sdpa(model)
     kernel_linears = prepare_linears(model, linear_kernel, cache_dir, precision=precision)  # rows at one row's price
     fuse_norms(model)  # bit-identical, fewer dispatches per forward
+    pin_math(model)  # bit-identical; a compiled step then computes the eager step's bits
     return kernel_linears
 
 
@@ -68,7 +70,8 @@ class HFAdapter:
         holding a weight that is exactly a 4- or 8-bit code's values (a dequantized GGUF) as those
         codes, ``"few_row_fp32"`` the same with every weight kept float32, ``"library"`` keeps
         torch's ``F.linear``. ``precision``: how layers held as codes multiply, ``"exact"`` (float32
-        activations) or ``"int8"`` (8-bit activations, ``kernels.codes.PRECISIONS``). ``runner``: a
+        activations), ``"int8"`` (8-bit activations) or ``"auto"`` (int8 for a model read from a
+        quantized GGUF file, else exact: ``kernels.resolve_precision``). ``runner``: a
         compiled runner, and ``slots``: the static KV slots its steps run over (held by the KV manager
         of the adapter's ``SlotStore``, their one owner), instead of eager forwards over a growing cache; tree-verified
         models only. ``capabilities``: the record ``probes.inspect_model`` made for
@@ -185,6 +188,11 @@ class HFAdapter:
     def can_truncate(self) -> bool:
         """Whether ``truncate`` can cut the kept tokens back to a prefix (not recurrent or rerun stores)."""
         return self.store.croppable
+
+    @property
+    def exact_rows(self) -> int:
+        """The most rows one forward takes with every row's bits its own (the runner's)."""
+        return self.runner.exact_rows
 
     @property
     def rows_exact(self) -> bool:

@@ -6,6 +6,10 @@ Python and the dispatcher. ``torch.rms_norm`` runs the same operations in one ca
 checked before it is swapped. SmolLM2-135M has 61 norms: ~1.5 ms of a ~42 ms one-row forward on
 this project's 2-core CPU. Families whose norm computes something else (Gemma's ``1 + weight``)
 fail the check and keep their own.
+
+Where specfree's library is loaded the call goes through its op ``specfree::rms_norm`` (ATen's
+same kernel): Inductor would otherwise generate its own reduction, whose sum of squares rounds
+differently, and a compiled step would not have the eager step's bits (``pinned.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import torch
 from torch import nn
 
+from specfree.kernels.build import has_op
 from specfree.kernels.swap import swap_modules, swapped_modules
 
 
@@ -25,10 +30,13 @@ class FusedRMSNorm(nn.Module):
         super().__init__()
         self.weight = norm.weight
         self.eps = eps
+        self.pinned = has_op("rms_norm")  # through specfree's op: a compiled step calls it as it is
         self.__dict__["original"] = norm  # not a submodule: its weight is already registered here
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self._parameters["weight"]
+        if self.pinned:
+            return torch.ops.specfree.rms_norm(x, weight, self.eps)
         return torch.rms_norm(x, weight.shape, weight, self.eps)
 
     def to_original(self) -> nn.Module:

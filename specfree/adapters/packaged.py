@@ -12,7 +12,7 @@ The weights are not in the package: it is built with ``package_constants_in_so=F
 loaded, pointed at the model's own tensors (``load_constants(..., user_managed=True)``), so the
 process holds one copy of the weights however many packages or tiers it runs, and a package
 belongs to a model's architecture (its folder name fingerprints the config, the tensors' names,
-shapes and dtypes, and the kernels), not to one set of weights.
+shapes and dtypes, the layers' classes and the kernels), not to one set of weights.
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ def architecture_fingerprint(model: torch.nn.Module) -> str:
     # (int8 codes, float16 scales, K-type sub-scales...) call the op with other tensors
     for name, buffer in model.named_buffers(remove_duplicate=False):
         digest.update(f"{name}{tuple(buffer.shape)}{buffer.dtype}".encode())
+    # and which class each layer is: a swapped layer (a pinned twin, a kernel layer) traces other code
+    digest.update(",".join(type(module).__qualname__ for module in model.modules()).encode())
     return digest.hexdigest()[:16]
 
 

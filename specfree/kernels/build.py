@@ -18,7 +18,8 @@ SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
            Path(__file__).with_name("panel_linear.cpp"),
            Path(__file__).with_name("top_ids.cpp"),
            Path(__file__).with_name("tile_linear.cpp"),
-           Path(__file__).with_name("measure_ops.cpp"))  # one library, each source compiled side by side
+           Path(__file__).with_name("measure_ops.cpp"),
+           Path(__file__).with_name("pinned_ops.cpp"))  # one library, each source compiled side by side
 HEADERS = (Path(__file__).with_name("isa.h"),)  # included by every source
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 def kernel_dir(cache_dir: str | Path | None = None) -> Path:
@@ -169,6 +170,19 @@ def _register_fake() -> None:
     @torch.library.register_fake("specfree::read_pass")
     def _(tensors, streams=1):
         return torch.empty((), dtype=torch.float64)
+
+    @torch.library.register_fake("specfree::rms_norm")
+    def _(x, weight, eps):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake("specfree::rotary")
+    def _(positions, inv_freq, scaling, dtype):  # [B, T] -> two [B, T, 2 * len(inv_freq)]
+        shape = (*positions.shape, 2 * inv_freq.shape[-1])
+        return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
+
+    @torch.library.register_fake("specfree::activation")
+    def _(x, name):
+        return torch.empty_like(x)
 
     @torch.library.register_fake("specfree::tree_attention")
     def _(query, key, value, mask, scale, isa="auto", softcap=0.0):  # [B, H, Q, D] in, [B, Q, H, D] out
