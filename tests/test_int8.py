@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 from specfree import Engine
 from specfree.adapters.hf import HFAdapter
 from specfree.errors import ConfigError
-from specfree.kernels import linear_path, load_kernels, set_precision
+from specfree.kernels import linear_path, load_kernels, resolve_precision, set_precision
 from specfree.kernels.codes import CodedLinear, from_blocks
 from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
 from specfree.kernels.panels import LANES, pack
 from specfree.loading import load_model
+from specfree.settings import DEFAULTS
 from tests import tiny_models
 from tests.test_gguf import PROMPT, STRATEGIES, random_blocks, tiny_file
 from tests.test_tree_attention import CONTEXT, CONTINUATION, chain_and_tree_against_one_row
@@ -138,7 +139,7 @@ def test_an_unknown_precision_is_refused():
     codes = block_codes(random_blocks(T.Q4_0, 8, 1, 0), T.Q4_0, 8, 32)
     with pytest.raises(RuntimeError, match="precision must be exact or int8, not int4"):
         from_blocks(codes, lanes(PATHS[0])).linear(torch.randn(1, 32), None, 8, PATHS[0], "int4")
-    with pytest.raises(ConfigError, match="precision must be one of exact, int8, not 'fp8'"):
+    with pytest.raises(ConfigError, match="precision must be one of auto, exact, int8, not 'fp8'"):
         set_precision(torch.nn.Linear(2, 2), "fp8")
 
 
@@ -168,12 +169,25 @@ def test_every_strategy_is_lossless_at_int8_and_every_verify_row_equals_the_one_
     adapter = HFAdapter(model, check_tree_mask=False, precision="int8")
     chain, tree, alone = chain_and_tree_against_one_row(adapter, CONTEXT, CONTINUATION)
     assert torch.equal(chain, alone) and torch.equal(tree, alone)
-    exact = HFAdapter(model, check_tree_mask=False)  # the same model back at exact: other logits
+    exact = HFAdapter(model, check_tree_mask=False, precision="exact")  # the same model at exact: other logits
     assert linear_path(model) == f"few_row-coded-{ISA}"
     _, _, exact_alone = chain_and_tree_against_one_row(exact, CONTEXT, CONTINUATION)
     assert not torch.equal(exact_alone, alone)
     # near: the same model, its activations rounded to 8 bits (a random one amplifies that most in Q6_K)
     assert torch.nn.functional.cosine_similarity(alone, exact_alone, dim=-1).min() > 0.9
+
+
+def test_auto_runs_a_gguf_files_codes_at_int8_and_float_weights_exact(gguf_dir, tmp_path):
+    """The default: a model read from a quantized GGUF file gets the arithmetic llama.cpp's users get
+    from it; float weights that merely are some format's codes (found by the search) stay exact."""
+    from_file, _ = load_model(str(tiny_file(gguf_dir, T.Q4_0)), cache_dir=tmp_path)
+    rounded = tiny_models.tiny_model.__wrapped__("llama_gguf")
+    assert DEFAULTS.precision == "auto"
+    for model, expected in ((from_file, "int8"), (rounded, "exact")):
+        adapter = HFAdapter(model, check_tree_mask=False)
+        coded = [m for m in model.modules() if isinstance(m, CodedLinear)]
+        assert coded and {m.precision for m in coded} == {expected} and adapter.path()["precision"] == expected
+        assert resolve_precision(model) == expected and resolve_precision(model, "exact") == "exact"
 
 
 def test_precision_reaches_the_layers_from_the_config_and_is_recorded(gguf_dir):
@@ -184,16 +198,16 @@ def test_precision_reaches_the_layers_from_the_config_and_is_recorded(gguf_dir):
     assert coded and all(m.precision == "int8" for m in coded)
     assert engine.adapter.path()["linear_kernel"] == f"few_row-coded-int8-{ISA}"
     assert "precision=int8" in repr(coded[0])
-    with pytest.raises(ConfigError, match="precision must be one of exact, int8"):
+    with pytest.raises(ConfigError, match="precision must be one of auto, exact, int8"):
         Engine.from_config(overrides=["model=local", f"model.path={path}", "compile=false", "precision=int4"])
 
 
 @pytest.mark.slow  # an AOTInductor package of its own: 60 s on the 2-core AMD EPYC Zen 4 VM
 @pytest.mark.skipif(tiny_models.DEVICE != "cpu", reason="AOTInductor packages are the CPU path")
 def test_a_compiled_int8_step_decodes_as_the_eager_one_in_a_package_of_its_own(tmp_path):
-    """The op's precision is traced into the package (its logits are the eager int8 forward's to the
-    compiled path's own rounding, 1e-6 here, far from exact's), keyed apart from an exact package;
-    verify rows equal the compiled one-row step bit for bit, so speculation is lossless on it."""
+    """The op's precision is traced into the package (its logits are the eager int8 forward's bit
+    for bit, adapters/pinned.py), keyed apart from an exact package; verify rows equal the compiled
+    one-row step bit for bit, so speculation is lossless on it."""
     from specfree.adapters.compiled import make_adapter
     from specfree.plugins import build_plugin_manager, registry
 
@@ -205,7 +219,7 @@ def test_a_compiled_int8_step_decodes_as_the_eager_one_in_a_package_of_its_own(t
     eager = {precision: chain_and_tree_against_one_row(HFAdapter(tiny_models.tiny_model.__wrapped__("llama_gguf"),
                                                                  check_tree_mask=False, precision=precision),
                                                        CONTEXT, CONTINUATION)[2] for precision in ("int8", "exact")}
-    assert (alone - eager["int8"]).abs().max() < 1e-3 * (eager["exact"] - eager["int8"]).abs().max()
+    assert torch.equal(alone, eager["int8"]) and not torch.equal(alone, eager["exact"])
     reg = registry(build_plugin_manager())
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
     tokens = {name: Engine(compiled, reg.make("strategy", name)).generate(prompt, 16, ignore_eos=True).tokens
