@@ -10,6 +10,7 @@ replayed, and whether each step is priced at its own context.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -32,12 +33,15 @@ class StepPlanner:
     ``budget``: the drafted nodes an unpriced step may keep (None: as many as the step's depth).
     ``price_context``: price (and time) each step at its own context, where the curve knows it.
     ``timing``: what each step's forward time is folded into (the engine's curve), or None.
+    ``max_rows``: the most rows a step runs (the adapter's ``exact_rows``: past them a row's bits
+    could depend on the others, and a verify row would no longer equal the one-row forward).
     """
 
     def __init__(self, pricer: Pricer | None, *, chain: bool = False, max_chain: int | None = None,
                  rollback: bool = False, budget: int | None = None, price_context: bool,
-                 timing: Timing | None = None):
+                 timing: Timing | None = None, max_rows: int | None = None):
         self.pricer = pricer
+        self.max_rows = max_rows
         self.chain, self.max_chain, self.rollback = chain, max_chain, rollback
         self.budget = budget
         self.price_context = price_context
@@ -49,7 +53,8 @@ class StepPlanner:
         """The engine's planner: chains, their cap and rollback as the adapter's model needs them."""
         caps = adapter.capabilities
         return cls(pricer, chain=caps.chain_only, max_chain=caps.max_chain, rollback=caps.rollback,
-                   budget=adapter.max_length, price_context=price_context, timing=timing)
+                   budget=adapter.max_length, price_context=price_context, timing=timing,
+                   max_rows=getattr(adapter, "exact_rows", None))  # a plugin's adapter may not say
 
     def plan(self, root: int, proposal: Proposal, *, max_depth: int, context: int | None = None,
              cost: Callable[[int], float] | None = None, shared_tokens: float = 0.0) -> Plan:
@@ -58,6 +63,8 @@ class StepPlanner:
         ``context``: committed tokens (priced there with ``price_context``); ``cost``: a curve to price
         on instead of the pricer's own; ``shared_tokens``: tokens other requests gain from the step.
         """
+        if self.max_rows is not None and (proposal.max_rows is None or proposal.max_rows > self.max_rows):
+            proposal = dataclasses.replace(proposal, max_rows=self.max_rows)
         if self.pricer is None:
             budget = max_depth if self.budget is None else self.budget
             return as_proposed(root, proposal, max_depth=max_depth, budget=budget, chain=self.chain,

@@ -15,6 +15,7 @@ from specfree import Engine
 from specfree.batching import Batch
 from specfree.cost import CostModel
 from specfree.errors import ConfigError
+from specfree.kernels.tree_attention import LONG_ROWS
 from tests.test_lossless import drafter_specs, prompts
 from tests.tiny_models import VOCAB, reference_greedy, tiny_model
 
@@ -203,3 +204,21 @@ def test_a_batch_teaches_the_engines_cost_curve_nothing(tmp_path):
     prompt_list = [[5, 6, 7, 8] * 3, [9, 10] * 5, [11, 12, 13] * 2, [14, 15] * 3] * 2
     engine.generate_batch(prompt_list, 24, max_batch=4, ignore_eos=True)
     assert engine.costs.as_dict() == before
+
+
+def test_a_step_asking_more_rows_than_stay_exact_is_cut_to_them():
+    """Recycling at widths 4, 4, 4, 4, unpriced, asks for more than 160 rows a step; past ``LONG_ROWS`` the
+    attention operator's rows are no longer each its own, so the planner cuts every step to the
+    adapter's ``exact_rows``: the logits of each kept row (their logprobs) equal a batch's and the
+    plain loop's bit for bit (found by the property test above, logprobs 1e-6 apart before the cut)."""
+    model = tiny_model("llama")
+    engine = Engine.from_model(model, None, "recycling", priced=False, costs=CPU_LIKE, successors=4,
+                               widths=[4, 4, 4, 4])
+    request = dict(prompt=[3], max_new_tokens=12, logprobs=1)
+    for _ in range(2):  # the second time its successors are known: wide trees
+        alone = engine.generate(request["prompt"], 12, logprobs=1)
+    assert max(step.offered for step in alone.steps) > LONG_ROWS  # asked
+    assert max(step.rows for step in alone.steps) == engine.adapter.exact_rows == LONG_ROWS  # ran
+    batched = drive(Batch(engine, 1), [request], [0])[0]
+    plain = Engine.from_model(model, None, "autoregressive").generate([3], 12, logprobs=1)
+    assert batched.logprobs == alone.logprobs == plain.logprobs
