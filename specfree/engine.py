@@ -133,8 +133,9 @@ class Engine:
         ``settings`` (``specfree.settings.EngineSettings``: each field's default and meaning), and
         any of its fields as a keyword over it: ``compile`` (``true`` compiles, minutes the first
         time on a machine; ``auto``, the default, only where a compiled forward of this model is
-        ready here within seconds), ``precision`` (``"int8"`` runs a quantized file's coded layers
-        on 8-bit activations), ``linear_kernel``, ``cache_dir``, ``generation``, ``prompt_cache``,
+        ready here within seconds), ``precision`` (``"auto"``, the default, runs a quantized
+        GGUF file's coded layers on 8-bit activations and everything else exact; ``"exact"``,
+        ``"int8"``), ``linear_kernel``, ``cache_dir``, ``generation``, ``prompt_cache``,
         ``priced``, ``adapt_costs``, ``price_context`` (see ``Engine``). ``generation`` may also be
         a ``GenerationConfig``, followed instead of the model's; ``engine.model_settings`` says
         what was followed.

@@ -33,8 +33,10 @@ class EngineSettings:
         "auto", "the compiled forward: true, false, or auto (compiled only where a compiled forward of this "
         "model is ready here within seconds; adapters/compiled.py)", choices=("auto", "true", "false"))
     precision: str = setting(
-        "exact", "how a quantized file's coded layers multiply: exact (float32 activations, transformers' "
-        "output) or int8 (8-bit activations, llama.cpp's arithmetic)", choices=("exact", "int8"))
+        "auto", "how layers held as a quantized format's codes multiply: int8 (8-bit activations, llama.cpp's "
+        "arithmetic), exact (float32 activations, transformers' output) or auto (int8 for a model read from a "
+        "quantized GGUF file, exact otherwise); other layers are float32 at any setting",
+        choices=("auto", "exact", "int8"))
     linear_kernel: str = setting(
         "few_row", "CPU linear layers: few_row (specfree's kernel, a quantized file's weights held as its codes), "
         "few_row_fp32 (the kernel on float32 weights) or library (torch's F.linear)",

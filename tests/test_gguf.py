@@ -141,7 +141,7 @@ def test_a_tiny_llama_of_every_type_holds_codes_and_decodes_as_transformers_does
         assert len(wide) == (7 * 2 if qtype != T.F32 else 0)  # 16-bit weights stay 16 bits
     assert not any(p.is_file() and p.stat().st_size > 1 << 20 for p in tmp_path.rglob("*")  # no weights cached
                    if "kernels" not in p.parts)
-    engine = Engine.from_model(model, None, "hybrid")
+    engine = Engine.from_model(model, None, "hybrid", precision="exact")  # transformers' arithmetic
     assert engine.generate(PROMPT, 16, ignore_eos=True).tokens == greedy(reference(path), PROMPT, 16)
 
 
@@ -153,7 +153,7 @@ def test_an_untied_head_of_another_type_and_the_embedding_keep_their_own_codes(q
     assert isinstance(embedding, CodedEmbedding) and embedding.table is not lm_head
     assert isinstance(lm_head, CodedLinear) == (head != T.F16)
     assert model.gguf_holdings.coded.get("output", {}).get(head.name, 0) == (head != T.F16)
-    engine = Engine.from_model(model, None, "prompt_lookup")
+    engine = Engine.from_model(model, None, "prompt_lookup", precision="exact")
     assert engine.generate(PROMPT, 12, ignore_eos=True).tokens == greedy(reference(path), PROMPT, 12)
 
 
@@ -168,13 +168,13 @@ def test_every_strategy_is_lossless_and_every_verify_row_equals_the_one_row_forw
     expected = greedy(reference(path), PROMPT, 12)
     for strategy in STRATEGIES:
         knobs = {"draft_tree_capacity": 16} if strategy == "logit_spec" else {}
-        engine = Engine.from_model(model, None, strategy, **knobs)
+        engine = Engine.from_model(model, None, strategy, precision="exact", **knobs)
         assert engine.generate(PROMPT, 12, ignore_eos=True).tokens == expected, strategy
-    sampling = dict(do_sample=True, seed=5, temperature=0.8)
+    sampling = dict(do_sample=True, seed=5, temperature=0.8, precision="exact")
     sampled = Engine.from_model(model, None, "hybrid", **sampling).generate(PROMPT, 12, ignore_eos=True).tokens
     assert sampled == Engine.from_model(model, None, "autoregressive", **sampling).generate(
         PROMPT, 12, ignore_eos=True).tokens
-    adapter = HFAdapter(model, check_tree_mask=False)
+    adapter = HFAdapter(model, check_tree_mask=False, precision="exact")
     chain, tree, alone = chain_and_tree_against_one_row(adapter, CONTEXT, CONTINUATION)
     assert torch.equal(chain, alone) and torch.equal(tree, alone)
 

@@ -109,11 +109,11 @@ def test_a_composed_config_holds_the_defaults():
 
 
 def test_take_moves_settings_out_of_knobs_and_checks_them():
-    knobs = {"compile": True, "precision": "int8", "draft_len": 4}
+    knobs = {"compile": True, "precision": "exact", "draft_len": 4}
     settings = DEFAULTS.take(knobs)
-    assert (settings.compile, settings.precision, knobs) == ("true", "int8", {"draft_len": 4})
+    assert (settings.compile, settings.precision, knobs) == ("true", "exact", {"draft_len": 4})
     assert DEFAULTS.take({}) == DEFAULTS
-    with pytest.raises(ConfigError, match=r"precision must be one of exact, int8, not 'fp8' \(how a quantized"):
+    with pytest.raises(ConfigError, match=r"precision must be one of auto, exact, int8, not 'fp8' \(how layers held"):
         DEFAULTS.take({"precision": "fp8"})
     with pytest.raises(ConfigError, match="compile must be one of auto, true, false, not 'fast'"):
         check_setting("compile", "fast")

@@ -24,7 +24,8 @@ ARTICLE = (
 @pytest.fixture(scope="module")
 def smollm2():
     torch.manual_seed(0)
-    engine = Engine.from_pretrained("smollm2", "autoregressive")
+    # exact: these tests compare with transformers' own generate() on the same model
+    engine = Engine.from_pretrained("smollm2", "autoregressive", precision="exact")
     return engine.adapter.model, engine.tokenizer
 
 
@@ -38,7 +39,7 @@ def plain_greedy(model, tokenizer, messages, max_new_tokens):
 def test_chat_answer_is_fluent_and_identical_to_plain_greedy(smollm2):
     model, tokenizer = smollm2
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    engine = Engine.from_model(model, tokenizer, "prompt_lookup", num_candidates=2)
+    engine = Engine.from_model(model, tokenizer, "prompt_lookup", num_candidates=2, precision="exact")
     result = engine.generate(messages, max_new_tokens=24)
     assert result.tokens == plain_greedy(model, tokenizer, messages, 24)
     assert "Paris" in result.text
@@ -47,7 +48,7 @@ def test_chat_answer_is_fluent_and_identical_to_plain_greedy(smollm2):
 def test_prompt_lookup_needs_fewer_forwards_than_tokens_on_a_summary(smollm2):
     model, tokenizer = smollm2
     messages = [{"role": "user", "content": ARTICLE}]
-    engine = Engine.from_model(model, tokenizer, "prompt_lookup")
+    engine = Engine.from_model(model, tokenizer, "prompt_lookup", precision="exact")
     chunks, stream = [], engine.stream(messages, max_new_tokens=48)
     while True:
         try:
@@ -72,7 +73,8 @@ def test_a_datastore_of_the_models_own_answers_drafts_its_next_answers(smollm2, 
     assert datastore_main(["answers", f"prompts={prompts}", f"out={out}", "max_new_tokens=24"]) == 0
     assert len((tmp_path / "self.answers.jsonl").read_text().splitlines()) == 2
     messages = [{"role": "user", "content": question}]
-    engine = Engine.from_model(model, tokenizer, "hybrid", drafters=["prompt_lookup", "retrieval"], datastore=str(out))
+    engine = Engine.from_model(model, tokenizer, "hybrid", drafters=["prompt_lookup", "retrieval"], datastore=str(out),
+                               precision="exact")
     result = engine.generate(messages, max_new_tokens=24)
     assert result.tokens == plain_greedy(model, tokenizer, messages, 24)
     # The answer is in the datastore now, so retrieval drafts most of it again.
@@ -80,8 +82,8 @@ def test_a_datastore_of_the_models_own_answers_drafts_its_next_answers(smollm2, 
 
 
 def test_its_gguf_weights_are_held_as_codes_with_the_float32_bits(smollm2):
-    """SmolLM2 ships as a Q4_1 GGUF (a Q8_0 head): every linear layer is held as its codes, and a
-    step's logits are those of the same weights as float32 panels, bit for bit."""
+    """SmolLM2 ships as a Q4_1 GGUF (a Q8_0 head): every linear layer is held as its codes, and at
+    precision=exact a step's logits are those of the same weights as float32 panels, bit for bit."""
     from specfree.kernels import linear_path, load_kernels
     from specfree.kernels.codes import CodedLinear
     from specfree.kernels.panels import PanelLinear

@@ -189,8 +189,11 @@ def make_adapter(model, compile: str | bool = DEFAULTS.compile, *, linear_kernel
         return _eager(model, reason, **eager)
     folder = cache_folder(cache_dir) / "compiled"
     # int8 graphs are other graphs (the op's precision argument): their own marker
+    from specfree.kernels.layers import resolve_precision
+
+    arithmetic = resolve_precision(model, precision)
     marker = compiled_marker(model, folder.parent, **compiled_knobs,
-                             **({"precision": precision} if precision != "exact" else {}))
+                             **({"precision": arithmetic} if arithmetic != "exact" else {}))
     if choice == "auto" and not _ready_without_compiling(model, folder, marker, compiled_knobs, linear_kernel,
                                                          cache_dir, precision):
         logging.getLogger("specfree").debug(

@@ -9,7 +9,8 @@ than one read for 2 to 16 rows. The ops, one library:
   (``panels.py``: float32, float16, bfloat16) or held as small integer codes under block scales
   (``codes.py``, ``gguf_blocks.py``: a GGUF's types): one sequential stream per thread; what an
   engine's model runs (``prepare_linears``, ``PanelLinear``, ``CodedLinear``); coded layers take
-  float32 activations (``precision="exact"``) or 8-bit ones (``"int8"``, ``set_precision``);
+  float32 activations (``precision="exact"``) or 8-bit ones (``"int8"``; ``"auto"``, the default,
+  picks int8 for a model read from a quantized GGUF file: ``set_precision``);
 - ``specfree::linear`` (``unpacked_linear.cpp``) on the model's own ``[N, K]`` tensors, for models
   specfree borrows (``unpacked_linears``) and heads tied to a layer it cannot repack;
 - ``specfree::tile_linear`` (``tile_linear.cpp``) on bfloat16 weights packed into AMX tiles
@@ -37,8 +38,8 @@ precision, ``linear_path``), one module per weight format (``panels.py``, ``code
 from specfree.kernels.build import (HEADERS, ISA_NAMES, LIBRARY, SOURCES, find_compiler, has_amx, has_op, kernel_dir,
                                     load_kernels, process_isa)
 from specfree.kernels.codes import CodedLinear
-from specfree.kernels.layers import (BACKENDS, UnpackedLinear, available_memory,
-                                     library_linears, linear_path, prepare_linears, set_precision, stock_linears,
+from specfree.kernels.layers import (BACKENDS, UnpackedLinear, available_memory, library_linears, linear_path,
+                                     prepare_linears, resolve_precision, set_precision, stock_linears,
                                      unpacked_linear, unpacked_linears)
 from specfree.kernels.panels import PanelLinear
 from specfree.kernels.tiles import TileLinear
@@ -46,4 +47,4 @@ from specfree.kernels.tiles import TileLinear
 __all__ = ["BACKENDS", "HEADERS", "ISA_NAMES", "LIBRARY", "SOURCES", "CodedLinear", "PanelLinear", "TileLinear",
            "UnpackedLinear", "available_memory", "find_compiler", "has_amx",
            "has_op", "kernel_dir", "library_linears", "linear_path", "load_kernels", "prepare_linears",
-           "process_isa", "set_precision", "stock_linears", "unpacked_linear", "unpacked_linears"]
+           "process_isa", "resolve_precision", "set_precision", "stock_linears", "unpacked_linear", "unpacked_linears"]

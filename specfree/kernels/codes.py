@@ -33,7 +33,7 @@ BLOCK = 32  # inputs per scale
 # "int8": each activation row quantized alone to 8 bits per block of the weight's (llama.cpp's Q8
 #   rule) and integer dot products (``panel_linear.cpp``, ``SPECFREE_INT8``): cheaper rows, other
 #   bits than exact, each row's its own whatever else is in the call.
-PRECISIONS = choices("precision")
+PRECISIONS = tuple(p for p in choices("precision") if p != "auto")  # "auto" names one of these per model
 ROWS_AT_ONCE = 2048  # rows searched together (bounds the float64 temporaries)
 
 
@@ -67,11 +67,13 @@ class Codes:
         return torch.ops.specfree.decode_panels(self.codes, self.scales, self.offsets, self.supers, self.super_offsets)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, n: int, isa: str = "auto",
-               precision: str = DEFAULTS.precision) -> torch.Tensor:
+               precision: str | None = None) -> torch.Tensor:
         """``x W^T + bias`` for the ``n`` outputs these codes hold (``specfree::coded_linear``), with
-        float32 activations (``precision="exact"``) or 8-bit ones (``"int8"``: ``PRECISIONS``)."""
+        float32 activations (``precision="exact"``, the op's own default when None) or 8-bit ones
+        (``"int8"``: ``PRECISIONS``)."""
+        given = {} if precision is None else {"precision": precision}
         return torch.ops.specfree.coded_linear(x, self.codes, self.scales, self.offsets, bias, n, isa, self.supers,
-                                               self.super_offsets, precision)
+                                               self.super_offsets, **given)
 
     def panel_slice(self, index) -> "Codes":
         """The codes of the panels ``index`` selects (a slice or index tensor)."""
@@ -194,7 +196,8 @@ def _panels(q, d, m, lanes: int, nibbles: bool = True) -> Codes:
 class CodedLinear(PanelLinear):
     """A ``PanelLinear`` whose panels are held as codes; its product runs ``specfree::coded_linear``."""
 
-    precision = DEFAULTS.precision  # PRECISIONS; set per layer by ``kernels.set_precision``
+    # one of PRECISIONS: float32 activations (the op's own) until ``kernels.set_precision`` says
+    precision = PRECISIONS[0]
 
     def __init__(self, linear: nn.Module, coded: Codes):
         nn.Module.__init__(self)
@@ -247,7 +250,7 @@ class CodedLinear(PanelLinear):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"codes={self.coded.kind} {tuple(self.codes.shape)}"
-                + (f", precision={self.precision}" if self.precision != DEFAULTS.precision else ""))
+                + f", precision={self.precision}")
 
 
 class CodedConv1D(CodedLinear, PanelConv1D):

@@ -83,13 +83,24 @@ def _plain_cpu_weight(module: nn.Module) -> bool:
             and not module._forward_hooks and not module._forward_pre_hooks)
 
 
+def resolve_precision(model: nn.Module, precision: str = DEFAULTS.precision) -> str:
+    """The arithmetic ``precision`` names for ``model``'s coded layers: ``auto`` is ``int8`` for a
+    model read from a quantized GGUF file (its layers hold the file's codes: the arithmetic
+    llama.cpp's users get from it) and ``exact`` for every other (float weights, even where they are
+    exactly some format's codes: a checkpoint's users expect transformers' output)."""
+    if check_setting("precision", precision) != "auto":
+        return precision
+    holdings = getattr(model, "gguf_holdings", None)
+    return "int8" if holdings is not None and holdings.coded else "exact"
+
+
 def set_precision(model: nn.Module, precision: str = DEFAULTS.precision) -> int:
-    """Run the model's coded layers (``CodedLinear``: a quantized file's codes) at ``precision``
-    (``codes.PRECISIONS``); returns how many there are. Other layers have no other precision."""
-    check_setting("precision", precision)
+    """Run the model's coded layers (``CodedLinear``: a quantized format's codes) at ``precision``
+    (``resolve_precision``); returns how many there are. Other layers have no other precision."""
+    resolved = resolve_precision(model, precision)
     coded = [m for m in model.modules() if isinstance(m, CodedLinear)]
     for module in coded:
-        module.precision = precision
+        module.precision = resolved
     return len(coded)
 
 
