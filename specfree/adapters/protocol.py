@@ -87,7 +87,11 @@ class Adapter(Protocol):
 
     @property
     def rows_exact(self) -> bool:
-        """Whether a row's bits do not depend on the other rows of its forward (up to ``LONG_ROWS``)."""
+        """Whether a row's bits do not depend on the other rows of its forward (up to ``exact_rows``)."""
+
+    @property
+    def exact_rows(self) -> int:
+        """The most rows one forward takes with each row's bits its own (``LONG_ROWS``, or fewer)."""
 
     @property
     def state_version(self) -> int:
