@@ -116,6 +116,9 @@ struct Panels {
 };
 
 // ---- the two ISAs: vector width, and how each format's elements widen to float lanes ----------
+// Within a 128-bit lane of four dwords (four inputs' codes of four columns), byte 4i + j -> 4j + i.
+SPECFREE_AVX2 inline __m128i quad_bytes() { return _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
+
 struct Avx512 {
   using Vec = __m512;
   using Int = __m512i;
@@ -161,16 +164,14 @@ struct Avx512 {
   // nibbles of its four bytes, inputs 1, 3, 5, 7 as the high ones
   SPECFREE_AVX512 static Int low_nibbles(Int v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
   SPECFREE_AVX512 static Int high_nibbles(Int v) { return _mm512_and_si512(_mm512_srli_epi32(v, 4), _mm512_set1_epi8(15)); }
-  // Four inputs' byte codes [4, P] (row stride P) as P lanes of four bytes; ``flip`` makes signed
-  // codes unsigned (q + 128: the top bit flipped).
+  // Four inputs' byte codes [4, P] (row stride P: 64 contiguous bytes) as P lanes of four bytes;
+  // ``flip`` makes signed codes unsigned (q + 128: the top bit flipped). Three instructions where
+  // unpacking row against row took fifteen: the 4x4 dwords transposed across the 128-bit lanes
+  // (lane L takes dword L of each input: columns 4L..4L+3), then each lane's 4x4 bytes.
   SPECFREE_AVX512 static Int quads(const uint8_t* p, bool flip) {
-    const auto row = [p](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * P)); };
-    const __m128i a = row(0), b = row(1), c = row(2), d = row(3);
-    const __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
-    const __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
-    const __m256i lo = _mm256_set_m128i(_mm_unpackhi_epi16(ab0, cd0), _mm_unpacklo_epi16(ab0, cd0));
-    const __m256i hi = _mm256_set_m128i(_mm_unpackhi_epi16(ab1, cd1), _mm_unpacklo_epi16(ab1, cd1));
-    const Int v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    const Int dwords = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+                                                _mm512_loadu_si512(p));
+    const Int v = _mm512_shuffle_epi8(dwords, _mm512_broadcast_i32x4(quad_bytes()));
     return flip ? _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))) : v;
   }
   // acc + the sum of each lane's four products of unsigned codes ``w`` and signed codes ``x``, exact.
@@ -230,10 +231,10 @@ struct Avx2 {
   SPECFREE_AVX2 static Vec to_float(Int v) { return _mm256_cvtepi32_ps(v); }
   SPECFREE_AVX2 static Int low_nibbles(Int v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
   SPECFREE_AVX2 static Int high_nibbles(Int v) { return _mm256_and_si256(_mm256_srli_epi32(v, 4), _mm256_set1_epi8(15)); }
-  SPECFREE_AVX2 static Int quads(const uint8_t* p, bool flip) {
-    const auto row = [p](int i) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i * P)); };
-    const __m128i ab = _mm_unpacklo_epi8(row(0), row(1)), cd = _mm_unpacklo_epi8(row(2), row(3));
-    const Int v = _mm256_set_m128i(_mm_unpackhi_epi16(ab, cd), _mm_unpacklo_epi16(ab, cd));
+  SPECFREE_AVX2 static Int quads(const uint8_t* p, bool flip) {  // as Avx512's, over [4, 8]: 32 bytes
+    const Int dwords = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                                                   _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    const Int v = _mm256_shuffle_epi8(dwords, _mm256_broadcastsi128_si256(quad_bytes()));
     return flip ? _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))) : v;
   }
   template <bool SMALL>
