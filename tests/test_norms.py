@@ -7,7 +7,8 @@ import torch
 
 from specfree.adapters import as_shipped
 from specfree.adapters.hf import HFAdapter
-from specfree.adapters.norms import FusedRMSNorm, fuse_norms, fused_norms, stock_norms
+from specfree.adapters.norms import FusedRMSNorm, fuse_norms, fused_norms, own_norms, stock_norms
+from specfree.kernels import load_kernels
 from tests.tiny_models import FAMILIES, VOCAB, tiny_model
 
 LLAMA_STYLE = {"llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "olmo2", "mixtral"}
@@ -79,3 +80,39 @@ def test_norms_that_are_not_fp32_on_the_cpu_or_that_differ_are_left_alone():
 
     holder = torch.nn.Sequential(OffByOneRMSNorm())
     assert fuse_norms(holder) == 0
+
+
+@pytest.mark.skipif(load_kernels(progress=False) is None, reason="specfree's library cannot be built here")
+@pytest.mark.parametrize("n", [576, 64, 37, 2048, 1])
+def test_the_row_kernel_is_rms_norm_to_float32_rounding_and_each_rows_own(n):
+    """``specfree::rms_norm_rows`` (int8 models' norms): RMSNorm in float64 to a few float32
+    roundings, and a row's bits are the same whatever other rows the call holds."""
+    generator = torch.Generator().manual_seed(n)
+    x = torch.randn(9, n, generator=generator) * 3
+    weight = torch.randn(n, generator=generator)
+    y = torch.ops.specfree.rms_norm_rows(x, weight, 1e-5)
+    expected = x.double() / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-5) * weight.double()
+    assert (y.double() - expected).abs().max() <= 1e-6 * expected.abs().max()
+    assert torch.equal(torch.cat([torch.ops.specfree.rms_norm_rows(x[i:i + 1], weight, 1e-5) for i in range(9)]), y)
+    assert torch.equal(torch.ops.specfree.rms_norm_rows(x.view(3, 3, n), weight, 1e-5).view(9, n), y)
+
+
+@pytest.mark.skipif(load_kernels(progress=False) is None, reason="specfree's library cannot be built here")
+def test_an_int8_model_runs_its_norms_on_the_row_kernel_and_exact_on_atens():
+    model = tiny_model.__wrapped__("llama_gguf")  # float weights held as codes
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    norms = lambda: {m.own for m in model.modules() if isinstance(m, FusedRMSNorm)}  # noqa: E731
+    HFAdapter(model, check_tree_mask=False, precision="int8")
+    assert norms() == {True}
+    with torch.no_grad():
+        int8 = model(ids).logits
+    HFAdapter(model, check_tree_mask=False, precision="exact")
+    assert norms() == {False}
+    assert own_norms(model, True) == len(_norm_layers(model)) and norms() == {True}
+    with torch.no_grad():
+        own_exact = model(ids).logits
+    own_norms(model, False)
+    with torch.no_grad():
+        exact = model(ids).logits
+    assert not torch.equal(own_exact, exact) and torch.allclose(own_exact, exact, atol=1e-4)
+    assert not torch.equal(int8, exact)

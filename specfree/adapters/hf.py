@@ -22,12 +22,12 @@ from transformers import PreTrainedModel
 from specfree.adapters import probes
 from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_maskable_attention, use_tree_attention
 from specfree.adapters.capabilities import Capabilities, model_device, model_structure
-from specfree.adapters.norms import fuse_norms
+from specfree.adapters.norms import fuse_norms, own_norms
 from specfree.adapters.pinned import pin_math
 from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.kv_buffers import StaticSlots, growing_cache
 from specfree.adapters.stores import STORES, KVStore, SlotStore
-from specfree.kernels import linear_path, prepare_linears
+from specfree.kernels import CodedLinear, linear_path, prepare_linears
 from specfree.progress import progress_bar
 from specfree.settings import DEFAULTS
 
@@ -53,6 +53,9 @@ def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = DE
         use_tree_attention(model, cache_dir) or use_grouped_sdpa(model)
     kernel_linears = prepare_linears(model, linear_kernel, cache_dir, precision=precision)  # rows at one row's price
     fuse_norms(model)  # bit-identical, fewer dispatches per forward
+    # int8's coded layers give other bits than transformers' anyway: the norms take specfree's
+    # one-pass row kernel too (a tenth of a small model's step), exact keeps transformers' bits
+    own_norms(model, any(isinstance(m, CodedLinear) and m.precision == "int8" for m in model.modules()))
     pin_math(model)  # bit-identical; a compiled step then computes the eager step's bits
     return kernel_linears
 

@@ -175,6 +175,10 @@ def _register_fake() -> None:
     def _(x, weight, eps):
         return torch.empty_like(x)
 
+    @torch.library.register_fake("specfree::rms_norm_rows")
+    def _(x, weight, eps):
+        return torch.empty_like(x)
+
     @torch.library.register_fake("specfree::rotary")
     def _(positions, inv_freq, scaling, dtype):  # [B, T] -> two [B, T, 2 * len(inv_freq)]
         shape = (*positions.shape, 2 * inv_freq.shape[-1])
