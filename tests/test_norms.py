@@ -18,18 +18,25 @@ def _norm_layers(model) -> dict[str, torch.nn.Module]:
     return {name: m for name, m in model.named_modules() if type(m).__name__.endswith("RMSNorm")}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_fused_norms_give_the_same_logits_bit_for_bit(family):
-    model = tiny_model.__wrapped__(family)  # a model of its own: swaps stay in this test
+def swapped_bit_for_bit(family: str, swap) -> tuple[torch.nn.Module, int]:
+    """A fresh tiny ``family`` model after ``swap(model)`` (which returns how many layers it swapped),
+    checked to give the same logits bit for bit and to share its state dict's tensors."""
+    model = tiny_model.__wrapped__(family)  # a model of its own: swaps stay in the test
     ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(1))
     keys = {k: v.data_ptr() for k, v in model.state_dict().items()}
-    norms = _norm_layers(model)
     with torch.no_grad():
         before = model(ids).logits
-        fused = fuse_norms(model)
+        swapped = swap(model)
         after = model(ids).logits
     assert torch.equal(before, after)
     assert {k: v.data_ptr() for k, v in model.state_dict().items()} == keys  # shared, not copied
+    return model, swapped
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_norms_give_the_same_logits_bit_for_bit(family):
+    norms = _norm_layers(tiny_model(family))
+    _, fused = swapped_bit_for_bit(family, fuse_norms)
     if family in LLAMA_STYLE:
         assert fused == len(norms) > 0
     if family in ("gemma", "gemma2", "gemma3_text"):  # (1 + weight): another formula, so it keeps its own

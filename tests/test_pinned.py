@@ -11,7 +11,8 @@ from torch import nn
 from specfree.adapters import as_shipped
 from specfree.adapters.pinned import PinnedActivation, PinnedRotary, pin_math, stock_math
 from specfree.kernels import load_kernels
-from tests.tiny_models import FAMILIES, VOCAB, tiny_model
+from tests.test_norms import swapped_bit_for_bit
+from tests.tiny_models import FAMILIES, tiny_model
 
 pytestmark = pytest.mark.skipif(load_kernels(progress=False) is None, reason="specfree's library cannot be built here")
 
@@ -22,15 +23,7 @@ def _pinned(model) -> dict[str, nn.Module]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pinned_layers_give_the_same_logits_bit_for_bit(family):
-    model = tiny_model.__wrapped__(family)  # a model of its own: swaps stay in this test
-    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(1))
-    keys = {k: v.data_ptr() for k, v in model.state_dict().items()}
-    with torch.no_grad():
-        before = model(ids).logits
-        pinned = pin_math(model)
-        after = model(ids).logits
-    assert torch.equal(before, after)
-    assert {k: v.data_ptr() for k, v in model.state_dict().items()} == keys  # shared, not copied
+    model, pinned = swapped_bit_for_bit(family, pin_math)
     assert pinned == len(_pinned(model))
     if family in ("llama", "qwen2", "mistral"):  # default rotary, SiLU: one rotary and one activation a layer
         kinds = [type(m) for m in _pinned(model).values()]
