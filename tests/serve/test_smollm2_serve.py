@@ -63,8 +63,8 @@ def test_a_six_turn_chat_reuses_each_turn_and_answers_as_a_fresh_engine(served):
 
 def test_logprobs_are_the_same_with_and_without_speculation(served):
     plain = Engine.from_pretrained("smollm2", "autoregressive", compile=False)
-    messages = [{"role": "user", "content": "Repeat this list exactly: apples, pears, plums, apples, pears, plums, "
-                                            "apples, pears, plums."}]
+    # a prompt SmolLM2 copies at the default precision (int8): drafts are accepted
+    messages = [{"role": "user", "content": "Repeat exactly: apples, pears, plums, apples, pears, plums."}]
     want = plain.generate(messages, 32, logprobs=4)
     client = served.client()
     whole = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, logprobs=True,
