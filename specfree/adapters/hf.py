@@ -27,7 +27,7 @@ from specfree.adapters.pinned import pin_math
 from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.kv_buffers import StaticSlots, growing_cache
 from specfree.adapters.stores import STORES, KVStore, SlotStore
-from specfree.kernels import CodedLinear, linear_path, prepare_linears
+from specfree.kernels import int8_layers, linear_path, prepare_linears
 from specfree.progress import progress_bar
 from specfree.settings import DEFAULTS
 
@@ -55,7 +55,7 @@ def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = DE
     fuse_norms(model)  # bit-identical, fewer dispatches per forward
     # int8's coded layers give other bits than transformers' anyway: the norms take specfree's
     # one-pass row kernel too (a tenth of a small model's step), exact keeps transformers' bits
-    own_norms(model, any(isinstance(m, CodedLinear) and m.precision == "int8" for m in model.modules()))
+    own_norms(model, bool(int8_layers(model)))
     pin_math(model)  # bit-identical; a compiled step then computes the eager step's bits
     return kernel_linears
 

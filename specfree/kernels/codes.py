@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from specfree.kernels.panels import PanelConv1D, PanelEmbedding, PanelLinear, unpack
-from specfree.settings import DEFAULTS, choices
+from specfree.settings import choices
 
 BLOCK = 32  # inputs per scale
 # How a coded layer multiplies (``precision=``; configs, CLI, docs: user-facing):
@@ -196,8 +196,7 @@ def _panels(q, d, m, lanes: int, nibbles: bool = True) -> Codes:
 class CodedLinear(PanelLinear):
     """A ``PanelLinear`` whose panels are held as codes; its product runs ``specfree::coded_linear``."""
 
-    # one of PRECISIONS: float32 activations (the op's own) until ``kernels.set_precision`` says
-    precision = PRECISIONS[0]
+    precision = "exact"  # one of PRECISIONS: the op's own default, until ``kernels.set_precision`` says
 
     def __init__(self, linear: nn.Module, coded: Codes):
         nn.Module.__init__(self)

@@ -94,6 +94,11 @@ def resolve_precision(model: nn.Module, precision: str = DEFAULTS.precision) -> 
     return "int8" if holdings is not None and holdings.coded else "exact"
 
 
+def int8_layers(model: nn.Module) -> list[str]:
+    """The names of the model's coded layers that multiply 8-bit activations."""
+    return [name for name, m in model.named_modules() if isinstance(m, CodedLinear) and m.precision == "int8"]
+
+
 def set_precision(model: nn.Module, precision: str = DEFAULTS.precision) -> int:
     """Run the model's coded layers (``CodedLinear``: a quantized format's codes) at ``precision``
     (``resolve_precision``); returns how many there are. Other layers have no other precision."""
@@ -168,7 +173,7 @@ def linear_path(model: nn.Module) -> str:
     coded = [name for name, m in model.named_modules() if isinstance(m, CodedLinear)]
     if coded:  # which layers hold codes, and at which precision, is part of what a compiled step calls
         every = all(not isinstance(m, PanelLinear) or isinstance(m, CodedLinear) for m in model.modules())
-        int8 = [name for name, m in model.named_modules() if isinstance(m, CodedLinear) and m.precision == "int8"]
+        int8 = int8_layers(model)
         precision = "" if not int8 else "-int8" if len(int8) == len(coded) else f"-int8{fingerprint(*int8)[:8]}"
         return f"few_row-coded{precision}-{isa}" if every else f"few_row-coded{fingerprint(*coded)[:8]}{precision}-{isa}"
     held = {type(m) for m in model.modules()}

@@ -27,7 +27,6 @@
 #include "isa.h"
 
 #include <cmath>
-
 #include <string>
 #include <tuple>
 
