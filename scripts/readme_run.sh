@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every measured number of README.md (README.md#where-it-stands names the run) from one run on one
-# machine, one command after another (run nothing else meanwhile): the quick start's decode, the
-# full bench ("Where it stands", the strategies' column), each SmolLM2 GGUF type against llama.cpp's
-# own server (the models table) with its peak RSS, and int8 with several requests decoded together.
+# machine, one command after another (run nothing else meanwhile): the quick start's decode, each
+# SmolLM2 GGUF type at both precisions beside llama.cpp's own server (the models table) with its peak
+# RSS, the full bench ("Where it stands", the strategies' column), and several requests decoded
+# together. Every step but the exact benches runs the default precision (int8 on these files).
 #   scripts/readme_run.sh OUT [SHARED]     # OUT: a folder (docs/bench/run_XX); SHARED: ../shared
-#   STEPS="types int8" scripts/readme_run.sh OUT    # only some steps (quick, bench, types, int8)
+#   STEPS="types batch" scripts/readme_run.sh OUT   # only some steps (quick, types, bench, batch)
 # Needs llama-cpp-python (the `llama-cpp` extra: llama_cpp rows, requantized files) and llama-server
 # (scripts/build_llama_cpp.sh). Each step writes into OUT as it ends; OUT/log.txt says what ran, when,
 # on which CPU and commit.
@@ -15,7 +16,7 @@ python="${PYTHON:-.venv/bin/python}"
 prompts="$shared/bench/spec_bench_questions.jsonl"
 files="${FILES:-$HOME/.cache/specfree/gguf-types}"   # requantized copies, kept for later runs
 types="${TYPES:-Q4_1 Q4_0 Q8_0 Q4_K_M Q5_K_M Q6_K}"
-steps="${STEPS:-quick bench types int8}"
+steps="${STEPS:-quick types bench batch}"
 servers='[llama_server, {name: llama_server, spec_type: ngram-mod}]'
 mkdir -p "$out" "$files"
 log="$out/log.txt"
@@ -29,14 +30,6 @@ if wants quick; then
     say "quick start"
     "$python" -m specfree decode threads=2 output="$out/quick_start.json" \
         prompt="Rewrite in the past tense: The fox jumps over the dog." >"$out/quick_start.txt" 2>&1
-fi
-
-if wants bench; then
-    say "bench: every strategy and outside system, SmolLM2 Q4_1 as shipped"
-    "$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
-        strategy=hybrid 'bench.strategies=[prompt_lookup, suffix, trie, recycling, sam, logit_spec, lookahead]' \
-        'bench.baselines=[hf_generate, hf_prompt_lookup, llama_cpp, llama_cpp_lookup]' bench.out="$out/bench" \
-        >"$out/bench.txt" 2>&1
 fi
 
 peak() {  # the peak RSS of a 32-token compiled decode, its package already built: two runs
@@ -56,20 +49,32 @@ if wants types; then
             [ -f "$file" ] || "$python" scripts/random_gguf.py smollm2 "$file" --type "$type" >"$out/quantize.txt" 2>&1
             model=(model=local model.path="$file")
         fi
-        say "bench $type: the hybrid and the compiled loop beside llama-server, plain and ngram-mod"
+        say "bench $type, default precision (int8): the hybrid and the compiled loop beside llama-server, plain and ngram-mod"
         "$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
             strategy=hybrid "bench.baselines=$servers" bench.cost_curves=false "${model[@]}" \
             bench.out="$out/bench_$type" >"$out/bench_$type.txt" 2>&1
+        say "bench $type, precision=exact: the hybrid and the compiled loop"
+        "$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
+            precision=exact strategy=hybrid 'bench.baselines=[]' bench.cost_curves=false "${model[@]}" \
+            bench.out="$out/bench_${type}_exact" >"$out/bench_${type}_exact.txt" 2>&1
         say "peak RSS, $type"
         peak "${model[@]}"
     done
 fi
 
-if wants int8; then
-    say "bench int8, SmolLM2 Q4_1: the hybrid and suffix beside llama-server, then 4 requests at a time"
+if wants bench; then
+    say "bench: every strategy and outside system, SmolLM2 Q4_1 as shipped"
     "$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
-        precision=int8 strategy=hybrid 'bench.strategies=[suffix]' "bench.baselines=$servers" \
-        bench.concurrency=4 bench.out="$out/bench_int8" >"$out/bench_int8.txt" 2>&1
+        strategy=hybrid 'bench.strategies=[prompt_lookup, suffix, trie, recycling, sam, logit_spec, lookahead]' \
+        'bench.baselines=[hf_generate, hf_prompt_lookup, llama_cpp, llama_cpp_lookup]' bench.out="$out/bench" \
+        >"$out/bench.txt" 2>&1
+fi
+
+if wants batch; then
+    say "bench, SmolLM2 Q4_1: the hybrid and suffix beside llama-server, then 4 requests at a time"
+    "$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
+        strategy=hybrid 'bench.strategies=[suffix]' "bench.baselines=$servers" \
+        bench.concurrency=4 bench.out="$out/bench_batch" >"$out/bench_batch.txt" 2>&1
 fi
 rm -f "$out/rss.tmp" "$out/rss_decode.json"
 say "done"
