@@ -1,6 +1,7 @@
 """The models table of README.md#models-and-gguf from a ``scripts/readme_run.sh`` folder: per
 SmolLM2 type, the default precision's bench (beside llama-server) and the ``precision=exact``
-bench, each row's overall tokens/s with the prefill (decode alone in brackets), and the peak RSS.
+bench, each row's overall tokens/s with the prefill (decode alone in brackets), the file's size
+and the peak RSS.
 
     python scripts/models_table.py docs/bench/run_bg
 """
@@ -36,12 +37,17 @@ def peaks(run: Path) -> dict[str, list[float]]:
     return found
 
 
+def sizes(run: Path) -> dict[str, int]:
+    """Bytes per type, from ``sizes.txt`` ('type bytes', written as each type's bench ends)."""
+    return {kind: int(size) for kind, size in (line.split() for line in (run / "sizes.txt").read_text().splitlines())}
+
+
 def rate(row: Row) -> str:
     return f"{row.tokens_per_s:.1f} ({row.decode_tokens_per_s:.1f})"
 
 
 def table(run: Path) -> str:
-    lines, rss = [HEADER], peaks(run)
+    lines, rss, files = [HEADER], peaks(run), sizes(run)
     for kind in TYPES:
         if not (run / f"bench_{kind}" / "bench.json").is_file():
             continue
@@ -50,14 +56,13 @@ def table(run: Path) -> str:
         plain = next(rows[s["label"]] for s in servers if s["params"]["spec_type"] == "none")
         spec = next(rows[s["label"]] for s in servers if s["params"]["spec_type"] != "none")
         best = max(plain.tokens_per_s, spec.tokens_per_s)
-        size = Path(servers[0]["params"]["gguf"]).stat().st_size / 1e6
         gb = rss.get(kind, [])
         span = sorted({f"{value:.2f}" for value in (min(gb), max(gb))}) if gb else []
-        held = f"{size:.0f} MB, " + ("-".join(span) + " GB" if span else "–")
-        for precision, folder in (("int8 (default)", f"bench_{kind}"), ("exact", f"bench_{kind}_exact")):
-            if not (run / folder / "bench.json").is_file():
-                continue
-            mine = overall(run / folder)[1]
+        held = f"{files[kind] / 1e6:.0f} MB, " + ("-".join(span) + " GB" if span else "–")
+        benches = [("int8 (default)", rows)]
+        if (run / f"bench_{kind}_exact" / "bench.json").is_file():
+            benches.append(("exact", overall(run / f"bench_{kind}_exact")[1]))
+        for precision, mine in benches:
             loop, hybrid = mine["autoregressive (compiled)"], mine["hybrid"]
             lines.append(" | ".join([
                 f"| SmolLM2 {kind}", precision, rate(loop), f"{rate(hybrid)}, {hybrid.mean_accepted:.2f}",

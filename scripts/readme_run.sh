@@ -57,6 +57,10 @@ if wants types; then
         "$python" -m specfree bench bench.prompts="$prompts" bench.per_category=4 threads=2 compile=true \
             precision=exact strategy=hybrid 'bench.baselines=[]' bench.cost_curves=false "${model[@]}" \
             bench.out="$out/bench_${type}_exact" >"$out/bench_${type}_exact.txt" 2>&1
+        # the file's size beside its numbers (the bench records the path, which a later checkout may lack)
+        "$python" -c 'import json, os, sys; s = json.load(open(sys.argv[1]))["systems"]
+print(sys.argv[2], next(os.path.getsize(x["params"]["gguf"]) for x in s if x["strategy"] == "llama_server"))' \
+            "$out/bench_$type/bench.json" "$type" >>"$out/sizes.txt"
         say "peak RSS, $type"
         peak "${model[@]}"
     done
