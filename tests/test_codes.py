@@ -68,15 +68,30 @@ def test_codes_are_found_only_where_they_give_the_weight_back_exactly():
     assert find_codes(nudged, 16) is None
 
 
-def test_the_op_refuses_codes_it_cannot_run():
-    coded = find_codes(gguf_rounded(torch.randn(20, 64), "q4_1"), 16)
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_op_refuses_codes_it_cannot_run(isa):
+    """Each refusal asked of a path this CPU runs, with codes made for that path (an AVX2-only CPU
+    refuses 16-column codes before it looks at the shapes)."""
+    coded = find_codes(gguf_rounded(torch.randn(20, 64), "q4_1"), LANES[isa])
     with pytest.raises(RuntimeError, match="do not multiply"):
-        coded_linear(torch.randn(2, 63), coded, None, 20, ISAS[-1])
-    with pytest.raises(RuntimeError, match="panels of 16 columns cannot run the avx2 path"):
-        coded_linear(torch.randn(2, 64), coded, None, 20, "avx2")
+        coded_linear(torch.randn(2, 63), coded, None, 20, isa)
     with pytest.raises(RuntimeError, match=r"affine codes are int32 \(affine4, eight a word\) or uint8"):
         torch.ops.specfree.coded_linear(torch.randn(2, 64), coded.codes.view(torch.int8), coded.scales,
-                                        coded.offsets, None, 20, ISAS[-1])
+                                        coded.offsets, None, 20, isa)
+
+
+def test_codes_for_16_columns_cannot_run_the_avx2_path():
+    coded = find_codes(gguf_rounded(torch.randn(20, 64), "q4_1"), LANES["avx512"])
+    with pytest.raises(RuntimeError, match="panels of 16 columns cannot run the avx2 path"):
+        coded_linear(torch.randn(2, 64), coded, None, 20, "avx2")
+
+
+@pytest.mark.skipif(ISA == "avx512", reason="needs a CPU without AVX-512 (AVX2 only: e.g. AMD Zen 3, Intel before "
+                                            "Skylake-SP or a client core)")
+def test_a_cpu_without_avx512_refuses_its_path():
+    coded = find_codes(gguf_rounded(torch.randn(20, 64), "q4_1"), LANES["avx512"])
+    with pytest.raises(RuntimeError, match="this CPU cannot run the avx512 code path"):
+        coded_linear(torch.randn(2, 64), coded, None, 20, "avx512")
 
 
 def test_a_model_from_a_quantized_file_holds_codes_and_computes_its_float32_panels_bits():

@@ -20,7 +20,8 @@ from tests.tiny_models import tiny_model
 fresh_model = tiny_model.__wrapped__
 
 pytestmark = pytest.mark.skipif(load_kernels(progress=False) is None or not has_amx(),
-                                reason="no AMX on this CPU (or the kernels cannot be built)")
+                                reason="needs a CPU with AMX (Intel Xeon Sapphire Rapids or later) the OS "
+                                       "lets this process use (or the kernels cannot be built)")
 
 
 def tile_linear(x, weight, bias):
