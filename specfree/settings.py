@@ -35,7 +35,8 @@ class EngineSettings:
     precision: str = setting(
         "auto", "how layers held as a quantized format's codes multiply: int8 (8-bit activations, llama.cpp's "
         "arithmetic), exact (float32 activations, transformers' output) or auto (int8 for a model read from a "
-        "quantized GGUF file, exact otherwise); other layers are float32 at any setting",
+        "quantized GGUF file where a probe finds it faster on this CPU, exact otherwise: kernels/precision.py); "
+        "other layers are float32 at any setting",
         choices=("auto", "exact", "int8"))
     linear_kernel: str = setting(
         "few_row", "CPU linear layers: few_row (specfree's kernel, a quantized file's weights held as its codes), "

@@ -191,7 +191,7 @@ def make_adapter(model, compile: str | bool = DEFAULTS.compile, *, linear_kernel
     # int8 graphs are other graphs (the op's precision argument): their own marker
     from specfree.kernels.layers import resolve_precision
 
-    arithmetic = resolve_precision(model, precision)
+    arithmetic = resolve_precision(model, precision, cache_dir)
     marker = compiled_marker(model, folder.parent, **compiled_knobs,
                              **({"precision": arithmetic} if arithmetic != "exact" else {}))
     if choice == "auto" and not _ready_without_compiling(model, folder, marker, compiled_knobs, linear_kernel,

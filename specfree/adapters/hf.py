@@ -74,7 +74,8 @@ class HFAdapter:
         codes, ``"few_row_fp32"`` the same with every weight kept float32, ``"library"`` keeps
         torch's ``F.linear``. ``precision``: how layers held as codes multiply, ``"exact"`` (float32
         activations), ``"int8"`` (8-bit activations) or ``"auto"`` (int8 for a model read from a
-        quantized GGUF file, else exact: ``kernels.resolve_precision``). ``runner``: a
+        quantized GGUF file where a probe finds it faster on this CPU, else exact:
+        ``kernels.precision``). ``runner``: a
         compiled runner, and ``slots``: the static KV slots its steps run over (held by the KV manager
         of the adapter's ``SlotStore``, their one owner), instead of eager forwards over a growing cache; tree-verified
         models only. ``capabilities``: the record ``probes.inspect_model`` made for
@@ -290,8 +291,10 @@ class HFAdapter:
         layers hold as codes, and which tensors run as float32)."""
         holdings = getattr(self.model, "gguf_holdings", None)
         held = f"; {holdings.file}: {holdings.summary()}" if holdings is not None else ""
-        if "-int8" in self.linears:  # kernels.linear_path names the coded layers' precision
-            held += "; precision=int8 (layers held as codes multiply 8-bit activations)"
+        choice = getattr(self.model, "precision_choice", None)  # kernels.set_precision's, where layers hold codes
+        if choice is not None and "coded" in self.linears:
+            arithmetic = "8-bit activations" if choice.precision == "int8" else "float32 activations"
+            held += f"; precision={choice.precision} (layers held as codes multiply {arithmetic}): {choice.why}"
         if not isinstance(self.runner, StepRunner):
             return f"{self.capabilities.describe()}; attention: {self.capabilities.attention}{held}"
         linears = "specfree's few-row kernel" if self.linears != "library" else "torch's"
@@ -305,6 +308,7 @@ class HFAdapter:
         return {"forward": forward, "eager_because": None if self.compiled else (self.failure or self.eager_because),
                 "described": self.describe() if self.compiled else None, "linear_kernel": self.linears,
                 "precision": "int8" if "-int8" in self.linears else "exact",
+                "precision_because": getattr(getattr(self.model, "precision_choice", None), "why", None),
                 "attention": self.capabilities.attention, "verification": self.capabilities.describe(),
                 "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "gguf": None if getattr(self.model, "gguf_holdings", None) is None else self.model.gguf_holdings.as_dict()}

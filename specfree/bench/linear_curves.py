@@ -39,7 +39,6 @@ on the codes the engine's layers hold.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -47,9 +46,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfree.kernels import UnpackedLinear, available_memory, has_amx, load_kernels
-from specfree.kernels.codes import PRECISIONS, CodedLinear, find_codes
+from specfree.kernels.codes import CodedLinear, find_codes
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.panels import LANES, PanelLinear, pack
+from specfree.kernels.passes import best_ms, coded_passes, held_layers
 from specfree.kernels.tiles import pack_tiles
 
 ROWS = (1, 2, 4, 8, 16)
@@ -150,7 +150,7 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
     (``dense=False``: the coded variants only, no copy of any weight)."""
     modules = linear_modules(model)
     if not dense:
-        return _best(_coded_passes(_held_layers(modules), rows), rows, rounds)
+        return best_ms(_coded_variants(held_layers(modules), rows), rows, rounds)
     layers = [weight_and_bias(m) for m in modules]
     variants: dict[str, Callable] = {"blas": lambda x, w, b: F.linear(x, w, b)}
     onednn = _onednn(layers)
@@ -187,7 +187,7 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
         coded = [m.coded if isinstance(m, CodedLinear) else find_codes(w, LANES[paths[-1]])
                  for m, (w, _) in zip(modules, layers)]
         if any(c is not None for c in coded):  # each layer as an engine holds it: codes, else panels
-            passes.update(_coded_passes([(c, None if c is not None else pack(w, LANES[paths[-1]]), b, *w.shape)
+            passes.update(_coded_variants([(c, None if c is not None else pack(w, LANES[paths[-1]]), b, *w.shape)
                                          for c, (w, b) in zip(coded, layers)], rows, paths[-1]))
     if has_amx() and all(w.dtype == torch.bfloat16 for w, _ in layers):  # as a bf16 engine's model runs them
         arena = HugePageArena()  # as an engine's model holds them
@@ -200,43 +200,11 @@ def linear_curves(model: nn.Module, rows: Sequence[int] = ROWS, rounds: int = 5,
         if progress:
             progress("compiling Inductor's C++ GEMM for each row count")
         passes["inductor_cpp"] = _inductor_passes(layers, rows)
-    return _best(passes, rows, rounds)
+    return best_ms(passes, rows, rounds)
 
 
-def _held_layers(modules: Sequence[nn.Module]) -> list[tuple]:
-    """The engine's packed layers as ``_coded_passes`` takes them: their codes (or None) and panels."""
-    return [(m.coded if isinstance(m, CodedLinear) else None, m.panels, m.bias, m.out_features, m.in_features)
-            for m in modules if isinstance(m, PanelLinear)]
-
-
-def _coded_passes(held: Sequence[tuple], rows: Sequence[int], isa: str | None = None) -> dict[str, dict[int, Callable]]:
-    """The coded variants, one per precision: each layer as an engine holds it, ``held`` as
-    (codes or None, panels where there are no codes, bias, n, k); {} where no layer holds codes or
-    the kernel cannot run (``isa`` None: the one it loads)."""
+def _coded_variants(held, rows, isa: str | None = None) -> dict[str, dict[int, Callable]]:
+    """The coded passes (``kernels.passes.coded_passes``) under their curves' names."""
     isa = isa or load_kernels(progress=False)
-    if isa is None or all(c is None for c, *_ in held):
-        return {}
-    activations = {r: {k: torch.randn(r, k) for *_, k in held} for r in rows}
-    passes = {}
-    for precision in PRECISIONS:
-        products = [(lambda x, c=c, b=b, n=n, precision=precision: c.linear(x, b, n, isa, precision)) if c is not None
-                    else (lambda x, p=p, b=b, n=n: torch.ops.specfree.panel_linear(x, p, b, n, isa))
-                    for c, p, b, n, _ in held]
-        name = f"few_row-coded-{isa}" if precision == "exact" else f"few_row-coded-{precision}-{isa}"
-        passes[name] = {r: (lambda xs=activations[r], products=products:
-                            [f(xs[k]) for f, (*_, k) in zip(products, held)]) for r in rows}
-    return passes
-
-
-def _best(passes: dict[str, dict[int, Callable]], rows: Sequence[int], rounds: int) -> dict[str, dict[int, float]]:
-    """The best pass per (variant, rows) in ms: rows take turns within each round, round 0 warms up."""
-    best = {name: {m: float("inf") for m in rows} for name in passes}
-    with torch.no_grad():
-        for round_ in range(rounds + 1):  # round 0 warms up
-            for m in rows:
-                for name, per_rows in passes.items():
-                    start = time.perf_counter()
-                    per_rows[m]()
-                    if round_:
-                        best[name][m] = min(best[name][m], time.perf_counter() - start)
-    return {name: {m: round(1e3 * s, 2) for m, s in per_rows.items()} for name, per_rows in best.items()}
+    return {f"few_row-coded-{isa}" if precision == "exact" else f"few_row-coded-{precision}-{isa}": per_rows
+            for precision, per_rows in coded_passes(held, rows, isa).items()}

@@ -10,7 +10,8 @@ than one read for 2 to 16 rows. The ops, one library:
   (``codes.py``, ``gguf_blocks.py``: a GGUF's types): one sequential stream per thread; what an
   engine's model runs (``prepare_linears``, ``PanelLinear``, ``CodedLinear``); coded layers take
   float32 activations (``precision="exact"``) or 8-bit ones (``"int8"``; ``"auto"``, the default,
-  picks int8 for a model read from a quantized GGUF file: ``set_precision``);
+  picks int8 for a model read from a quantized GGUF file where a probe finds it faster on this CPU:
+  ``precision.py``, ``set_precision``);
 - ``specfree::linear`` (``unpacked_linear.cpp``) on the model's own ``[N, K]`` tensors, for models
   specfree borrows (``unpacked_linears``) and heads tied to a layer it cannot repack;
 - ``specfree::tile_linear`` (``tile_linear.cpp``) on bfloat16 weights packed into AMX tiles
@@ -31,8 +32,10 @@ read against) and ``specfree::linear_pass`` (products called from C++) are measu
 
 The package: ``build.py`` (the C++ library's build, its cache folder, loading it, the ISA the
 process runs, decided once), ``layers.py`` (which layer class each weight gets, the way back,
-precision, ``linear_path``), one module per weight format (``panels.py``, ``codes.py``,
-``tiles.py``, ``gguf_blocks.py``, ``experts.py``), and the attention op (``tree_attention.py``).
+precision, ``linear_path``), ``precision.py`` (what ``precision=auto`` chooses, by a probe cached
+with the cost curves), ``passes.py`` (the timed passes the probe and bench's linear curves share),
+one module per weight format (``panels.py``, ``codes.py``, ``tiles.py``, ``gguf_blocks.py``,
+``experts.py``), and the attention op (``tree_attention.py``).
 """
 
 from specfree.kernels.build import (HEADERS, ISA_NAMES, LIBRARY, SOURCES, find_compiler, has_amx, has_op, kernel_dir,

@@ -16,6 +16,7 @@ from specfree.kernels.build import has_amx, load_kernels, process_isa, registere
 from specfree.kernels.codes import CodedLinear
 from specfree.settings import DEFAULTS, check_setting, choices
 from specfree.kernels.hugepages import HugePageArena
+from specfree.kernels.precision import choose_precision
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
 from specfree.kernels.saved_codes import SavedCodes
@@ -83,15 +84,12 @@ def _plain_cpu_weight(module: nn.Module) -> bool:
             and not module._forward_hooks and not module._forward_pre_hooks)
 
 
-def resolve_precision(model: nn.Module, precision: str = DEFAULTS.precision) -> str:
-    """The arithmetic ``precision`` names for ``model``'s coded layers: ``auto`` is ``int8`` for a
-    model read from a quantized GGUF file (its layers hold the file's codes: the arithmetic
-    llama.cpp's users get from it) and ``exact`` for every other (float weights, even where they are
-    exactly some format's codes: a checkpoint's users expect transformers' output)."""
-    if check_setting("precision", precision) != "auto":
-        return precision
-    holdings = getattr(model, "gguf_holdings", None)
-    return "int8" if holdings is not None and holdings.coded else "exact"
+def resolve_precision(model: nn.Module, precision: str = DEFAULTS.precision,
+                      cache_dir: str | Path | None = None) -> str:
+    """The arithmetic ``precision`` names for ``model``'s coded layers (``kernels.precision``:
+    ``auto`` is int8 for a model read from a quantized GGUF file where a probe finds it faster on
+    this CPU, else exact)."""
+    return choose_precision(model, precision, cache_dir).precision
 
 
 def int8_layers(model: nn.Module) -> list[str]:
@@ -99,16 +97,19 @@ def int8_layers(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, CodedLinear) and m.precision == "int8"]
 
 
-def set_precision(model: nn.Module, precision: str = DEFAULTS.precision) -> int:
+def set_precision(model: nn.Module, precision: str = DEFAULTS.precision, cache_dir: str | Path | None = None) -> int:
     """Run the model's coded layers (``CodedLinear``: a quantized format's codes) at ``precision``
-    (``resolve_precision``); returns how many there are. Other layers have no other precision."""
-    resolved = resolve_precision(model, precision)
+    (``kernels.precision.choose_precision``; the choice and its reason kept as
+    ``model.precision_choice`` where the model has such layers); returns how many there are. Other
+    layers have no other precision."""
+    check_setting("precision", precision)
     coded = [m for m in model.modules() if isinstance(m, CodedLinear)]
-    for module in coded:
-        module.precision = resolved
+    if coded:
+        choice = choose_precision(model, precision, cache_dir)
+        model.precision_choice = choice
+        for module in coded:
+            module.precision = choice.precision
     return len(coded)
-
-
 
 
 def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cache_dir: str | Path | None = None,
@@ -127,7 +128,7 @@ def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cac
     if not any((_packs if pack else _fits)(m) for m in model.modules()):
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.
-        set_precision(model, precision)  # a GGUF's layers hold codes from the load
+        set_precision(model, precision, cache_dir)  # a GGUF's layers hold codes from the load
         return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
     if load_kernels(cache_dir) is None:
         library_linears(model)
@@ -149,7 +150,7 @@ def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cac
             release_checkpoint_mapping(model)
         if coder is not None:
             coder.save()
-    set_precision(model, precision)
+    set_precision(model, precision, cache_dir)
     swap_modules(model, lambda m: UnpackedLinear(m) if _fits(m) else None)
     return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
 
