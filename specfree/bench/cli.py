@@ -270,6 +270,8 @@ def run(cfg: Any, console: Console | None = None) -> int:
             store.meta.update(cost_curves(model, systems[0].engine.adapter, compiled, source, *outside[:2]))
     engine = systems[0].engine
     store.meta["verification"] = engine.adapter.capabilities.describe()  # trees, or chains and why
+    ran = engine.adapter.path()  # precision=auto's choice for this CPU, and why (kernels/precision.py)
+    store.meta["precision_ran"], store.meta["precision_because"] = ran["precision"], ran["precision_because"]
     conversation = Conversation(engine.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 settings.bench.chat)
 
