@@ -7,8 +7,9 @@ at exact's price and 4 or 8 rows dearer (issue 77). So ``auto`` runs a model rea
 quantized GGUF file at int8 only where a probe finds it faster on this CPU: one pass over some of
 the model's coded layers at each precision and row count of ``PROBE_ROWS``, the kind of pass
 bench's linear cost curves time (``kernels/passes.py``). The probe's milliseconds are cached per
-CPU, thread count, kernel build and file type (the GGUF's quantized types), in the cost curves'
-folder, so later loads decide from the file; the decision is taken anew from the cached times.
+CPU, thread count, kernel build, file type (the GGUF's quantized types) and the shapes probed, in
+the cost curves' folder, so later loads decide from the file; the decision is taken anew from the
+cached times.
 """
 
 from __future__ import annotations
@@ -88,11 +89,13 @@ def decide(times: dict[str, dict[int, float]], source: str) -> PrecisionChoice:
 
 
 def probe_path(model: nn.Module, cache_dir: str | Path | None = None) -> Path:
-    """The probe's cache file for this CPU, thread count, kernel build and the model's file type."""
+    """The probe's cache file for this CPU, thread count, kernel build and the model's file type,
+    and the shapes it probes (a tiny test model's layers, all in cache, say nothing of a real one's)."""
     from specfree.runinfo import cpu_name
 
     types = sorted({qtype for counts in model.gguf_holdings.coded.values() for qtype in counts})
-    setup = [cpu_name(), process_isa(), torch.get_num_threads(), kernel_dir().name, types, PROBE_ROWS]
+    shapes = sorted({(m.out_features, m.in_features) for m in probe_layers(model)})
+    setup = [cpu_name(), process_isa(), torch.get_num_threads(), kernel_dir().name, types, shapes, PROBE_ROWS]
     return cache_folder(cache_dir) / "costs" / f"precision-{fingerprint(setup)}.json"
 
 
