@@ -110,9 +110,10 @@ def test_the_int8_op_is_its_arithmetic_in_float64_the_same_bits_on_every_path(qt
     expected, size = int8_reference(x, codes, bias)
     rounding = (2 * (k // codes.block) + 4) * 2.0 ** -24  # two roundings a block, the scale product, the bias
     assert ((out.double() - expected).abs() <= rounding * size + 1e-30).all()
-    exact = from_blocks(codes, lanes(PATHS[-1])).linear(x, bias, n, PATHS[-1])
-    assert torch.equal(exact, torch.ops.specfree.panel_linear(x, pack(torch.from_numpy(codes.values()), lanes(
-        PATHS[-1])), bias, n, PATHS[-1].removesuffix("_novnni")))  # precision=exact: the float32 panels' bits
+    for path in PATHS:  # precision=exact: the float32 panels' bits, on every path
+        exact = from_blocks(codes, lanes(path)).linear(x, bias, n, path)
+        panels = pack(torch.from_numpy(codes.values()), lanes(path))
+        assert torch.equal(exact, torch.ops.specfree.panel_linear(x, panels, bias, n, path.removesuffix("_novnni")))
 
 
 @settings(max_examples=12, deadline=None)

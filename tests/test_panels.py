@@ -72,8 +72,8 @@ def test_pack_and_unpack_round_trip_and_the_op_refuses_what_it_cannot_run():
         torch.ops.specfree.panel_linear(torch.randn(2, 7), pack(weight, 16), None, 13, "avx2")
 
 
-def test_the_linear_pass_calls_the_op_for_each_product():
-    isa = ISAS[-1]
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_linear_pass_calls_the_op_for_each_product(isa):
     weights = [torch.randn(40, 33), torch.randn(7, 40)]
     panels = [pack(w, LANES[isa]) for w in weights]
     xs = [torch.randn(3, 33), torch.randn(3, 40)]
