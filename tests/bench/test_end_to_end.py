@@ -112,6 +112,7 @@ def test_sweep_plot_and_compare(tiny_model_dir, prompts, tmp_path):
     assert cli.run(cfg, quiet()) == 0
     doc = json.loads((out / "bench.json").read_text())
     assert doc["meta"]["verification"].startswith("llama: verifies draft trees")  # what the probes chose
+    assert (doc["meta"]["precision_ran"], doc["meta"]["precision_because"]) == ("exact", None)  # no layer holds codes
     assert f"drafts verified: {doc['meta']['verification']}" in (out / "report.md").read_text()
     labels = [s["label"] for s in doc["systems"]]
     assert labels == ["autoregressive", "prompt_lookup(draft_len=4)", "prompt_lookup(draft_len=2)", "prompt_lookup"]
