@@ -17,16 +17,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from specfree.errors import ConfigError, SpecfreeError, check_int
 from specfree.files import user_path
 from specfree.sweeps import CoreShares, available_cpus
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+    from rich.console import Console
 
     from specfree.plugins import Registry
 
@@ -221,6 +218,9 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
 
     ``piped`` is the text already read from stdin (else stdin is read when there is no prompt).
     """
+    from rich.console import Console
+    from rich.text import Text
+
     from specfree.config import engine_parts, knobs
     from specfree.detokenize import Detokenizer
     from specfree.engine import Engine
@@ -424,6 +424,9 @@ def compare(args: list[str], console: Console | None = None) -> int:
 
 # ---- plugins ------------------------------------------------------------------------------
 def plugins(args: list[str], console: Console | None = None) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
     from specfree.config import COMPONENT_GROUPS
     from specfree.plugins import KINDS, build_plugin_manager, registry
 
