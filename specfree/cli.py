@@ -39,6 +39,7 @@ COMMANDS = {
     "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
     "datastore": "build a retrieval datastore from corpora or from the model's own answers",
     "serve": "an OpenAI-compatible server (/v1/chat/completions...) over one engine: serve serve.port=8000",
+    "build-kernels": "build specfree's C++ kernels now (the README's set-up does): build-kernels [cache_dir=PATH]",
 }
 EXAMPLES = """\
 examples:
@@ -72,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _delegate("specfree.bench.replay", "main", "replay")(args)
         if command == "datastore":
             return _delegate("specfree.datastore", "main", "datastore")(args)
+        if command == "build-kernels":
+            return _delegate("specfree.kernels.build", "build_command", "build-kernels")(args)
         return hydra_command(command, args)
     except SpecfreeError as exc:
         print_error(exc)

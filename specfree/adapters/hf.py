@@ -28,7 +28,7 @@ from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.kv_buffers import StaticSlots, growing_cache
 from specfree.adapters.stores import STORES, KVStore, SlotStore
 from specfree.kernels import int8_layers, linear_path, prepare_linears
-from specfree.progress import progress_bar
+from specfree.progress import StepsShown
 from specfree.settings import DEFAULTS
 
 # The one mode every forward specfree runs is under: probes, the cost curve, prompts, steps and
@@ -265,16 +265,16 @@ class HFAdapter:
         self.reset()
         self.store.slots.room(slots or self.store.slots.min_slots)
         sizes = self.runner.warm_up_rows()
-        with progress_bar(show=progress, transient=True) as bar:
-            task = bar.add_task("compiling the forward", total=len(sizes))
+        loading = getattr(self.runner, "ready", lambda: False)()  # a package on disk: nothing to show in a log
+        with StepsShown("compiling the forward", len(sizes), show=progress and not loading) as steps:
             for rows in sizes:
-                bar.update(task, description=self.runner.warm_up_description(rows))
+                steps.starting(self.runner.warm_up_description(rows))
                 self.forward(torch.zeros(rows, dtype=torch.long))
                 self.commit([0], rows)
                 self.reset()
                 if not self.compiled:
                     break
-                bar.advance(task)
+                steps.advance()
         return time.perf_counter() - start
 
     def cost_setup(self) -> list:
