@@ -52,3 +52,18 @@ def test_a_hidden_build_prints_nothing(capsys):
         steps.starting("compiling the forward for 1 row")
         steps.advance()
     assert capsys.readouterr().err == ""
+
+
+def test_decode_writes_its_start_up_split_to_result_json(tiny_llama_dir, tmp_path, monkeypatch):
+    import json
+
+    from specfree import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["decode", "model=local", f"model.path={tiny_llama_dir}", "prompt=the cat", "max_new_tokens=4",
+                     f"hydra.run.dir={tmp_path}"]) == 0
+    split = json.loads((tmp_path / "result.json").read_text())["startup"]
+    phases = ["plugins_s", "config_s", "imports_s", "model_s", "adapter_s", "engine_s", "first_step_s", "other_s"]
+    assert list(split) == ["before_main_s", *phases, "total_s"]
+    assert all(split[p] >= 0 for p in phases) and split["before_main_s"] > 0  # this process began before main
+    assert abs(sum(split[p] for p in phases) + split["before_main_s"] - split["total_s"]) < 0.01
