@@ -67,3 +67,40 @@ def test_decode_writes_its_start_up_split_to_result_json(tiny_llama_dir, tmp_pat
     assert list(split) == ["before_main_s", *phases, "total_s"]
     assert all(split[p] >= 0 for p in phases) and split["before_main_s"] > 0  # this process began before main
     assert abs(sum(split[p] for p in phases) + split["before_main_s"] - split["total_s"]) < 0.01
+
+
+def test_a_model_that_passed_the_probes_here_skips_them_next_time(tmp_path, monkeypatch):
+    import copy
+
+    from specfree.adapters import probes
+    from specfree.adapters.hf import HFAdapter
+    from tests.tiny_models import tiny_model
+
+    calls = []
+    inspect = probes.inspect_model
+    monkeypatch.setattr(probes, "inspect_model", lambda *a, **k: calls.append(1) or inspect(*a, **k))
+    first = HFAdapter(copy.deepcopy(tiny_model("llama")), cache_dir=tmp_path)
+    again = HFAdapter(copy.deepcopy(tiny_model("llama")), cache_dir=tmp_path)
+    assert len(calls) == 1 and again.capabilities == first.capabilities
+    assert len(list((tmp_path / "probes").glob("*.json"))) == 1
+    HFAdapter(copy.deepcopy(tiny_model("llama")), cache_dir=tmp_path / "elsewhere")  # another cache probes again
+    assert len(calls) == 2
+
+
+def test_a_refusal_is_never_remembered_and_a_decoder_pass_does_not_admit_its_encoder(tmp_path):
+    import transformers
+
+    from specfree.adapters.hf import HFAdapter
+    from specfree.errors import UnsupportedModelError
+
+    def roberta(is_decoder: bool):
+        config = transformers.RobertaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, max_position_embeddings=512, vocab_size=128,
+                                            is_decoder=is_decoder)
+        return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+    HFAdapter(roberta(is_decoder=True), cache_dir=tmp_path)
+    for _ in range(2):
+        with pytest.raises(UnsupportedModelError, match="is not causal"):
+            HFAdapter(roberta(is_decoder=False), cache_dir=tmp_path)
+    assert len(list((tmp_path / "probes").glob("*.json"))) == 1

@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from specfree.adapters import probes
+from specfree.adapters import probe_cache, probes
 from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_maskable_attention, use_tree_attention
 from specfree.adapters.capabilities import Capabilities, model_device, model_structure
 from specfree.adapters.norms import fuse_norms, own_norms
@@ -89,8 +89,18 @@ class HFAdapter:
             raise ValueError("a compiled runner and its KV slots come together")
         self._compiled_runner, self._slots = runner, slots
         with grad_free():  # the probes' forwards, and a store's own (a recurrent one finds its mixers)
-            self._attach(structure if capabilities else probes.inspect_model(
-                structure, self._probe, compiled=runner is not None, probe=check_tree_mask), runner)
+            self._attach(structure if capabilities else
+                         self._inspected(structure, runner is not None, check_tree_mask, cache_dir), runner)
+
+    def _inspected(self, structure: Capabilities, compiled: bool, probe: bool, cache_dir) -> Capabilities:
+        """``probes.inspect_model``'s record, without its forwards where this architecture passed
+        them all here before as a tree-verified model (``probe_cache``)."""
+        if probe and not structure.chain_only and probe_cache.passed_before(self.model, cache_dir, compiled):
+            return structure
+        caps = probes.inspect_model(structure, self._probe, compiled=compiled, probe=probe)
+        if probe and caps is structure and not caps.chain_only:
+            probe_cache.remember_pass(self.model, cache_dir, compiled)
+        return caps
 
     def _attach(self, capabilities: Capabilities, runner: StepRunner | None) -> None:
         self.capabilities = capabilities
