@@ -17,16 +17,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from specfree.errors import ConfigError, SpecfreeError, check_int
 from specfree.files import user_path
+from specfree.startup import StartupSplit, phase_of
 from specfree.sweeps import CoreShares, available_cpus
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+    from rich.console import Console
 
     from specfree.plugins import Registry
 
@@ -42,6 +40,7 @@ COMMANDS = {
     "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
     "datastore": "build a retrieval datastore from corpora or from the model's own answers",
     "serve": "an OpenAI-compatible server (/v1/chat/completions...) over one engine: serve serve.port=8000",
+    "build-kernels": "build specfree's C++ kernels now (the README's set-up does): build-kernels [cache_dir=PATH]",
 }
 EXAMPLES = """\
 examples:
@@ -57,6 +56,7 @@ examples:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    split = StartupSplit()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if not argv or argv[0] in ("-h", "--help", "help"):
@@ -75,7 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _delegate("specfree.bench.replay", "main", "replay")(args)
         if command == "datastore":
             return _delegate("specfree.datastore", "main", "datastore")(args)
-        return hydra_command(command, args)
+        if command == "build-kernels":
+            return _delegate("specfree.kernels.build", "build_command", "build-kernels")(args)
+        return hydra_command(command, args, split)
     except SpecfreeError as exc:
         print_error(exc)
         return USAGE_ERROR
@@ -101,7 +103,7 @@ def help_text() -> str:
 
 
 # ---- decode and bench: through Hydra ------------------------------------------------------
-def hydra_command(command: str, args: list[str]) -> int:
+def hydra_command(command: str, args: list[str], split: StartupSplit | None = None) -> int:
     import hydra
     from hydra._internal.utils import (
         get_args_parser,  # Hydra's own flags: -m, --cfg, --help...
@@ -123,7 +125,8 @@ def hydra_command(command: str, args: list[str]) -> int:
         return usage.code if isinstance(usage.code, int) else USAGE_ERROR
     if parsed.multirun and (parsed.cfg or parsed.info or parsed.shell_completion):
         raise ConfigError("--cfg and --info show one job's config: drop -m (and give one value per setting)")
-    reg = registry(build_plugin_manager())
+    with phase_of(split, "plugins"):  # the built-in components' modules: torch and numpy come with them
+        reg = registry(build_plugin_manager())
     overrides = [quote_free_text(o) for o in parsed.overrides]
     if command == "bench" and not any(o.lstrip("+").startswith("bench=") for o in overrides):
         overrides.insert(0, "bench=spec_bench")
@@ -146,7 +149,8 @@ def hydra_command(command: str, args: list[str]) -> int:
         serve = _delegate("specfree.serve.cli", "run", "serve")
         runner = lambda cfg: serve(cfg, reg)  # noqa: E731
     else:
-        runner = ((lambda cfg: decode(cfg, reg, piped=piped)) if command == "decode"
+        runner = ((lambda cfg: decode(cfg, reg, piped=piped, split=split if len(jobs) == 1 else None))
+                  if command == "decode"
                   else _delegate("specfree.bench.cli", "run", "bench"))
     shares = CoreShares(len(jobs))  # jobs run at once by a local launcher (joblib) split the cores
 
@@ -216,14 +220,23 @@ def _delegate(module: str, function: str, command: str) -> Callable[..., int]:
 
 # ---- decode -------------------------------------------------------------------------------
 def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Console | None = None,
-           piped: str | None = None) -> int:
+           piped: str | None = None, split: StartupSplit | None = None) -> int:
     """Stream one completion; drafted tokens in green on a terminal; a summary line on stderr.
 
     ``piped`` is the text already read from stdin (else stdin is read when there is no prompt).
+    ``split``: the start-up split since the command's ``main`` (one job; else one from here),
+    written to result.json up to the first token.
     """
-    from specfree.config import engine_parts, knobs
-    from specfree.detokenize import Detokenizer
-    from specfree.engine import Engine
+    split = split or StartupSplit()
+    split.unclaimed("config")  # Hydra: parsing, composing, its run folder
+    with split.phase("imports"):  # transformers, mostly
+        from rich.console import Console
+        from rich.text import Text
+        from transformers.utils import logging as hf_logging
+
+        from specfree.config import engine_parts, knobs
+        from specfree.detokenize import Detokenizer
+        from specfree.engine import Engine
 
     out = out or Console(highlight=False, soft_wrap=True)
     err = err or Console(stderr=True, highlight=False, soft_wrap=True)
@@ -232,10 +245,10 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
         import torch
 
         torch.set_num_threads(check_int("threads", cfg.threads, low=1))
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # a weight-loading bar would land between prompt and answer
-    engine = Engine(**engine_parts(cfg, reg))
+    parts = engine_parts(cfg, reg, split)
+    with split.phase("engine"):  # the cost curve, read from its cache and checked
+        engine = Engine(**parts)
     settings = engine.model_settings.line()  # what the model's generation_config changed, said once
     if settings:
         err.print(Text(settings, style="yellow"))
@@ -250,10 +263,13 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     detok = Detokenizer(engine.tokenizer)
     tokens: list[int] = []
     drafted: list[bool] = []
-    steps, generation, start = 0, None, time.perf_counter()
+    steps, generation, start, startup = 0, None, time.perf_counter(), None
     try:
         while True:
             chunk = next(stream)
+            if startup is None:  # the prompt's prefill and the first step, then the split is complete
+                split.ended("first_step", since=start)
+                startup = split.as_dict()
             for token, from_draft in zip(chunk.tokens, chunk.from_draft):
                 # Per token, so a step's accepted drafts and the model's own token differ in colour.
                 out.print(Text(detok.push(token), style="green" if from_draft else ""), end="")
@@ -269,6 +285,7 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     partial = {"tokens": tokens, "drafted": drafted, "steps": steps, "wall": wall}
     result = _result(cfg, prompt, ids, generation, partial, knobs(cfg.strategy), engine.tokenizer)
     result["verification"] = verification
+    result["startup"] = startup or split.as_dict()
     result.update(run_record(engine, cfg))
     line = Text(summary_line(result))
     line.highlight_regex(r"\d+ drafted", "green")  # the legend for the coloured tokens above
@@ -424,6 +441,9 @@ def compare(args: list[str], console: Console | None = None) -> int:
 
 # ---- plugins ------------------------------------------------------------------------------
 def plugins(args: list[str], console: Console | None = None) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
     from specfree.config import COMPONENT_GROUPS
     from specfree.plugins import KINDS, build_plugin_manager, registry
 

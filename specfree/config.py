@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,6 +20,9 @@ from specfree.conf.schema import STEP_KNOBS, BenchConfig, ModelConfig, SpecfreeC
 from specfree.errors import ConfigError, ModelLoadError, one_line
 from specfree.registry import Registry, takes_pool_object
 from specfree.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from specfree.startup import StartupSplit
 
 __all__ = ["BenchConfig", "ModelConfig", "SpecfreeConfig", "compose", "config_error", "engine_parts",
            "group_options", "knob_fields", "load_config", "node_schema"]
@@ -233,11 +236,13 @@ def build_strategy(cfg: DictConfig, reg: Registry):
     return build(reg, "strategy", cfg.strategy, **extra)
 
 
-def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
+def engine_parts(cfg: DictConfig, reg: Registry, split: StartupSplit | None = None) -> dict[str, Any]:
     """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
-    and mask builder are built first, so their mistakes show before the model spends seconds loading."""
+    and mask builder are built first, so their mistakes show before the model spends seconds loading.
+    ``split``: times loading the model (``model``) and building its adapter (``adapter``)."""
     from specfree.loading import check_hub_reachable, load_model
     from specfree.parts import build_parts
+    from specfree.startup import phase_of
 
     own = reg.get("strategy", cfg.strategy.name).knobs  # a factory with its own `priced` keeps it
     settings = EngineSettings.from_config(cfg, skip=tuple(own))
@@ -249,13 +254,15 @@ def engine_parts(cfg: DictConfig, reg: Registry) -> dict[str, Any]:
     if model_cfg.path is not None and not Path(model_cfg.path).expanduser().exists():
         raise ModelLoadError(f"model.path not found: {model_cfg.path} (give a model folder or a .gguf file)")
     check_hub_reachable(model_cfg.path or model_cfg.name, model_cfg.revision)
-    model, tokenizer = load_model(model_cfg.path or model_cfg.name, device=cfg.device, dtype=cfg.dtype,
-                                  cache_dir=settings.cache_dir, attn_implementation=model_cfg.attn_implementation,
-                                  revision=model_cfg.revision)
+    with phase_of(split, "model"):
+        model, tokenizer = load_model(model_cfg.path or model_cfg.name, device=cfg.device, dtype=cfg.dtype,
+                                      cache_dir=settings.cache_dir, attn_implementation=model_cfg.attn_implementation,
+                                      revision=model_cfg.revision)
     # The verifier's knobs the config leaves unset (null) follow the model's generation_config.
     chosen = cfg.get("verifier")
-    parts = build_parts(model, reg, strategy, settings, verifier_knobs=knobs(chosen) if chosen is not None else {},
-                        verifier=chosen.name if chosen is not None else None)
+    with phase_of(split, "adapter"):
+        parts = build_parts(model, reg, strategy, settings, verifier_knobs=knobs(chosen) if chosen is not None else {},
+                            verifier=chosen.name if chosen is not None else None)
     # cache_dir: the cost curve is kept beside the kernels and packages, where the config says
     return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, **settings.engine_knobs()}
 

@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from specfree.adapters import probes
+from specfree.adapters import probe_cache, probes
 from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_maskable_attention, use_tree_attention
 from specfree.adapters.capabilities import Capabilities, model_device, model_structure
 from specfree.adapters.norms import fuse_norms, own_norms
@@ -28,7 +28,7 @@ from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.kv_buffers import StaticSlots, growing_cache
 from specfree.adapters.stores import STORES, KVStore, SlotStore
 from specfree.kernels import int8_layers, linear_path, prepare_linears
-from specfree.progress import progress_bar
+from specfree.progress import StepsShown
 from specfree.settings import DEFAULTS
 
 # The one mode every forward specfree runs is under: probes, the cost curve, prompts, steps and
@@ -90,8 +90,18 @@ class HFAdapter:
             raise ValueError("a compiled runner and its KV slots come together")
         self._compiled_runner, self._slots = runner, slots
         with grad_free():  # the probes' forwards, and a store's own (a recurrent one finds its mixers)
-            self._attach(structure if capabilities else probes.inspect_model(
-                structure, self._probe, compiled=runner is not None, probe=check_tree_mask), runner)
+            self._attach(structure if capabilities else
+                         self._inspected(structure, runner is not None, check_tree_mask, cache_dir), runner)
+
+    def _inspected(self, structure: Capabilities, compiled: bool, probe: bool, cache_dir) -> Capabilities:
+        """``probes.inspect_model``'s record, without its forwards where this architecture passed
+        them all here before as a tree-verified model (``probe_cache``)."""
+        if probe and not structure.chain_only and probe_cache.passed_before(self.model, cache_dir, compiled):
+            return structure
+        caps = probes.inspect_model(structure, self._probe, compiled=compiled, probe=probe)
+        if probe and caps is structure and not caps.chain_only:
+            probe_cache.remember_pass(self.model, cache_dir, compiled)
+        return caps
 
     def _attach(self, capabilities: Capabilities, runner: StepRunner | None) -> None:
         self.capabilities = capabilities
@@ -266,16 +276,16 @@ class HFAdapter:
         self.reset()
         self.store.slots.room(slots or self.store.slots.min_slots)
         sizes = self.runner.warm_up_rows()
-        with progress_bar(show=progress, transient=True) as bar:
-            task = bar.add_task("compiling the forward", total=len(sizes))
+        loading = getattr(self.runner, "ready", lambda: False)()  # a package on disk: nothing to show in a log
+        with StepsShown("compiling the forward", len(sizes), show=progress and not loading) as steps:
             for rows in sizes:
-                bar.update(task, description=self.runner.warm_up_description(rows))
+                steps.starting(self.runner.warm_up_description(rows))
                 self.forward(torch.zeros(rows, dtype=torch.long))
                 self.commit([0], rows)
                 self.reset()
                 if not self.compiled:
                     break
-                bar.advance(task)
+                steps.advance()
         return time.perf_counter() - start
 
     def cost_setup(self) -> list:

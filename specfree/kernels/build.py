@@ -3,7 +3,6 @@ folder), loading it into the process, and the code path (ISA) this CPU runs."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import warnings
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import torch
 
 from specfree.files import atomic_path, cache_folder, fingerprint
+from specfree.progress import building
 from specfree.settings import DEFAULTS
 
 SOURCE = Path(__file__).with_name("unpacked_linear.cpp")
@@ -92,12 +92,8 @@ def _build(folder: Path, progress: bool, sources: tuple[Path, ...] = SOURCES) ->
         raise RuntimeError("no C++ compiler found")
     folder.mkdir(parents=True, exist_ok=True)
     workers = min(len(sources), os.cpu_count() or 1)
-    status = contextlib.nullcontext()
-    if progress:  # about 80 s of compiling in all, the longest source 20 s (2-core Intel VM)
-        from rich.console import Console
-
-        status = Console(stderr=True).status(f"building specfree's CPU kernels (first use: about "
-                                             f"{max(20, 80 // workers)} s)")
+    # about 80 s of compiling in all, the longest source 20 s (2-core Intel VM)
+    status = building("specfree's CPU kernels", max(20, 80 // workers), show=progress)
 
     def run(command: list[str]) -> None:
         done = subprocess.run(command, capture_output=True, text=True)
@@ -131,6 +127,42 @@ def load_kernels(cache_dir: str | Path | None = None, progress: bool = True) -> 
             return None
         _register_fake()
     return process_isa() if registered() else None
+
+
+def build_command(args: list[str]) -> int:
+    """``python -m specfree build-kernels [cache_dir=PATH]``: build the library now (the README's
+    set-up runs it), so the first decode builds nothing but what depends on its model."""
+    import sys
+    import time
+
+    from specfree.errors import ConfigError
+
+    cache_dir = None
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if key != "cache_dir" or not sep or not value:
+            raise ConfigError(f"build-kernels takes only cache_dir=PATH; got {arg!r}")
+        cache_dir = value
+    if not _cpu_has_avx2():
+        print("specfree: this CPU lacks AVX2 and FMA, which specfree's kernels need: nothing to build; decoding "
+              "uses torch's F.linear instead (same output, slower)", file=sys.stderr)
+        return 0
+    if find_compiler() is None and not (kernel_dir(cache_dir) / LIBRARY).is_file():
+        raise ConfigError("no C++ compiler found (looked for c++, g++ and clang++ on PATH), so specfree's CPU "
+                          "kernels cannot be built: install one (Debian, Ubuntu: apt-get install g++) and run "
+                          "python -m specfree build-kernels again. Without them specfree decodes with torch's "
+                          "F.linear (same output, slower).")
+    library, start = kernel_dir(cache_dir) / LIBRARY, time.perf_counter()
+    done = "already built" if library.is_file() else None
+    try:
+        torch.ops.load_library(str(_build(library.parent, progress=True)))
+    except Exception as exc:  # a compile error, a damaged library
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"error: specfree's CPU kernels could not be built: {first}", file=sys.stderr)
+        return 1
+    done = done or f"built in {time.perf_counter() - start:.0f} s"
+    print(f"specfree's CPU kernels: {done} ({library}); this CPU runs their {process_isa()} path", file=sys.stderr)
+    return 0
 
 
 def has_amx() -> bool:

@@ -373,3 +373,14 @@ def test_a_state_file_needs_a_suffix_drafter(tmp_path):
 
     with pytest.raises(ConfigError, match="suffix drafter"):
         create_app(tiny_engine("prompt_lookup"), ServeConfig(state_file=str(tmp_path / "s.state")))
+
+
+def test_the_warm_up_before_health_leaves_what_the_engine_drafts_and_prices_as_it_was():
+    from specfree.serve.cli import warm_up
+
+    warmed, fresh = tiny_engine(), tiny_engine()
+    warm_up(warmed)
+    prompt = chat("the cat and the dog")
+    a, b = warmed.generate(prompt, 24, chat=True), fresh.generate(prompt, 24, chat=True)
+    assert a.tokens == b.tokens
+    assert [(s.offered, s.rows, s.accepted) for s in a.steps] == [(s.offered, s.rows, s.accepted) for s in b.steps]
