@@ -1,24 +1,29 @@
-"""Several requests in one forward: each step runs every request's rows together, and each request's
-output is bit-identical to decoding it alone.
+"""The one decoding loop: every request goes through a ``Batch``, alone or beside others, and each
+request's output is bit-identical to decoding it alone.
 
-A ``Batch`` holds up to ``max_batch`` requests (``Member``s). A step:
+``Engine.generate`` and ``stream`` run a batch of one, ``generate_batch`` and ``serve`` batches of
+``max_batch``. A ``Batch`` holds up to ``max_batch`` requests (``Member``s, each from a
+``request.Request``). A step:
 
-1. newcomers' prompts are prefilled, oldest first, by chunks of at most ``LONG_ROWS`` rows in all,
-   in a forward of their own (so the others wait at most one chunk a step); a prompt's last id
-   becomes its first root;
+1. newcomers' prompts are prefilled, oldest first, by chunks of at most ``EXACT_CHUNK`` rows in
+   all, in a forward of their own (so the others wait at most one chunk a step); a prompt's last
+   id becomes its first root;
 2. every decoding member plans its rows (its drafter proposes, the shared pricer keeps the rows
-   worth their cost, priced on the curve at the step's total rows, ``pricing.Shifted``);
-3. one forward runs all their rows over the KV manager (``kv_manager.KVManager``), each row seeing
-   only its own sequence;
+   worth their cost; in a batch of several, priced on the curve at the step's total rows,
+   ``pricing.Shifted``);
+3. one forward runs all their rows over the adapter's KV manager (``kv_manager.KVManager``), each
+   row seeing only its own sequence; a batch of one runs through the adapter's own steps instead
+   (``lanes.SoloLane``), which every adapter has;
 4. each member verifies, keeps its accepted rows' KV, and emits.
 
-Members join between steps (continuous batching) and leave when they stop; one that fails ends
+Members join between steps (continuous batching) and leave when they stop, their KV held for a
+later prompt that starts with the same ids where the batch holds prompts; one that fails ends
 alone. Why the output is each request's own: every row has the bits of the one-row forward
 (``Adapter.rows_exact``: the row-exact attention operator and linear kernels, at most
 ``LONG_ROWS`` rows a forward), so a row's logits depend only on its own sequence, whoever else
-shares the forward; and the prompt is prefilled in chunks through the same operator, as
-``Engine(prompt_cache=True)`` does alone. Where rows are not exact (``Engine.batch_off`` says why),
-a batch decodes its members one at a time.
+shares the forward; and every prompt is prefilled in chunks through the same operator, alone or
+not, cached or not. Adapters that cannot share a forward (``Engine.batch_off`` says why) cap a
+batch at one request.
 """
 
 from __future__ import annotations

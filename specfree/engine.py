@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from specfree.adapters.protocol import Adapter
+from specfree.batching import Batch, decode_together
 from specfree.files import DEFAULT_CACHE
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
@@ -245,8 +246,6 @@ class Engine:
         """Decode one request, a batch of one (``batching.Batch``, the one loop): yields each step's
         ``Chunk``; the ``Generation`` is the generator's return value. Closing it ends the request
         (the KV it kept stays held for ``prompt_cache``)."""
-        from specfree.batching import Batch
-
         batch = Batch(self, 1, hold_prompts=self.prompt_cache)
         try:
             batch.add(request)
@@ -269,8 +268,6 @@ class Engine:
         one forward (``specfree.batching``), and each output is bit-identical to decoding its prompt
         alone. Where this engine cannot share a forward (``batch_off`` says why, in a warning), the
         same loop decodes the prompts one at a time."""
-        from specfree.batching import decode_together
-
         if isinstance(prompts, (str, torch.Tensor)):
             raise ConfigError("generate_batch takes a list of prompts; for one prompt call generate")
         check_int("max_batch", max_batch, low=1)
