@@ -1,24 +1,29 @@
-"""Several requests in one forward: each step runs every request's rows together, and each request's
-output is bit-identical to decoding it alone.
+"""The one decoding loop: every request goes through a ``Batch``, alone or beside others, and each
+request's output is bit-identical to decoding it alone.
 
-A ``Batch`` holds up to ``max_batch`` requests (``Member``s). A step:
+``Engine.generate`` and ``stream`` run a batch of one, ``generate_batch`` and ``serve`` batches of
+``max_batch``. A ``Batch`` holds up to ``max_batch`` requests (``Member``s, each from a
+``request.Request``). A step:
 
-1. newcomers' prompts are prefilled, oldest first, by chunks of at most ``LONG_ROWS`` rows in all,
-   in a forward of their own (so the others wait at most one chunk a step); a prompt's last id
-   becomes its first root;
+1. newcomers' prompts are prefilled, oldest first, by chunks of at most ``EXACT_CHUNK`` rows in
+   all, in a forward of their own (so the others wait at most one chunk a step); a prompt's last
+   id becomes its first root;
 2. every decoding member plans its rows (its drafter proposes, the shared pricer keeps the rows
-   worth their cost, priced on the curve at the step's total rows, ``pricing.Shifted``);
-3. one forward runs all their rows over the KV manager (``kv_manager.KVManager``), each row seeing
-   only its own sequence;
+   worth their cost; in a batch of several, priced on the curve at the step's total rows,
+   ``pricing.Shifted``);
+3. one forward runs all their rows over the adapter's KV manager (``kv_manager.KVManager``), each
+   row seeing only its own sequence; a batch of one runs through the adapter's own steps instead
+   (``lanes.SoloLane``), which every adapter has;
 4. each member verifies, keeps its accepted rows' KV, and emits.
 
-Members join between steps (continuous batching) and leave when they stop; one that fails ends
+Members join between steps (continuous batching) and leave when they stop, their KV held for a
+later prompt that starts with the same ids where the batch holds prompts; one that fails ends
 alone. Why the output is each request's own: every row has the bits of the one-row forward
 (``Adapter.rows_exact``: the row-exact attention operator and linear kernels, at most
 ``LONG_ROWS`` rows a forward), so a row's logits depend only on its own sequence, whoever else
-shares the forward; and the prompt is prefilled in chunks through the same operator, as
-``Engine(prompt_cache=True)`` does alone. Where rows are not exact (``Engine.batch_off`` says why),
-a batch decodes its members one at a time.
+shares the forward; and every prompt is prefilled in chunks through the same operator, alone or
+not, cached or not. Adapters that cannot share a forward (``Engine.batch_off`` says why) cap a
+batch at one request.
 """
 
 from __future__ import annotations
@@ -30,17 +35,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specfree.adapters.kv_buffers import GrowingBuffers
-from specfree.adapters.kv_manager import KVManager, Rows
+from specfree.adapters.kv_manager import Rows
 from specfree.adapters.capabilities import causal
-from specfree.adapters.runners import EagerRunner
 from specfree.errors import ConfigError
 from specfree.kernels.tree_attention import LONG_ROWS
+from specfree.lanes import SoloLane
 from specfree.pricing import Shifted
+from specfree.request import Request
 from specfree.sequence import Chunk, Decoding, Step
+from specfree.timing import clock
 from specfree.types import Generation
 from specfree.settings import DEFAULTS
 
+# A prompt's prefill chunk: at most this many rows run the row-exact attention (more go to SDPA).
+EXACT_CHUNK = LONG_ROWS
 
 
 @dataclass(eq=False)
@@ -78,46 +86,49 @@ class Event:
 
 
 class Batch:
-    """Up to ``max_batch`` requests decoded together by ``engine`` (see the module's docstring).
+    """Up to ``max_batch`` requests decoded together by ``engine`` (see the module's docstring):
+    the one loop, which ``Engine.generate`` runs as a batch of one.
 
-    ``hold_prompts``: a finished request's KV is held for a later prompt that starts the same way
-    (the batch's prompt cache; at most ``max_batch`` held)."""
+    Several requests share each forward over the adapter's KV manager; a batch of one runs through
+    the adapter's own steps (``lanes.SoloLane``), which every adapter has, those that cannot share a
+    forward (``Engine.batch_off``) included. ``hold_prompts``: a finished request's KV is held for a
+    later prompt that starts the same way (the prompt cache; at most ``max_batch`` held). Where the
+    adapter's rows are exact and its KV can be cut (``Engine.reuse_off`` is None), prompts are
+    prefilled in chunks of ``EXACT_CHUNK`` rows, held or not: a prompt's KV has the same bits
+    however it was computed. Elsewhere a lone prompt is prefilled in one call, and nothing is held."""
 
     def __init__(self, engine, max_batch: int = DEFAULTS.max_batch, hold_prompts: bool = False):
         reason = engine.batch_off
-        if reason is not None:
+        if reason is not None and max_batch > 1:
             raise ConfigError(f"this engine cannot decode requests together: {reason}")
         adapter = engine.adapter
-        caps = adapter.capabilities
         self.engine, self.max_batch = engine, max_batch
-        held = max_batch if hold_prompts else 0
-        if adapter.compiled:  # the adapter's manager (the runner's slots): its own steps must not run beside the batch
-            adapter.reset()
+        exact = engine.reuse_off is None
+        self.prefill_rows = EXACT_CHUNK if exact else adapter.max_length
+        if max_batch == 1:
+            self.kv = SoloLane(adapter, holding=hold_prompts and exact)
+        else:  # the adapter's own manager (eager buffers, or a package's slots): the prompts it holds are shared
             self.kv = adapter.store.kv
-            self.kv.max_held = held
-        else:
-            runner = EagerRunner(adapter.model, caps.cache_argument, caps.takes_positions)
-            self.kv = KVManager(GrowingBuffers(adapter.dtype, adapter.device), runner, caps.windows, held)
+            self.kv.drop_unheld()
+            self.kv.max_held = max_batch if hold_prompts else 0
         self.members: list[Member] = []
+        self._stepping = False  # True while a step's forward has run but its commit may not have
         self._strategies: list = [engine.strategy] + [None] * (max_batch - 1)  # one drafter per slot
 
     @property
     def room(self) -> int:
         return self.max_batch - len(self.members)
 
-    def add(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), seed: int | None = None,
-            ignore_eos: bool = False, logprobs: int | None = None, verifier=None, chat: bool | None = None,
-            cache_prompt: bool = True) -> Member:
+    def add(self, request: Request) -> Member:
         """A request that joins at the next step (its settings checked now: a bad one raises here)."""
         if not self.room:
             raise ConfigError(f"the batch is full ({self.max_batch} requests); wait for one to finish")
-        ids = self.engine.encode(prompt, chat)
         slot = next(i for i in range(self.max_batch) if all(m.slot != i for m in self.members))
         if self._strategies[slot] is None:
             self._strategies[slot] = self.engine.strategy.fork()
-        decoding = self.engine._decoding(ids, max_new_tokens, stop, seed, ignore_eos, logprobs, verifier=verifier,
-                                         strategy=self._strategies[slot], timing=False)
-        seq, reused = self.kv.join(np.asarray(ids, dtype=np.int64) if cache_prompt else None)
+        # A batch of one teaches the engine's cost curve; a batch of several does not (see _run_group).
+        decoding = self.engine.decoding(request, strategy=self._strategies[slot], timing=self.max_batch == 1)
+        seq, reused = self.kv.join(np.asarray(request.ids, dtype=np.int64) if request.cache_prompt else None)
         member = Member(decoding, seq, slot, prefilled=reused, cached_tokens=reused)
         self.members.append(member)
         if not member.prefilling:
@@ -133,6 +144,7 @@ class Batch:
         """One step of every member: a forward of the newcomers' prompt chunks, then one for all
         that decode. Returns what happened to each, finished ones last (they have left)."""
         events: list[Event] = []
+        self._stepping = True
         for member in [m for m in self.members if m.cancelled]:
             self._leave(member, hold=False)
         newcomers = [m for m in self.members if m.prefilling]
@@ -143,11 +155,12 @@ class Batch:
             self._decode(decoding, events)
         for member in [m for m in self.members if m.finished]:
             self._leave(member, hold=member.error is None)
+        self._stepping = False
         return events
 
     def _prefill(self, newcomers: list[Member], events: list[Event]) -> None:
-        """One forward of the newcomers' next prompt chunks, oldest first, ``LONG_ROWS`` rows in all."""
-        start, parts, room = time.perf_counter(), [], LONG_ROWS  # prompt chunks run eagerly on either path
+        """One forward of the newcomers' next prompt chunks, oldest first, ``prefill_rows`` rows in all."""
+        start, parts, room = time.perf_counter(), [], self.prefill_rows  # prompt chunks run eagerly on either path
         for member in newcomers:
             d = member.decoding
             end = min(member.prefilled + room, d.prompt_len - 1)
@@ -157,14 +170,12 @@ class Batch:
             parts.append((member, Rows(member.seq, ids, causal(len(ids)), torch.arange(member.prefilled, end))))
             room -= len(ids)
         try:
-            self.kv.run([rows for _, rows in parts], prompt=True)
+            self.kv.prefill([rows for _, rows in parts])
         except Exception as exc:  # the forward failed (the manager kept nothing): these newcomers end
             for member, _ in parts:
                 member.error = exc
                 events.append(Event(member, error=exc))
             return
-        total = sum(len(rows.tokens) for _, rows in parts)
-        self.kv.commit(total, [(0, list(range(total)))])
         seconds = time.perf_counter() - start
         for member, rows in parts:
             member.prefilled += len(rows.tokens)
@@ -178,7 +189,7 @@ class Batch:
     def _decode(self, members: list[Member], events: list[Event]) -> None:
         steps: dict[Member, Step] = {}
         planned_rows = 0
-        curve = self.engine.costs
+        curve = self.engine.costs if self.max_batch > 1 else None  # alone: the planner's own price
         for i, member in enumerate(members):
             others = planned_rows + (len(members) - 1 - i)  # later members take at least their root
             cost = Shifted(curve, others) if curve is not None else None
@@ -190,7 +201,8 @@ class Batch:
             self._run_group(group, events)
 
     def _run_group(self, group: list[tuple[Member, Step]], events: list[Event]) -> None:
-        start = time.perf_counter()
+        device = self.engine.adapter.device
+        start = clock(device)
         parts = [Rows(m.seq, s.layout.tokens, s.layout.allowed, s.layout.positions) for m, s in group]
         try:
             logits = self.kv.run(parts)
@@ -199,10 +211,11 @@ class Batch:
                 member.error = exc
                 events.append(Event(member, error=exc))
             return
-        # Not fed to the engine's cost curve: a batch's forward of R rows attends over several
-        # contexts, and would teach the curve a price no one request's R rows cost.
-        forward_s = time.perf_counter() - start
+        forward_s = clock(device) - start
         rows = logits.shape[0]
+        if self.max_batch == 1:  # alone, its forward teaches the curve; a batch's forward of R rows
+            # attends over several contexts, and would teach it a price no one request's R rows cost
+            group[0][0].decoding.planner.timed(rows, forward_s, context=group[0][0].decoding.n)
         keeps, first, verdicts = [], 0, []
         for member, step in group:
             q = step.layout.rows
@@ -213,7 +226,7 @@ class Batch:
             first += q
         self.kv.commit(rows, keeps)
         for member, step, verdict, own in verdicts:
-            shared = {"batch.requests": float(len(group)), "batch.rows": float(rows)}
+            shared = {"batch.requests": float(len(group)), "batch.rows": float(rows)} if self.max_batch > 1 else None
             chunk = self._guarded(member, events, member.decoding.emit, step, verdict, own, forward_s, shared)
             if chunk is None:
                 continue
@@ -238,16 +251,16 @@ class Batch:
             d.strategy.end()
         # A step cut short by a stop may have kept rows past the last emitted id: only the ids' rows are held.
         kept = min(self.kv.length(member.seq), d.n)
+        if not self.kv.holds_steps:
+            kept = min(kept, d.prompt_len - 1)
         self.kv.leave(member.seq, d.buffer[:kept] if hold else None)
         self.members.remove(member)
 
     def close(self) -> None:
-        """End every member and drop all KV (a compiled adapter's slots are its own again)."""
+        """End every member; between steps the KV each kept is held, where the batch holds prompts
+        (mid-step, after a forward whose commit did not run, none is)."""
         for member in list(self.members):
-            self._leave(member, hold=False)
-        self.kv.reset()
-        if self.engine.adapter.compiled:
-            self.engine.adapter.reset()
+            self._leave(member, hold=not self._stepping and member.error is None)
 
 
 def _forwards(planned: list[tuple[Member, Step]], limit: int) -> list[list[tuple[Member, Step]]]:
@@ -269,16 +282,17 @@ def decode_together(engine, prompts: Sequence, max_new_tokens: int = 128, *, max
                     **settings) -> list[Generation]:
     """Every prompt decoded, ``max_batch`` at a time, each joining as another finishes; results in
     order (a request that fails raises its error once the others are done)."""
+    requests = [engine.request(prompt, max_new_tokens, **settings) for prompt in prompts]  # all checked first
     batch = Batch(engine, max_batch)
-    pending = list(enumerate(prompts))
+    pending = list(enumerate(requests))
     results: dict[int, Generation] = {}
     errors: dict[int, BaseException] = {}
     index_of: dict[Member, int] = {}
     try:
         while pending or batch.members:
             while pending and batch.room:
-                index, prompt = pending.pop(0)
-                index_of[batch.add(prompt, max_new_tokens, **settings)] = index
+                index, request = pending.pop(0)
+                index_of[batch.add(request)] = index
             for event in batch.step():
                 if event.result is not None:
                     results[index_of[event.member]] = event.result

@@ -3,30 +3,28 @@
 from __future__ import annotations
 
 import copy
-import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from specfree.adapters.kv_manager import shared_prefix
 from specfree.adapters.protocol import Adapter
+from specfree.batching import Batch, decode_together
 from specfree.files import DEFAULT_CACHE
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
 from specfree.generation import ModelSettings, for_call
-from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.masks.tree import Layout, build_layout
 from specfree.planner import StepPlanner
 from specfree.pricing import AcceptanceModel, Pricer
 from specfree.strategies.base import Strategy
-from specfree.timing import clock
 from specfree.draft_tree import DraftTree
 from specfree.settings import DEFAULTS, EngineSettings
+from specfree.request import Request
 from specfree.types import AuxBlock, Generation
 from specfree.sequence import Chunk, Decoding
 from specfree.verifiers import GreedyVerifier
@@ -47,8 +45,6 @@ def _check_text(text: str) -> str:
 # Lays out one step's rows: (tree, aux rows, root position) -> tokens, positions, mask.
 MaskBuilder = Callable[[DraftTree, AuxBlock | None, int], Layout]
 DEFAULT_STRATEGY = "hybrid"  # why: docs/strategies.md#the-default-the-priced-hybrid
-# ``prompt_cache``'s prefill chunk: at most this many rows run the row-exact attention (more go to SDPA).
-EXACT_CHUNK = LONG_ROWS
 
 
 class Engine:
@@ -62,20 +58,18 @@ class Engine:
     ``model_settings``: which of the model's generation settings the verifier follows (a record,
     for reports; ``specfree.generation``).
 
-    ``prompt_cache``: keep the KV of the last call's tokens and, on the next call, prefill only
+    ``prompt_cache``: hold the KV of the last call's tokens and, on the next call, prefill only
     what follows the longest common prefix of token ids (``Generation.cached_tokens`` says how
-    many were reused; ``generate(..., cache_prompt=False)`` prefills the whole prompt once).
-    To keep that lossless, a prompt is then prefilled in chunks of at most ``EXACT_CHUNK`` rows,
-    which run the row-exact attention, so every kept row has the bits of the one-row forward
-    whichever call computed it: the answer equals a fresh ``Engine(prompt_cache=True)``'s bit for
-    bit. Without it a prompt of more than 161 tokens is prefilled in one call through SDPA, whose
-    rows' bits depend on the prompt's length (so a prefix could not be reused exactly); the two
-    settings can differ in a last bit of the prompt's KV, hence, at a near tie, in a token.
-    Reuse needs an adapter whose rows are exact and whose KV can be cropped
-    (``prompt_cache_off``: why not, else None; there the prompt is prefilled in one call, as
-    without the cache); a compiled adapter reuses only rows its eager prefill computed (its
-    compiled steps match the eager rows to rounding, not bit for bit); recurrent and hybrid
-    families, whose state cannot be cropped, never reuse."""
+    many were reused; ``generate(..., cache_prompt=False)`` prefills the whole prompt). The
+    adapter's KV manager holds and adopts that prefix, as it does for a batch's requests. Lossless
+    either way: where an adapter's rows are exact and its KV can be cut (``reuse_off`` is None),
+    every prompt is prefilled in chunks of at most ``batching.EXACT_CHUNK`` rows through the
+    row-exact attention, cached or not, so every kept row has the bits of the one-row forward
+    whichever call computed it, and the answer is the same with the cache on or off. Elsewhere
+    (``reuse_off`` says why) a prompt is prefilled in one call and nothing is reused: recurrent and
+    hybrid families, whose state cannot be cut, and rows that are not exact. A compiled adapter
+    reuses only the rows its eager prefill computed (its compiled steps match the eager rows to
+    rounding, not bit for bit)."""
 
     def __init__(self, adapter: Adapter, strategy: Strategy, verifier=None, tokenizer=None,
                  cache_dir: str | Path | None = DEFAULTS.cache_dir, mask_builder: MaskBuilder | None = None, *,
@@ -103,8 +97,6 @@ class Engine:
         self.eos_ids = self._eos_ids()
         self.model_settings = model_settings or ModelSettings()
         self.prompt_cache = prompt_cache
-        # (ids whose KV the adapter holds, the adapter's state_version then): reusable by the next call
-        self._held: tuple[np.ndarray, int] | None = None
 
     @property
     def priced(self) -> bool:
@@ -202,9 +194,10 @@ class Engine:
                 ids = self.tokenizer(_check_text(text), add_special_tokens=False).input_ids
         else:
             ids = list(prompt)
-        return self._check_ids(ids)
+        return self.check_ids(ids)
 
-    def _check_ids(self, ids: list) -> list[int]:
+    def check_ids(self, ids: Sequence) -> list[int]:
+        """``ids`` as a prompt's token ids: not empty, each in the vocabulary, shorter than the context."""
         if not ids:
             raise ConfigError("the prompt is empty: give at least one token of text")
         bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))
@@ -218,6 +211,11 @@ class Engine:
         return [int(t) for t in ids]
 
     # ---- decoding -----------------------------------------------------------------------
+    def request(self, prompt, max_new_tokens: int = 128, *, chat: bool | None = None, **fields: Any) -> Request:
+        """A ``Request`` for ``prompt`` (text, a chat or ids, as ``encode`` takes them); ``fields``:
+        its other fields (``specfree.request.Request``), checked now."""
+        return Request(self.encode(prompt, chat), max_new_tokens, **fields)
+
     def generate(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
                  seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True,
                  logprobs: int | None = None) -> Generation:
@@ -226,7 +224,9 @@ class Engine:
         logits of the verify row that predicted it, before any processor) and its ``k`` most likely
         alternatives, in ``Generation.logprobs``; a verify row has the one-row forward's bits, so
         they are the same with or without speculation."""
-        run = self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt, logprobs)
+        request = self.request(prompt, max_new_tokens, chat=chat, stop=stop, seed=seed, ignore_eos=ignore_eos,
+                               cache_prompt=cache_prompt, logprobs=logprobs)
+        run = self.run(request)
         while True:
             try:
                 next(run)
@@ -238,8 +238,27 @@ class Engine:
                logprobs: int | None = None) -> Iterator[Chunk]:
         """Yield text as steps are accepted; the final ``Generation`` is the generator's return value
         (``cache_prompt``, ``logprobs``: see ``generate``)."""
-        return (yield from self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt,
-                                     logprobs))
+        request = self.request(prompt, max_new_tokens, chat=chat, stop=stop, seed=seed, ignore_eos=ignore_eos,
+                               cache_prompt=cache_prompt, logprobs=logprobs)
+        return (yield from self.run(request))
+
+    def run(self, request: Request) -> Generator[Chunk, None, Generation]:
+        """Decode one request, a batch of one (``batching.Batch``, the one loop): yields each step's
+        ``Chunk``; the ``Generation`` is the generator's return value. Closing it ends the request
+        (the KV it kept stays held for ``prompt_cache``)."""
+        batch = Batch(self, 1, hold_prompts=self.prompt_cache)
+        try:
+            batch.add(request)
+            while True:
+                for event in batch.step():
+                    if event.error is not None:
+                        raise event.error
+                    if event.chunk is not None:
+                        yield event.chunk
+                    if event.result is not None:
+                        return event.result
+        finally:
+            batch.close()
 
     # ---- several requests together ---------------------------------------------------------
     def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
@@ -247,19 +266,15 @@ class Engine:
         """One ``Generation`` per prompt, as ``generate`` gives it (``settings``: its keywords but
         ``cache_prompt``), decoded ``max_batch`` at a time: each step runs every request's rows in
         one forward (``specfree.batching``), and each output is bit-identical to decoding its prompt
-        alone on an engine with ``prompt_cache=True`` (alone, a prompt of at most ``EXACT_CHUNK`` + 1
-        tokens is prefilled the same way with or without it). Where this engine cannot batch
-        (``batch_off`` says why, in a warning), the prompts are decoded one after another."""
-        from specfree.batching import decode_together
-
+        alone. Where this engine cannot share a forward (``batch_off`` says why, in a warning), the
+        same loop decodes the prompts one at a time."""
         if isinstance(prompts, (str, torch.Tensor)):
             raise ConfigError("generate_batch takes a list of prompts; for one prompt call generate")
         check_int("max_batch", max_batch, low=1)
-        if self.batch_off is None:
-            return decode_together(self, list(prompts), max_new_tokens, max_batch=max_batch, **settings)
-        if max_batch > 1:
+        if self.batch_off is not None and max_batch > 1:
             warnings.warn(f"decoding one request at a time: {self.batch_off}", stacklevel=2)
-        return [self.generate(prompt, max_new_tokens, cache_prompt=False, **settings) for prompt in prompts]
+            max_batch = 1
+        return decode_together(self, list(prompts), max_new_tokens, max_batch=max_batch, **settings)
 
     @property
     def batch_off(self) -> str | None:
@@ -282,13 +297,13 @@ class Engine:
 
     # ---- the prompt cache ---------------------------------------------------------------
     @property
-    def prompt_cache_off(self) -> str | None:
-        """Why this engine's ``prompt_cache`` cannot reuse a prefix (None: it can, or it is off)."""
-        if not self.prompt_cache:
-            return None
+    def reuse_off(self) -> str | None:
+        """Why this engine's adapter cannot reuse a prefix's KV bit for bit (None: it can). Where it
+        can, every prompt is prefilled in row-exact chunks, cached or not, so a prompt's KV has the
+        same bits however it was computed."""
         adapter = self.adapter
-        if not callable(getattr(adapter, "truncate", None)) or not hasattr(adapter, "state_version"):
-            return f"the adapter {type(adapter).__name__} cannot cut its KV back to a prefix (no truncate, state_version)"
+        if not callable(getattr(adapter, "resume", None)) or not callable(getattr(adapter, "hold", None)):
+            return f"the adapter {type(adapter).__name__} cannot keep a prefix's KV for the next call (no resume, hold)"
         if not adapter.can_truncate:
             return f"the {adapter.family} model's state cannot be cut back to a prefix (recurrent or rerun)"
         if not getattr(adapter, "rows_exact", False):
@@ -297,96 +312,36 @@ class Engine:
                     "reused row could differ from a fresh prefill's")
         return None
 
+    @property
+    def prompt_cache_off(self) -> str | None:
+        """Why this engine's ``prompt_cache`` cannot reuse a prefix (None: it can, or it is off)."""
+        return self.reuse_off if self.prompt_cache else None
+
     def forget(self) -> None:
         """Drop what ``prompt_cache`` holds: the next call prefills its whole prompt."""
-        self._held = None
+        self.adapter.reset()
 
-    def _reusable(self, ids: list[int], cache_prompt: bool) -> int:
-        """How many leading ids of this prompt the adapter's KV already holds (at most all but the last)."""
-        held, self._held = self._held, None  # nothing is held while this call changes the KV
-        if not (self.prompt_cache and cache_prompt) or held is None or self.prompt_cache_off is not None:
-            return 0
-        held, version = held
-        if version != self.adapter.state_version:  # another engine (or anything else) used the adapter since
-            return 0
-        return shared_prefix(held, ids, len(ids) - 1)
-
-    def _prefill(self, ids: np.ndarray) -> None:
-        # Chunks only where a prefix can be reused: elsewhere one call, as without the cache (a Mamba-1
-        # mixer, for one, cannot continue its state over a second multi-token call).
-        if not self.prompt_cache or self.prompt_cache_off is not None:
-            self.adapter.prefill(torch.from_numpy(ids))
-            return
-        for at in range(0, len(ids), EXACT_CHUNK):  # each chunk through the row-exact attention
-            self.adapter.prefill(torch.from_numpy(ids[at : at + EXACT_CHUNK]))
-
-    def _decoding(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
-                  ignore_eos: bool, logprobs: int | None, *, verifier=None, strategy: Strategy | None = None,
-                  timing: bool = True) -> Decoding:
-        """A request's state, its settings checked: the verifier built for this call (the model's
-        processors that depend on the prompt's length, the seed), a planner over the shared pricer.
-        ``verifier``, ``strategy``: a batch's own for this request (default: the engine's)."""
-        check_int("max_new_tokens", max_new_tokens, low=1)
-        if logprobs is not None:
-            check_int("logprobs", logprobs, low=0)
-        if isinstance(stop, str):
-            stop = [stop]
-        if stop and self.tokenizer is None:
+    def decoding(self, request: Request, *, strategy: Strategy | None = None, timing: bool = True) -> Decoding:
+        """``request``'s state, the parts that depend on this engine checked: its verifier built for
+        this call (the model's processors that depend on the prompt's length, the seed), a planner
+        over the shared pricer (``timing``: its forwards teach the engine's cost curve).
+        ``strategy``: a batch's drafter for this request (default: the engine's)."""
+        if request.stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer")
-        adapter = self.adapter
-        verifier = for_call(verifier or self.verifier, len(ids), len(ids) + max_new_tokens, self.eos_ids,
-                            adapter.device)
-        if seed is not None:
-            seed = check_int("seed", seed, low=0)  # the same range the sampling verifier's own seed takes
-        if seed is not None and hasattr(verifier, "seed"):
+        ids, adapter = list(request.ids), self.adapter
+        verifier = for_call(request.verifier or self.verifier, len(ids), len(ids) + request.max_new_tokens,
+                            self.eos_ids, adapter.device)
+        if request.seed is not None and hasattr(verifier, "seed"):
             verifier = copy.copy(verifier)
-            verifier.seed = seed
+            verifier.seed = request.seed
         planner = StepPlanner.for_adapter(self.pricer, adapter, price_context=self.price_context,
                                           timing=self._costs if timing else None)
-        return Decoding(ids, min(len(ids) + max_new_tokens, adapter.max_length), max_new_tokens, verifier=verifier,
-                        strategy=strategy or self.strategy, planner=planner, mask_builder=self.mask_builder,
-                        tokenizer=self.tokenizer, should_stop=self.should_stop, stop=stop, ignore_eos=ignore_eos,
-                        logprobs=logprobs,
+        return Decoding(ids, min(len(ids) + request.max_new_tokens, adapter.max_length), request.max_new_tokens,
+                        verifier=verifier, strategy=strategy or self.strategy, planner=planner,
+                        mask_builder=self.mask_builder, tokenizer=self.tokenizer, should_stop=self.should_stop,
+                        stop=request.stop, ignore_eos=request.ignore_eos, logprobs=request.logprobs,
+                        constraint=request.constraint,
                         rollback_s=(lambda: adapter.rollback_s) if adapter.capabilities.chain_only else None)
-
-    def _run(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
-             ignore_eos: bool, cache_prompt: bool = True, logprobs: int | None = None):
-        seq = self._decoding(ids, max_new_tokens, stop, seed, ignore_eos, logprobs)
-        adapter, planner = self.adapter, seq.planner
-        start = time.perf_counter()
-        reused = self._reusable(ids, cache_prompt)
-        if not (reused and adapter.truncate(reused)):
-            reused = 0
-            adapter.reset()
-        self._prefill(seq.buffer[reused : seq.n - 1])
-        seq.strategy.begin(seq.context.copy())
-        prefill_s = self._elapsed(start)
-        # The ids whose KV may be reused: every kept row on the eager path; on a compiled one the
-        # eager prefill's only (its compiled steps equal the eager rows to rounding, not in bits).
-        exact_steps = not getattr(adapter, "compiled", False)
-        steady = True  # False while a step's forward has run but its commit has not
-        try:
-            while not seq.done:
-                step = seq.plan()
-                layout = step.layout
-                steady = False
-                # [Q, V]; a lone root row needs no mask: the plain causal path is fastest.
-                logits = adapter.forward(layout.tokens, None if layout.rows == 1 else layout.allowed,
-                                         layout.positions)
-                forward_s = clock(adapter.device) - step.laid_out
-                planner.timed(layout.rows, forward_s, context=seq.n)
-                verdict = seq.verify(step, logits)
-                adapter.commit([0, *verdict.path], rows=layout.rows)
-                steady = True
-                yield seq.emit(step, verdict, logits, forward_s)
-        finally:
-            seq.strategy.end()
-            if self.prompt_cache and steady:
-                # The adapter holds the KV of the first past_len ids of prompt + answer (a step cut
-                # short by a stop may have kept rows past n: those ids are not in the buffer).
-                kept = min(seq.n, adapter.past_len) if exact_steps else len(ids) - 1
-                self._held = (seq.buffer[:kept].copy(), adapter.state_version)
-        return seq.result(prefill_s, self._elapsed(start), cached_tokens=reused)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:
@@ -402,6 +357,3 @@ class Engine:
             if any(s in tail for s in stop):
                 return "stop_string"
         return None
-
-    def _elapsed(self, start: float) -> float:
-        return clock(self.adapter.device) - start

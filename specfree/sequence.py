@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from specfree.detokenize import Detokenizer
+from specfree.errors import ConfigError
 from specfree.masks.tree import Layout
 from specfree.planner import StepPlanner
 from specfree.pricing import Plan
@@ -73,7 +74,9 @@ class Decoding:
     def __init__(self, ids: Sequence[int], limit: int, max_new_tokens: int, *, verifier, strategy: Strategy,
                  planner: StepPlanner, mask_builder: Callable, tokenizer, should_stop: Callable,
                  stop: Sequence[str] = (), ignore_eos: bool = False, logprobs: int | None = None,
-                 rollback_s: Callable[[], float] | None = None):
+                 rollback_s: Callable[[], float] | None = None, constraint: object | None = None):
+        if constraint is not None:
+            raise ConfigError("structured-output constraints are not built yet: give constraint=None")
         self.prompt_len = len(ids)
         self.max_new_tokens = max_new_tokens
         self.buffer = np.zeros(limit, dtype=np.int64)

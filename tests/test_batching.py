@@ -34,7 +34,7 @@ def drive(batch: Batch, requests: list[dict], arrivals: list[int]) -> dict[int, 
     while waiting or batch.members:
         while waiting and batch.room and arrivals[waiting[0]] <= step:
             i = waiting.pop(0)
-            index_of[batch.add(**requests[i])] = i
+            index_of[batch.add(batch.engine.request(**requests[i]))] = i
         for event in batch.step():
             if event.result is not None:
                 out[index_of[event.member]] = event.result
@@ -93,9 +93,10 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_the_others_decode():
     engine = Engine.from_model(model, None, "prompt_lookup", costs=CPU_LIKE)
     long = [(7 * i) % (VOCAB - 3) + 3 for i in range(400)]
     batch = Batch(engine, 3)
-    running = [batch.add([5, 6, 7, 8] * 3, 40, ignore_eos=True), batch.add([9, 10, 11] * 4, 40, ignore_eos=True)]
+    running = [batch.add(engine.request([5, 6, 7, 8] * 3, 40, ignore_eos=True)),
+               batch.add(engine.request([9, 10, 11] * 4, 40, ignore_eos=True))]
     batch.step()
-    newcomer = batch.add(long, 20, logprobs=0)
+    newcomer = batch.add(engine.request(long, 20, logprobs=0))
     for chunk in range(3):
         events = batch.step()
         assert newcomer.prefilled == min(160 * (chunk + 1), len(long) - 1)
@@ -175,11 +176,11 @@ def test_bad_batch_arguments_are_one_clear_error():
     with pytest.raises(ConfigError, match="max_batch"):
         engine.generate_batch([[5, 6]], max_batch=0)
     batch = Batch(engine, 1)
-    batch.add([5, 6, 7])
+    batch.add(engine.request([5, 6, 7]))
     with pytest.raises(ConfigError, match="full"):
-        batch.add([5, 6, 7])
+        batch.add(engine.request([5, 6, 7]))
     with pytest.raises(ConfigError, match="max_new_tokens"):
-        Batch(engine, 1).add([5, 6], max_new_tokens=0)
+        engine.request([5, 6], max_new_tokens=0)
     batch.close()
     assert batch.kv.entries == 0
 

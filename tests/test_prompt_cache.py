@@ -10,7 +10,7 @@ import torch
 
 from specfree import Engine
 from specfree.adapters.compiled import compiled_adapter
-from specfree.engine import EXACT_CHUNK
+from specfree.batching import EXACT_CHUNK
 from specfree.plugins import build_plugin_manager, registry
 from tests.tiny_models import VOCAB, reference_greedy, tiny_model
 from tests.test_lossless import CPU_LIKE

@@ -247,6 +247,24 @@ class HFAdapter:
         self.store.crop(length)
         return True
 
+    @grad_free()
+    def resume(self, ids) -> int:
+        """Start a sequence of prompt ``ids`` (None: from nothing): the KV of its longest prefix
+        held (``hold``) is kept, all else dropped; how many ids are kept (0 where the store
+        cannot be cut). The KV manager owns the match (``KVManager.join``)."""
+        self._touch()
+        if ids is None or not self.store.croppable:
+            self.store.reset()
+            return 0
+        return self.store.resume(ids)
+
+    @grad_free()
+    def hold(self, ids) -> None:
+        """Hold the KV of the first ``len(ids)`` kept tokens, whose ids ``ids`` are, for the next
+        ``resume`` (stores that cannot be cut hold nothing)."""
+        if self.store.croppable:
+            self.store.hold(ids)
+
     # ---- the compiled runners ---------------------------------------------------------------
     @property
     def compiled(self) -> bool:

@@ -22,7 +22,8 @@ bits whatever the other rows.
 
 A sequence that leaves may be held (``leave(seq, ids)``): its entries stay, and the next sequence
 whose prompt starts with the same ids adopts them (``join(ids)``), which is the prompt cache of a
-batch. At most ``max_held`` are held, the oldest dropped first.
+batch and of one request alike (a lone store's ``hold`` and ``resume``). At most ``max_held`` are
+held, the oldest dropped first.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Rows:
 class KVManager:
     """The KV of one or more sequences in one set of buffers, run through ``runner`` (see the
     module's docstring); ``windows``: the model's attention windows, which shape each sequence's mask."""
+
+    holds_steps = True  # a held sequence keeps its steps' rows too, not only its prompt's
 
     def __init__(self, buffers: GrowingBuffers | StaticSlots, runner, windows, max_held: int = 0):
         self.buffers, self.runner, self.windows, self.max_held = buffers, runner, windows, max_held
@@ -114,6 +117,17 @@ class KVManager:
         self.held[seq] = np.asarray(ids, dtype=np.int64).copy()
         while len(self.held) > self.max_held:
             self._drop(self.held.popitem(last=False)[0])
+
+    def only(self, seq: int) -> None:
+        """Drop every sequence but ``seq``, held ones too (a store's steps run alone in their manager)."""
+        self.held.clear()
+        self.owner[self.owner != seq] = DEAD
+        self._compact()
+
+    def drop_unheld(self) -> None:
+        """Drop every entry no held sequence owns (what a lone store's steps left), before a batch."""
+        self.owner[~np.isin(self.owner, list(self.held))] = DEAD
+        self._compact()
 
     def _drop(self, seq: int) -> None:
         self.owner[self.owner == seq] = DEAD
@@ -177,6 +191,12 @@ class KVManager:
         mask = masks[None] if None in masks else masks
         return self.forward([(p.seq, len(p.tokens)) for p in parts], torch.cat([p.tokens for p in parts]),
                             torch.cat([p.positions for p in parts]), mask, prompt)
+
+    def prefill(self, parts: list[Rows]) -> None:
+        """Keep the KV of every part's prompt rows (plainly causal, each over its own sequence)."""
+        self.run(parts, prompt=True)
+        total = sum(len(p.tokens) for p in parts)
+        self.commit(total, [(0, list(range(total)))])
 
     @torch.inference_mode()
     def commit(self, rows: int, keeps: list[tuple[int, list[int]]]) -> None:

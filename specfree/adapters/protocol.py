@@ -79,8 +79,8 @@ class Adapter(Protocol):
     def run_plain(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits [Q, V] of rows under the model's own causal mask, no mask passed (the probes' reference)."""
 
-    # The prompt cache's four (the engine reuses a prefix only where an adapter has them, and says why
-    # it does not where one lacks them):
+    # The prompt cache's (the engine reuses a prefix only where an adapter can be cut, its rows are
+    # exact and it has resume and hold, and says why it does not where one lacks them):
     @property
     def can_truncate(self) -> bool:
         """Whether the kept KV can be cut back to a prefix (recurrent state cannot)."""
@@ -100,6 +100,11 @@ class Adapter(Protocol):
     def truncate(self, length: int) -> bool:
         """Keep the first ``length`` tokens' KV; False where it cannot."""
 
+    def resume(self, ids) -> int:
+        """Start a sequence of prompt ``ids`` (None: from nothing), keeping the KV of its longest
+        held prefix; how many ids are kept."""
+    def hold(self, ids) -> None:
+        """Hold the KV of the first ``len(ids)`` kept tokens, whose ids ``ids`` are, for ``resume``."""
     def commit(self, keep: list[int], rows: int) -> None:
         """Keep the KV of the last step's rows ``keep`` (ascending, keep[0] == 0) of its ``rows``."""
 

@@ -127,6 +127,18 @@ class SequenceStore(KVStore):
     def crop(self, length: int) -> None:
         self.kv.truncate(length)
 
+    def resume(self, ids) -> int:
+        """A new sequence that adopts the longest prefix of ``ids`` held (``hold``), alone in the
+        manager; how many ids it holds."""
+        self.seq, reused = self.kv.join(ids)
+        self.kv.only(self.seq)
+        return reused
+
+    def hold(self, ids) -> None:
+        """Keep the KV of the first ``len(ids)`` entries, whose ids ``ids`` are, for ``resume``."""
+        self.kv.max_held = max(self.kv.max_held, 1)
+        self.kv.leave(self.seq, ids)
+
 
 class GrowingStore(SequenceStore, CacheStore):
     """One sequence of a ``KVManager`` over growing buffers (no sliding-window layers: cache index

@@ -36,6 +36,7 @@ from transformers import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, Te
 
 from specfree.conf.schema import ServeConfig
 from specfree.errors import SpecfreeError, one_line
+from specfree.request import Request as DecodeRequest  # starlette's Request is the HTTP one here
 from specfree.serve.errors import APIError, error_body
 from specfree.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from specfree.serve.protocol import Ask, parse
@@ -181,11 +182,17 @@ class Server:
         """``fn(*args)`` in the preparing thread."""
         return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
 
-    def prepare(self, kind: str, body: bytes) -> tuple[Ask, list[int], Any]:
-        """A completion's body checked, its prompt templated and tokenized, its verifier built (off the loop)."""
+    def prepare(self, kind: str, body: bytes) -> tuple[Ask, DecodeRequest]:
+        """A completion's body checked, its prompt templated and tokenized, its verifier built: the
+        request the scheduler decodes (off the loop)."""
         ask = parse(kind, load_json(body), self.settings.max_tokens)
         ids = self.encode(ask)
-        return ask, ids, self.verifier_for(ask, len(ids))
+        verifier = self.verifier_for(ask, len(ids))
+        try:
+            return ask, DecodeRequest(ids, ask.max_tokens or self.settings.max_tokens, verifier, tuple(ask.stop),
+                                      self.seed_for(ask, verifier), ask.ignore_eos, ask.logprobs, ask.cache_prompt)
+        except SpecfreeError as exc:
+            raise APIError(400, one_line(exc)) from None
 
     def name_ignored(self, fields: list[str]) -> None:
         new = [f for f in fields if f not in self.named]
@@ -212,7 +219,7 @@ class Server:
             if len(ids) >= context:
                 raise APIError(400, f"the prompt has {len(ids)} tokens but the model's context holds {context}; "
                                     "shorten it", param, "context_length_exceeded")
-            return engine._check_ids(ids)  # the engine's own checks: ids in the vocabulary, not empty
+            return engine.check_ids(ids)  # the engine's own checks: ids in the vocabulary, not empty
         except SpecfreeError as exc:
             raise APIError(400, one_line(exc), param) from None
 
@@ -400,14 +407,12 @@ def create_app(engine=None, settings: ServeConfig | None = None, *, load: Callab
         arrived = time.monotonic()
         server.authorize(request)
         scheduler = server.require_engine()
-        ask, ids, verifier = await server.off_loop(server.prepare, kind, await server.read_body(request))
+        ask, decode = await server.off_loop(server.prepare, kind, await server.read_body(request))
         headers = {}
         if ask.unknown:
             server.name_ignored(ask.unknown)
             headers[IGNORED_HEADER] = ", ".join(ask.unknown)
-        job = Job(ids, ask.max_tokens or server.settings.max_tokens, ask.stop, server.seed_for(ask, verifier),
-                  verifier, ask.ignore_eos, loop=asyncio.get_running_loop(), cache_prompt=ask.cache_prompt,
-                  logprobs=ask.logprobs)
+        job = Job(decode, loop=asyncio.get_running_loop())
         scheduler.submit(job)
         answer = Answer(server, ask, job, arrived)
         if ask.stream:
@@ -475,8 +480,8 @@ class Answer:
         return {"steps": generation.forwards, "tokens_per_step": round(generation.mean_accepted, 4),
                 "accepted_drafts": sum(s.accepted for s in generation.steps),
                 "tokens_per_s": round(generation.tokens_per_s, 3), "prefill_s": round(generation.prefill_s, 4),
-                "stop_reason": generation.stop_reason, "seed": self.job.seed,
-                "verifier": getattr(self.job.verifier or self.server.verifier, "name", None)}
+                "stop_reason": generation.stop_reason, "seed": self.job.request.seed,
+                "verifier": getattr(self.job.request.verifier or self.server.verifier, "name", None)}
 
     def _usage(self, generation) -> dict:
         n, m = generation.prompt_tokens, len(generation.tokens)

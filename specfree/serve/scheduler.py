@@ -1,7 +1,8 @@
 """One engine, one worker thread, a bounded FIFO queue of jobs.
 
-The event loop submits a ``Job``. ``Scheduler``'s worker runs one job at a time through
-``Engine.stream``; ``BatchScheduler``'s runs up to ``max_batch`` together (``specfree.batching``:
+The event loop submits a ``Job``: a ``Request`` (its prompt ids, its own verifier, stops and
+budget) and where its events go. ``Scheduler``'s worker runs one job at a time through
+``Engine.run`` (a batch of one); ``BatchScheduler``'s runs up to ``max_batch`` together (``specfree.batching``:
 one forward a step for all of them, each answer bit-identical to decoding it alone), taking the
 next job from the queue as soon as one finishes. Either hands each step's ``Chunk`` back to the loop. A job whose client left (or whose time
 ran out) is marked cancelled: a waiting one leaves the queue at once (its place is free for the
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specfree.errors import SpecfreeError, one_line
+from specfree.request import Request
 from specfree.serve.errors import APIError
 from specfree.serve.metrics import Metrics
 from specfree.settings import DEFAULTS
@@ -30,18 +32,11 @@ log = logging.getLogger("specfree.serve")
 
 @dataclass(eq=False)
 class Job:
-    """One request's decoding; events go to ``events`` on the loop: ("chunk", Chunk),
-    ("done", Generation), ("error", APIError), ("cancelled", None)."""
+    """One request's decoding (``request``: what it asks, its own verifier among it); events go to
+    ``events`` on the loop: ("chunk", Chunk), ("done", Generation), ("error", APIError), ("cancelled", None)."""
 
-    ids: list[int]
-    max_tokens: int
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    verifier: Any = None  # None: the engine's own
-    ignore_eos: bool = False
+    request: Request
     loop: asyncio.AbstractEventLoop | None = None
-    cache_prompt: bool = True
-    logprobs: int | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     on_cancel: Callable[["Job"], None] | None = None  # the scheduler's: take it out of the queue
@@ -155,12 +150,7 @@ class Scheduler:
                 self._mean_s += 0.2 * (time.perf_counter() - start - self._mean_s)
 
     def _run(self, job: Job) -> None:
-        engine = self.engine
-        own = engine.verifier
-        if job.verifier is not None:
-            engine.verifier = job.verifier  # read once, when the generator starts (below)
-        steps = engine.stream(job.ids, job.max_tokens, stop=job.stop, seed=job.seed, ignore_eos=job.ignore_eos,
-                              cache_prompt=job.cache_prompt, logprobs=job.logprobs)
+        steps = self.engine.run(job.request)
         try:
             while True:
                 if job.cancelled.is_set():
@@ -179,7 +169,6 @@ class Scheduler:
             job.emit("error", api_error(exc))
         finally:
             steps.close()
-            engine.verifier = own
 
 
 def api_error(exc: BaseException) -> APIError:
@@ -221,9 +210,7 @@ class BatchScheduler(Scheduler):
             while (joining := self._admit(batch, jobs)) is not None:
                 for job in joining:
                     try:
-                        member = batch.add(job.ids, job.max_tokens, stop=job.stop, seed=job.seed,
-                                           ignore_eos=job.ignore_eos, logprobs=job.logprobs, verifier=job.verifier,
-                                           cache_prompt=job.cache_prompt)
+                        member = batch.add(job.request)
                     except Exception as exc:  # noqa: BLE001 - a setting the batch refuses: this job alone
                         job.emit("error", api_error(exc))
                         continue

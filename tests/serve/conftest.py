@@ -40,8 +40,8 @@ class Paced(Engine):
     permits: threading.Semaphore
     steps_run = 0
 
-    def _run(self, *args, **kwargs):
-        inner = super()._run(*args, **kwargs)
+    def run(self, request):
+        inner = super().run(request)
         try:
             while True:
                 if self.paced:

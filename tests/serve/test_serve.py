@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from specfree import Engine
+from specfree.request import Request
 from tests.serve.conftest import Paced, live, tiny_engine, wait_until
 from tests.tiny_models import tiny_model, tiny_tokenizer
 
@@ -117,7 +118,7 @@ def test_requests_that_arrive_together_share_each_forward_and_answer_as_alone():
     async def run():
         scheduler = BatchScheduler(engine, queue_size=8, max_batch=4)
         loop = asyncio.get_running_loop()
-        jobs = [Job(ids=ids, max_tokens=6 + 2 * i, ignore_eos=True, loop=loop) for i, ids in enumerate(prompts)]
+        jobs = [Job(Request(ids, 6 + 2 * i, ignore_eos=True), loop=loop) for i, ids in enumerate(prompts)]
         for job in jobs:
             scheduler.submit(job)
         scheduler.start()
