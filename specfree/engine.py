@@ -15,6 +15,7 @@ import torch
 from specfree.adapters.kv_manager import shared_prefix
 from specfree.adapters.protocol import Adapter
 from specfree.files import DEFAULT_CACHE
+from specfree.constraints import Constraint, ConstraintMask, Grammars, Matcher, masked
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
@@ -24,6 +25,8 @@ from specfree.masks.tree import Layout, build_layout
 from specfree.planner import StepPlanner
 from specfree.pricing import AcceptanceModel, Pricer
 from specfree.strategies.base import Strategy
+from specfree.strategies.grammar import GrammarDrafter
+from specfree.strategies.hybrid import Hybrid
 from specfree.timing import clock
 from specfree.draft_tree import DraftTree
 from specfree.settings import DEFAULTS, EngineSettings
@@ -105,6 +108,7 @@ class Engine:
         self.prompt_cache = prompt_cache
         # (ids whose KV the adapter holds, the adapter's state_version then): reusable by the next call
         self._held: tuple[np.ndarray, int] | None = None
+        self._grammars: Grammars | None = None  # constraints compiled over this tokenizer, made on first use
 
     @property
     def priced(self) -> bool:
@@ -220,13 +224,19 @@ class Engine:
     # ---- decoding -----------------------------------------------------------------------
     def generate(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
                  seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True,
-                 logprobs: int | None = None) -> Generation:
-        """``cache_prompt=False``: prefill the whole prompt even where ``prompt_cache`` could reuse a prefix.
+                 logprobs: int | None = None, json_schema=None, regex: str | None = None,
+                 grammar: str | None = None, json_object: bool = False) -> Generation:
+        """``json_schema`` (a dict or JSON text), ``json_object`` (any JSON object), ``regex``,
+        ``grammar`` (Lark or llama.cpp's GBNF): what the answer must match, at most one
+        (docs/structured-output.md); the tokens are those of plain decoding under the same mask.
+        ``cache_prompt=False``: prefill the whole prompt even where ``prompt_cache`` could reuse a prefix.
         ``logprobs=k``: each new token's log-probability under the model (log-softmax of the raw
         logits of the verify row that predicted it, before any processor) and its ``k`` most likely
         alternatives, in ``Generation.logprobs``; a verify row has the one-row forward's bits, so
         they are the same with or without speculation."""
-        run = self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt, logprobs)
+        constraint = Constraint.from_options(json_schema, regex, grammar, json_object)
+        run = self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt, logprobs,
+                        constraint)
         while True:
             try:
                 next(run)
@@ -235,11 +245,13 @@ class Engine:
 
     def stream(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
                seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True,
-               logprobs: int | None = None) -> Iterator[Chunk]:
+               logprobs: int | None = None, json_schema=None, regex: str | None = None,
+               grammar: str | None = None, json_object: bool = False) -> Iterator[Chunk]:
         """Yield text as steps are accepted; the final ``Generation`` is the generator's return value
-        (``cache_prompt``, ``logprobs``: see ``generate``)."""
+        (``cache_prompt``, ``logprobs``, the constraints: see ``generate``)."""
+        constraint = Constraint.from_options(json_schema, regex, grammar, json_object)
         return (yield from self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt,
-                                     logprobs))
+                                     logprobs, constraint))
 
     # ---- several requests together ---------------------------------------------------------
     def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
@@ -322,10 +334,11 @@ class Engine:
 
     def _decoding(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
                   ignore_eos: bool, logprobs: int | None, *, verifier=None, strategy: Strategy | None = None,
-                  timing: bool = True) -> Decoding:
+                  timing: bool = True, constraint: Constraint | None = None) -> Decoding:
         """A request's state, its settings checked: the verifier built for this call (the model's
-        processors that depend on the prompt's length, the seed), a planner over the shared pricer.
-        ``verifier``, ``strategy``: a batch's own for this request (default: the engine's)."""
+        processors that depend on the prompt's length, the seed, the constraint's mask first), a
+        planner over the shared pricer. ``verifier``, ``strategy``: a batch's own for this request
+        (default: the engine's); ``constraint``: what the answer must match."""
         check_int("max_new_tokens", max_new_tokens, low=1)
         if logprobs is not None:
             check_int("logprobs", logprobs, low=0)
@@ -341,17 +354,33 @@ class Engine:
         if seed is not None and hasattr(verifier, "seed"):
             verifier = copy.copy(verifier)
             verifier.seed = seed
+        matcher = self._matcher(constraint)
+        if matcher is not None:
+            verifier = masked(verifier, ConstraintMask(matcher, len(ids)))
+        strategy = strategy or self.strategy
         planner = StepPlanner.for_adapter(self.pricer, adapter, price_context=self.price_context,
                                           timing=self._costs if timing else None)
         return Decoding(ids, min(len(ids) + max_new_tokens, adapter.max_length), max_new_tokens, verifier=verifier,
-                        strategy=strategy or self.strategy, planner=planner, mask_builder=self.mask_builder,
+                        strategy=strategy, planner=planner, mask_builder=self.mask_builder,
                         tokenizer=self.tokenizer, should_stop=self.should_stop, stop=stop, ignore_eos=ignore_eos,
                         logprobs=logprobs,
-                        rollback_s=(lambda: adapter.rollback_s) if adapter.capabilities.chain_only else None)
+                        rollback_s=(lambda: adapter.rollback_s) if adapter.capabilities.chain_only else None,
+                        constraint=matcher,
+                        grammar=GrammarDrafter(self.tokenizer) if matcher is not None and isinstance(strategy, Hybrid)
+                        else None)
+
+    def _matcher(self, constraint: Constraint | None) -> Matcher | None:
+        """A fresh matcher for ``constraint`` (the tokenizer's conversion made on the first, then kept)."""
+        if constraint is None:
+            return None
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.adapter.vocab_size, self.eos_ids)
+        return self._grammars.matcher(constraint)
 
     def _run(self, ids: list[int], max_new_tokens: int, stop: Sequence[str], seed: int | None,
-             ignore_eos: bool, cache_prompt: bool = True, logprobs: int | None = None):
-        seq = self._decoding(ids, max_new_tokens, stop, seed, ignore_eos, logprobs)
+             ignore_eos: bool, cache_prompt: bool = True, logprobs: int | None = None,
+             constraint: Constraint | None = None):
+        seq = self._decoding(ids, max_new_tokens, stop, seed, ignore_eos, logprobs, constraint=constraint)
         adapter, planner = self.adapter, seq.planner
         start = time.perf_counter()
         reused = self._reusable(ids, cache_prompt)
