@@ -34,6 +34,7 @@ from specfree.adapters.kv_buffers import GrowingBuffers
 from specfree.adapters.kv_manager import KVManager, Rows
 from specfree.adapters.capabilities import causal
 from specfree.adapters.runners import EagerRunner
+from specfree.constraints import Constraint
 from specfree.errors import ConfigError
 from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.pricing import Shifted
@@ -107,8 +108,9 @@ class Batch:
 
     def add(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), seed: int | None = None,
             ignore_eos: bool = False, logprobs: int | None = None, verifier=None, chat: bool | None = None,
-            cache_prompt: bool = True) -> Member:
-        """A request that joins at the next step (its settings checked now: a bad one raises here)."""
+            cache_prompt: bool = True, constraint: Constraint | None = None) -> Member:
+        """A request that joins at the next step (its settings checked now: a bad one raises here;
+        ``constraint``: what its answer must match, its own whatever the others')."""
         if not self.room:
             raise ConfigError(f"the batch is full ({self.max_batch} requests); wait for one to finish")
         ids = self.engine.encode(prompt, chat)
@@ -116,7 +118,7 @@ class Batch:
         if self._strategies[slot] is None:
             self._strategies[slot] = self.engine.strategy.fork()
         decoding = self.engine._decoding(ids, max_new_tokens, stop, seed, ignore_eos, logprobs, verifier=verifier,
-                                         strategy=self._strategies[slot], timing=False)
+                                         strategy=self._strategies[slot], timing=False, constraint=constraint)
         seq, reused = self.kv.join(np.asarray(ids, dtype=np.int64) if cache_prompt else None)
         member = Member(decoding, seq, slot, prefilled=reused, cached_tokens=reused)
         self.members.append(member)
@@ -266,9 +268,11 @@ def _forwards(planned: list[tuple[Member, Step]], limit: int) -> list[list[tuple
 
 
 def decode_together(engine, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
-                    **settings) -> list[Generation]:
+                    constraints: Sequence[Constraint | None] | None = None, **settings) -> list[Generation]:
     """Every prompt decoded, ``max_batch`` at a time, each joining as another finishes; results in
-    order (a request that fails raises its error once the others are done)."""
+    order (a request that fails raises its error once the others are done; ``constraints``: one
+    per prompt, or None)."""
+    constraints = list(constraints) if constraints is not None else [None] * len(prompts)
     batch = Batch(engine, max_batch)
     pending = list(enumerate(prompts))
     results: dict[int, Generation] = {}
@@ -278,7 +282,7 @@ def decode_together(engine, prompts: Sequence, max_new_tokens: int = 128, *, max
         while pending or batch.members:
             while pending and batch.room:
                 index, prompt = pending.pop(0)
-                index_of[batch.add(prompt, max_new_tokens, **settings)] = index
+                index_of[batch.add(prompt, max_new_tokens, constraint=constraints[index], **settings)] = index
             for event in batch.step():
                 if event.result is not None:
                     results[index_of[event.member]] = event.result

@@ -15,7 +15,7 @@ import torch
 from specfree.adapters.kv_manager import shared_prefix
 from specfree.adapters.protocol import Adapter
 from specfree.files import DEFAULT_CACHE
-from specfree.constraints import Constraint, ConstraintMask, Grammars, Matcher, masked
+from specfree.constraints import Constraint, ConstraintMask, Grammars, Matcher, masked, per_prompt
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
@@ -234,9 +234,14 @@ class Engine:
         logits of the verify row that predicted it, before any processor) and its ``k`` most likely
         alternatives, in ``Generation.logprobs``; a verify row has the one-row forward's bits, so
         they are the same with or without speculation."""
-        constraint = Constraint.from_options(json_schema, regex, grammar, json_object)
-        run = self._run(self.encode(prompt, chat), max_new_tokens, stop, seed, ignore_eos, cache_prompt, logprobs,
-                        constraint)
+        return self._generate(self.encode(prompt, chat), max_new_tokens,
+                              Constraint.from_options(json_schema, regex, grammar, json_object), stop=stop, seed=seed,
+                              ignore_eos=ignore_eos, cache_prompt=cache_prompt, logprobs=logprobs)
+
+    def _generate(self, ids: list[int], max_new_tokens: int, constraint: Constraint | None, *,
+                  stop: Sequence[str] = (), seed: int | None = None, ignore_eos: bool = False,
+                  cache_prompt: bool = True, logprobs: int | None = None) -> Generation:
+        run = self._run(ids, max_new_tokens, stop, seed, ignore_eos, cache_prompt, logprobs, constraint)
         while True:
             try:
                 next(run)
@@ -255,23 +260,30 @@ class Engine:
 
     # ---- several requests together ---------------------------------------------------------
     def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
-                       **settings: Any) -> list[Generation]:
+                       constraints: Sequence[dict | None] | None = None, **settings: Any) -> list[Generation]:
         """One ``Generation`` per prompt, as ``generate`` gives it (``settings``: its keywords but
         ``cache_prompt``), decoded ``max_batch`` at a time: each step runs every request's rows in
         one forward (``specfree.batching``), and each output is bit-identical to decoding its prompt
         alone on an engine with ``prompt_cache=True`` (alone, a prompt of at most ``EXACT_CHUNK`` + 1
         tokens is prefilled the same way with or without it). Where this engine cannot batch
-        (``batch_off`` says why, in a warning), the prompts are decoded one after another."""
+        (``batch_off`` says why, in a warning), the prompts are decoded one after another.
+        ``constraints``: one per prompt, each None or a dict of ``generate``'s constraint keywords
+        (``{"json_schema": ...}``), its own whatever the others' (a constraint keyword among
+        ``settings`` holds for every prompt)."""
         from specfree.batching import decode_together
 
         if isinstance(prompts, (str, torch.Tensor)):
             raise ConfigError("generate_batch takes a list of prompts; for one prompt call generate")
         check_int("max_batch", max_batch, low=1)
+        constraints = per_prompt(len(prompts), constraints, settings)
         if self.batch_off is None:
-            return decode_together(self, list(prompts), max_new_tokens, max_batch=max_batch, **settings)
+            return decode_together(self, list(prompts), max_new_tokens, max_batch=max_batch, constraints=constraints,
+                                   **settings)
         if max_batch > 1:
             warnings.warn(f"decoding one request at a time: {self.batch_off}", stacklevel=2)
-        return [self.generate(prompt, max_new_tokens, cache_prompt=False, **settings) for prompt in prompts]
+        return [self._generate(self.encode(prompt, settings.pop("chat", None)), max_new_tokens, constraint,
+                               cache_prompt=False, **settings)
+                for prompt, constraint in zip(prompts, constraints)]
 
     @property
     def batch_off(self) -> str | None:

@@ -3,6 +3,6 @@ the verifier's logits at every node it walks (docs/structured-output.md)."""
 
 from specfree.constraints.compiler import Grammars
 from specfree.constraints.matcher import ConstraintError, ConstraintMask, Matcher, masked, prune
-from specfree.constraints.spec import KINDS, Constraint, read_option
+from specfree.constraints.spec import KINDS, OPTIONS, Constraint, per_prompt, read_option
 
-__all__ = ["KINDS", "Constraint", "ConstraintError", "ConstraintMask", "Grammars", "Matcher", "masked", "prune", "read_option"]
+__all__ = ["KINDS", "OPTIONS", "Constraint", "ConstraintError", "ConstraintMask", "Grammars", "Matcher", "masked", "per_prompt", "prune", "read_option"]

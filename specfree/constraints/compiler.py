@@ -48,9 +48,10 @@ class Grammars:
         except ValueError as exc:
             raise ConfigError(f"{constraint.kind} does not compile: {exc}") from None
         error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
-        if error or messages:  # a warning is a schema feature llguidance would ignore: refuse it
-            what = "does not compile" if error else "uses what is not supported"
-            raise ConfigError(f"{constraint.kind} {what}: {' '.join(' '.join(messages).split())}")
+        if error or messages:  # a warning is a part llguidance would ignore: refuse it, never drop it silently
+            what = "does not compile" if error else "has what would be ignored"
+            raise ConfigError(f"{constraint.kind} {what}: {' '.join(' '.join(messages).split())}; "
+                              "rewrite or remove that part")
         return grammar
 
 

@@ -7,13 +7,14 @@ it into a matcher over one tokenizer (and says, in one line, what does not compi
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specfree.errors import ConfigError
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
+OPTIONS = ("json_schema", "regex", "grammar", "json_object")  # Engine.generate's keywords, at most one a request
 MAX_TEXT = 1 << 20  # a schema or grammar longer than 1 MiB is refused before compiling
 
 
@@ -45,6 +46,24 @@ class Constraint:
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
         return cls(name, checked_size(name, value))
+
+
+def per_prompt(count: int, constraints: Sequence[dict | None] | None,
+             settings: dict) -> list[Constraint | None]:
+    """Each prompt's constraint: its own entry of ``constraints``, else the keywords in ``settings``
+    (taken out of it), which hold for every prompt."""
+    shared = Constraint.from_options(**{k: settings.pop(k) for k in OPTIONS if k in settings})
+    if constraints is None:
+        return [shared] * count
+    if isinstance(constraints, (str, dict)) or len(constraints) != count:
+        raise ConfigError(f"constraints must be a list with one entry (a dict or None) per prompt, {count} in all")
+    if shared is not None:
+        raise ConfigError("give the constraints per prompt (constraints=[...]) or one for all, not both")
+    for i, options in enumerate(constraints):
+        if options is not None and (not isinstance(options, dict) or set(options) - set(OPTIONS)):
+            raise ConfigError(f"constraints[{i}] must be None or a dict of {', '.join(OPTIONS)}; "
+                              f"got {options!r}")
+    return [Constraint.from_options(**options) if options else None for options in constraints]
 
 
 def schema_text(schema) -> str:
