@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import llguidance
+import llguidance.hf
+import llguidance.torch
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings

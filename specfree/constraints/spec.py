@@ -43,7 +43,7 @@ class Constraint:
         if json_schema is not None:
             return cls("json_schema", schema_text(json_schema))
         name, value = ("regex", regex) if regex is not None else ("grammar", grammar)
-        if not isinstance(value, str) or not value.strip():
+        if not isinstance(value, str) or not value:
             raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
         return cls(name, checked_size(name, value))
 
