@@ -381,6 +381,10 @@ class Engine:
                         grammar=GrammarDrafter(self.tokenizer) if matcher is not None and isinstance(strategy, Hybrid)
                         else None)
 
+    def check_constraint(self, constraint: Constraint) -> None:
+        """Compile ``constraint`` now (ConfigError, in one line, if it does not); kept for its requests."""
+        self._matcher(constraint)
+
     def _matcher(self, constraint: Constraint | None) -> Matcher | None:
         """A fresh matcher for ``constraint`` (the tokenizer's conversion made on the first, then kept)."""
         if constraint is None:

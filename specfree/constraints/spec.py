@@ -47,6 +47,10 @@ class Constraint:
             raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
         return cls(name, checked_size(name, value))
 
+    def options(self) -> dict:
+        """The keywords of ``Engine.generate`` that set this constraint."""
+        return {"json_object": True} if self.kind == "json_object" else {self.kind: self.text}
+
 
 def per_prompt(count: int, constraints: Sequence[dict | None] | None,
              settings: dict) -> list[Constraint | None]:

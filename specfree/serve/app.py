@@ -184,6 +184,11 @@ class Server:
     def prepare(self, kind: str, body: bytes) -> tuple[Ask, list[int], Any]:
         """A completion's body checked, its prompt templated and tokenized, its verifier built (off the loop)."""
         ask = parse(kind, load_json(body), self.settings.max_tokens)
+        if ask.constraint is not None:
+            try:  # compiled here, so that a bad one is this request's 400 before it is queued
+                self._encoder.check_constraint(ask.constraint)
+            except SpecfreeError as exc:
+                raise APIError(400, f"`{ask.constraint_field}`: {one_line(exc)}", ask.constraint_field) from None
         ids = self.encode(ask)
         return ask, ids, self.verifier_for(ask, len(ids))
 
@@ -407,7 +412,7 @@ def create_app(engine=None, settings: ServeConfig | None = None, *, load: Callab
             headers[IGNORED_HEADER] = ", ".join(ask.unknown)
         job = Job(ids, ask.max_tokens or server.settings.max_tokens, ask.stop, server.seed_for(ask, verifier),
                   verifier, ask.ignore_eos, loop=asyncio.get_running_loop(), cache_prompt=ask.cache_prompt,
-                  logprobs=ask.logprobs)
+                  logprobs=ask.logprobs, constraint=ask.constraint)
         scheduler.submit(job)
         answer = Answer(server, ask, job, arrived)
         if ask.stream:

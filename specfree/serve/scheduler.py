@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from specfree.constraints import Constraint
 from specfree.errors import SpecfreeError, one_line
 from specfree.serve.errors import APIError
 from specfree.serve.metrics import Metrics
@@ -42,6 +43,7 @@ class Job:
     loop: asyncio.AbstractEventLoop | None = None
     cache_prompt: bool = True
     logprobs: int | None = None
+    constraint: Constraint | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     on_cancel: Callable[["Job"], None] | None = None  # the scheduler's: take it out of the queue
@@ -160,7 +162,8 @@ class Scheduler:
         if job.verifier is not None:
             engine.verifier = job.verifier  # read once, when the generator starts (below)
         steps = engine.stream(job.ids, job.max_tokens, stop=job.stop, seed=job.seed, ignore_eos=job.ignore_eos,
-                              cache_prompt=job.cache_prompt, logprobs=job.logprobs)
+                              cache_prompt=job.cache_prompt, logprobs=job.logprobs,
+                              **(job.constraint.options() if job.constraint else {}))
         try:
             while True:
                 if job.cancelled.is_set():
@@ -223,7 +226,7 @@ class BatchScheduler(Scheduler):
                     try:
                         member = batch.add(job.ids, job.max_tokens, stop=job.stop, seed=job.seed,
                                            ignore_eos=job.ignore_eos, logprobs=job.logprobs, verifier=job.verifier,
-                                           cache_prompt=job.cache_prompt)
+                                           cache_prompt=job.cache_prompt, constraint=job.constraint)
                     except Exception as exc:  # noqa: BLE001 - a setting the batch refuses: this job alone
                         job.emit("error", api_error(exc))
                         continue
