@@ -210,3 +210,40 @@ def test_a_constraint_needs_a_tokenizer():
 def test_an_answer_cut_by_max_new_tokens_says_so():
     result = engine("llama", "hybrid", {}).generate([5, 6], 5, regex="[a-c]{20}")
     assert result.stop_reason == "max_new_tokens" and len(result.tokens) == 5
+
+
+@pytest.fixture(scope="module")
+def json_model_dir(tmp_path_factory):
+    """The tiny Llama with the JSON tokenizer, saved as a folder for ``model=local``."""
+    folder = tmp_path_factory.mktemp("tiny-json")
+    tiny_model("llama").save_pretrained(folder)
+    tiny_json_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("how", ["file", "text"])
+def test_decode_takes_a_json_schema_file_or_text(json_model_dir, tmp_path, monkeypatch, capsys, how):
+    from specfree import cli
+
+    monkeypatch.chdir(tmp_path)
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+              "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    value = "schema.json" if how == "file" else json.dumps(schema)
+    code = cli.main(["decode", "model=local", f"model.path={json_model_dir}", "prompt=ab", "chat=false",
+                     f"json_schema={value}", "max_new_tokens=20", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 0
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert isinstance(json.loads(result["text"])["a"], bool)
+    assert result["text"] in capsys.readouterr().out
+
+
+def test_decode_says_in_one_line_why_a_grammar_does_not_compile(json_model_dir, tmp_path, monkeypatch, capsys):
+    from specfree import cli
+
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["decode", "model=local", f"model.path={json_model_dir}", "prompt=ab", "chat=false",
+                     "grammar=root ::= ( 'a'", "max_new_tokens=4"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "grammar does not compile" in err[0]
