@@ -37,6 +37,7 @@ import torch
 
 from specfree.adapters.kv_manager import Rows
 from specfree.adapters.capabilities import causal
+from specfree.constraints import Constraint
 from specfree.errors import ConfigError
 from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.lanes import SoloLane
@@ -279,10 +280,13 @@ def _forwards(planned: list[tuple[Member, Step]], limit: int) -> list[list[tuple
 
 
 def decode_together(engine, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
-                    **settings) -> list[Generation]:
+                    constraints: Sequence[Constraint | None] | None = None, **settings) -> list[Generation]:
     """Every prompt decoded, ``max_batch`` at a time, each joining as another finishes; results in
-    order (a request that fails raises its error once the others are done)."""
-    requests = [engine.request(prompt, max_new_tokens, **settings) for prompt in prompts]  # all checked first
+    order (a request that fails raises its error once the others are done; ``constraints``: one
+    per prompt, or None)."""
+    constraints = list(constraints) if constraints is not None else [None] * len(prompts)
+    requests = [engine.request(prompt, max_new_tokens, constraint=constraint, **settings)  # all checked first
+                for prompt, constraint in zip(prompts, constraints)]
     batch = Batch(engine, max_batch)
     pending = list(enumerate(requests))
     results: dict[int, Generation] = {}

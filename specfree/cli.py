@@ -97,6 +97,7 @@ def help_text() -> str:
     lines += ["", "config groups (pick an option with group=option, set a field with group.field=value):"]
     lines += [f"  {group:<9} {', '.join(options) or '(none registered)'}" for group, options in group_options().items()]
     lines += ["", "top-level settings: prompt, prompt_file, chat, max_new_tokens, stop, ignore_eos, seed,",
+              "  json_schema, json_object, regex, grammar (structured output: docs/structured-output.md),",
               "  generation, device, dtype, threads, cache_dir, output, verify_against_baseline, prompt_cache", "",
               EXAMPLES]
     return "\n".join(lines)
@@ -178,10 +179,14 @@ def hydra_command(command: str, args: list[str], split: StartupSplit | None = No
     return 0
 
 
+FREE_TEXT = ("prompt", "json_schema", "regex", "grammar")  # settings whose value is any text (JSON, a regex...)
+
+
 def quote_free_text(override: str) -> str:
-    """``prompt=`` takes any text: quote it for Hydra so commas, colons or parentheses survive."""
+    """``prompt=`` (and a schema, regex or grammar) takes any text: quote it for Hydra so commas,
+    colons, braces or parentheses survive."""
     key, sep, value = override.partition("=")
-    if key.lstrip("+") != "prompt" or not sep or not value or value[0] in "'\"":
+    if key.lstrip("+") not in FREE_TEXT or not sep or not value or value[0] in "'\"":
         return override
     return f"{key}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -258,7 +263,7 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     chat = bool(cfg.chat and getattr(engine.tokenizer, "chat_template", None))
     ids = engine.encode(prompt, chat=chat)
     run_kwargs = {"max_new_tokens": cfg.max_new_tokens, "stop": list(cfg.stop), "seed": cfg.seed,
-                  "ignore_eos": cfg.ignore_eos}
+                  "ignore_eos": cfg.ignore_eos, **constraint_options(cfg)}
     stream = engine.stream(ids, **run_kwargs)
     detok = Detokenizer(engine.tokenizer)
     tokens: list[int] = []
@@ -301,6 +306,16 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
         result["baseline_check"] = {key: getattr(check, key) for key in BASELINE_CHECK_FIELDS}
     _write_result(cfg, result)
     return DIVERGED if check is not None and not check.identical else 0
+
+
+def constraint_options(cfg) -> dict:
+    """``json_schema=FILE_OR_JSON``, ``regex=...``, ``grammar=FILE_OR_TEXT``, ``json_object=true`` as
+    ``Engine.generate``'s keywords (a value naming a file is read)."""
+    from specfree.constraints import read_option
+
+    options = {name: read_option(name, cfg[name]) if name != "regex" else cfg[name]
+               for name in ("json_schema", "regex", "grammar") if cfg[name] is not None}
+    return {**options, "json_object": True} if cfg.json_object else options
 
 
 BASELINE_CHECK_FIELDS = ("identical", "first_divergence", "speculative_token", "baseline_token")

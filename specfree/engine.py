@@ -14,6 +14,7 @@ import torch
 from specfree.adapters.protocol import Adapter
 from specfree.batching import Batch, decode_together
 from specfree.files import DEFAULT_CACHE
+from specfree.constraints import Constraint, ConstraintMask, Grammars, Matcher, masked, per_prompt
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError, check_int
@@ -22,6 +23,8 @@ from specfree.masks.tree import Layout, build_layout
 from specfree.planner import StepPlanner
 from specfree.pricing import AcceptanceModel, Pricer
 from specfree.strategies.base import Strategy
+from specfree.strategies.grammar import GrammarDrafter
+from specfree.strategies.hybrid import Hybrid
 from specfree.draft_tree import DraftTree
 from specfree.settings import DEFAULTS, EngineSettings
 from specfree.request import Request
@@ -97,6 +100,7 @@ class Engine:
         self.eos_ids = self._eos_ids()
         self.model_settings = model_settings or ModelSettings()
         self.prompt_cache = prompt_cache
+        self._grammars: Grammars | None = None  # constraints compiled over this tokenizer, made on first use
 
     @property
     def priced(self) -> bool:
@@ -218,14 +222,19 @@ class Engine:
 
     def generate(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
                  seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True,
-                 logprobs: int | None = None) -> Generation:
-        """``cache_prompt=False``: prefill the whole prompt even where ``prompt_cache`` could reuse a prefix.
+                 logprobs: int | None = None, json_schema=None, regex: str | None = None,
+                 grammar: str | None = None, json_object: bool = False) -> Generation:
+        """``json_schema`` (a dict or JSON text), ``json_object`` (any JSON object), ``regex``,
+        ``grammar`` (Lark or llama.cpp's GBNF): what the answer must match, at most one
+        (docs/structured-output.md); the tokens are those of plain decoding under the same mask.
+        ``cache_prompt=False``: prefill the whole prompt even where ``prompt_cache`` could reuse a prefix.
         ``logprobs=k``: each new token's log-probability under the model (log-softmax of the raw
         logits of the verify row that predicted it, before any processor) and its ``k`` most likely
         alternatives, in ``Generation.logprobs``; a verify row has the one-row forward's bits, so
         they are the same with or without speculation."""
         request = self.request(prompt, max_new_tokens, chat=chat, stop=stop, seed=seed, ignore_eos=ignore_eos,
-                               cache_prompt=cache_prompt, logprobs=logprobs)
+                               cache_prompt=cache_prompt, logprobs=logprobs,
+                               constraint=Constraint.from_options(json_schema, regex, grammar, json_object))
         run = self.run(request)
         while True:
             try:
@@ -235,11 +244,13 @@ class Engine:
 
     def stream(self, prompt, max_new_tokens: int = 128, *, stop: Sequence[str] = (), chat: bool | None = None,
                seed: int | None = None, ignore_eos: bool = False, cache_prompt: bool = True,
-               logprobs: int | None = None) -> Iterator[Chunk]:
+               logprobs: int | None = None, json_schema=None, regex: str | None = None,
+               grammar: str | None = None, json_object: bool = False) -> Iterator[Chunk]:
         """Yield text as steps are accepted; the final ``Generation`` is the generator's return value
-        (``cache_prompt``, ``logprobs``: see ``generate``)."""
+        (``cache_prompt``, ``logprobs``, the constraints: see ``generate``)."""
         request = self.request(prompt, max_new_tokens, chat=chat, stop=stop, seed=seed, ignore_eos=ignore_eos,
-                               cache_prompt=cache_prompt, logprobs=logprobs)
+                               cache_prompt=cache_prompt, logprobs=logprobs,
+                               constraint=Constraint.from_options(json_schema, regex, grammar, json_object))
         return (yield from self.run(request))
 
     def run(self, request: Request) -> Generator[Chunk, None, Generation]:
@@ -262,19 +273,23 @@ class Engine:
 
     # ---- several requests together ---------------------------------------------------------
     def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
-                       **settings: Any) -> list[Generation]:
+                       constraints: Sequence[dict | None] | None = None, **settings: Any) -> list[Generation]:
         """One ``Generation`` per prompt, as ``generate`` gives it (``settings``: its keywords but
         ``cache_prompt``), decoded ``max_batch`` at a time: each step runs every request's rows in
         one forward (``specfree.batching``), and each output is bit-identical to decoding its prompt
         alone. Where this engine cannot share a forward (``batch_off`` says why, in a warning), the
-        same loop decodes the prompts one at a time."""
+        same loop decodes the prompts one at a time. ``constraints``: one per prompt, each None or a
+        dict of ``generate``'s constraint keywords (``{"json_schema": ...}``), its own whatever the
+        others' (a constraint keyword among ``settings`` holds for every prompt)."""
         if isinstance(prompts, (str, torch.Tensor)):
             raise ConfigError("generate_batch takes a list of prompts; for one prompt call generate")
         check_int("max_batch", max_batch, low=1)
+        constraints = per_prompt(len(prompts), constraints, settings)
         if self.batch_off is not None and max_batch > 1:
             warnings.warn(f"decoding one request at a time: {self.batch_off}", stacklevel=2)
             max_batch = 1
-        return decode_together(self, list(prompts), max_new_tokens, max_batch=max_batch, **settings)
+        return decode_together(self, list(prompts), max_new_tokens, max_batch=max_batch, constraints=constraints,
+                               **settings)
 
     @property
     def batch_off(self) -> str | None:
@@ -334,14 +349,32 @@ class Engine:
         if request.seed is not None and hasattr(verifier, "seed"):
             verifier = copy.copy(verifier)
             verifier.seed = request.seed
+        matcher = self._matcher(request.constraint)
+        if matcher is not None:
+            verifier = masked(verifier, ConstraintMask(matcher, len(ids)))
+        strategy = strategy or self.strategy
         planner = StepPlanner.for_adapter(self.pricer, adapter, price_context=self.price_context,
                                           timing=self._costs if timing else None)
         return Decoding(ids, min(len(ids) + request.max_new_tokens, adapter.max_length), request.max_new_tokens,
-                        verifier=verifier, strategy=strategy or self.strategy, planner=planner,
+                        verifier=verifier, strategy=strategy, planner=planner,
                         mask_builder=self.mask_builder, tokenizer=self.tokenizer, should_stop=self.should_stop,
                         stop=request.stop, ignore_eos=request.ignore_eos, logprobs=request.logprobs,
-                        constraint=request.constraint,
-                        rollback_s=(lambda: adapter.rollback_s) if adapter.capabilities.chain_only else None)
+                        rollback_s=(lambda: adapter.rollback_s) if adapter.capabilities.chain_only else None,
+                        constraint=matcher,
+                        grammar=GrammarDrafter(self.tokenizer) if matcher is not None and isinstance(strategy, Hybrid)
+                        else None)
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        """Compile ``constraint`` now (ConfigError, in one line, if it does not); kept for its requests."""
+        self._matcher(constraint)
+
+    def _matcher(self, constraint: Constraint | None) -> Matcher | None:
+        """A fresh matcher for ``constraint`` (the tokenizer's conversion made on the first, then kept)."""
+        if constraint is None:
+            return None
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.adapter.vocab_size, self.eos_ids)
+        return self._grammars.matcher(constraint)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:

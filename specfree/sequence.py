@@ -18,12 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specfree.constraints.matcher import Matcher, prune
 from specfree.detokenize import Detokenizer
-from specfree.errors import ConfigError
 from specfree.masks.tree import Layout
 from specfree.planner import StepPlanner
 from specfree.pricing import Plan
 from specfree.strategies.base import Outcome, Strategy
+from specfree.strategies.grammar import GrammarDrafter
+from specfree.strategies.hybrid import with_member
 from specfree.types import Generation, Proposal, StepRecord, TokenLogprob, Verdict
 
 
@@ -69,14 +71,18 @@ class Decoding:
     ``limit``: the most ids prompt and answer may reach; ``should_stop(token, detok, stop,
     ignore_eos)``: the engine's stop rule, asked once per emitted token; ``logprobs``: None, or how
     many alternatives each token's log-probability carries; ``rollback_s``: the adapter's last
-    rollback time, for chain-verifying models (recorded with each step)."""
+    rollback time, for chain-verifying models (recorded with each step).
+
+    ``constraint``: None, or the request's ``constraints.Matcher`` (its ``ConstraintMask`` leads the
+    verifier's processors): drafts are cut to what the grammar allows before the forward, the
+    answer ends where the grammar is complete (stop reason ``"grammar"``), and ``grammar``
+    (a ``GrammarDrafter``, or None) adds the text the grammar forces to each proposal."""
 
     def __init__(self, ids: Sequence[int], limit: int, max_new_tokens: int, *, verifier, strategy: Strategy,
                  planner: StepPlanner, mask_builder: Callable, tokenizer, should_stop: Callable,
                  stop: Sequence[str] = (), ignore_eos: bool = False, logprobs: int | None = None,
-                 rollback_s: Callable[[], float] | None = None, constraint: object | None = None):
-        if constraint is not None:
-            raise ConfigError("structured-output constraints are not built yet: give constraint=None")
+                 rollback_s: Callable[[], float] | None = None, constraint: Matcher | None = None,
+                 grammar: GrammarDrafter | None = None):
         self.prompt_len = len(ids)
         self.max_new_tokens = max_new_tokens
         self.buffer = np.zeros(limit, dtype=np.int64)
@@ -89,6 +95,7 @@ class Decoding:
         self.logprobs_k = logprobs
         self.logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
         self.rollback_s = rollback_s
+        self.constraint, self.grammar = constraint, grammar
         self.new_tokens: list[int] = []
         self.from_draft: list[bool] = []
         self.steps: list[StepRecord] = []
@@ -113,11 +120,19 @@ class Decoding:
         t0 = time.perf_counter()
         n, context = self.n, self.context
         proposal = self.strategy.propose(context, max_depth=self.limit - n - 1)
+        if self.constraint is not None:
+            proposal = self._constrained(proposal, self.limit - n - 1)
         plan = self.planner.plan(int(context[-1]), proposal, max_depth=self.limit - n - 1, context=n, cost=cost,
                                  shared_tokens=shared_tokens)
         t1 = time.perf_counter()
         layout = self.mask_builder(plan.tree, plan.aux, n - 1)  # tokens, positions, mask of the rows
         return Step(proposal, plan, layout, t0, t1, time.perf_counter())
+
+    def _constrained(self, proposal: Proposal, max_depth: int) -> Proposal:
+        self.constraint.follow(self.context[self.prompt_len :].tolist())
+        if self.grammar is not None:
+            proposal = with_member(proposal, self.grammar.propose(self.constraint, max_depth))
+        return prune(proposal, self.constraint)
 
     def verify(self, step: Step, logits: torch.Tensor) -> Verdict:
         """What the model would have produced, from this step's logits [rows, V]."""
@@ -141,6 +156,9 @@ class Decoding:
             if self.detok is not None:
                 text += self.detok.push(token)
             self.stop_reason = self.should_stop(token, self.detok, self.stop, self.ignore_eos)
+            if self.constraint is not None and self.stop_reason is None:
+                self.constraint.follow(self.new_tokens)
+                self.stop_reason = "grammar" if self.constraint.stopped else None
             if self.stop_reason or self.n >= self.limit:
                 break
         if self.logprobs is not None:  # token i was predicted by row i of [root, *path]
@@ -153,6 +171,8 @@ class Decoding:
         extra = self.strategy.stats()
         if self.rollback_s is not None:
             extra = {**extra, "rollback_s": self.rollback_s()}
+        if self.constraint is not None:  # the grammar's time so far (masks, drafts checked): a bench's mask cost
+            extra = {**extra, "constraint_s": self.constraint.spent_s}
         if shared:
             extra = {**extra, **shared}
         self.steps.append(StepRecord(

@@ -314,3 +314,39 @@ def tiny_tokenizer():
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
         chat_template="{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} . {% endfor %}"
                       "{% if add_generation_prompt %}assistant : {% endif %}")
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte-to-character table (byte-level BPE writes each byte as one of these)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = dict(zip(kept, kept)), 0
+    for byte in range(256):
+        if byte not in chars:
+            chars[byte], extra = 256 + extra, extra + 1
+    return {byte: chr(code) for byte, code in chars.items()}
+
+
+# Merges of the JSON tokenizer: a few multi-character tokens like the ones a real BPE has for JSON.
+JSON_MERGES = [('{', '"'), ('"', ':'), ('"', ','), ('"', '}'), ('t', 'r'), ('u', 'e'), ('tr', 'ue'), ('n', 'u'),
+               ('l', 'l'), ('nu', 'll'), ('Ġ', '"'), (':', 'Ġ'), (',', 'Ġ'), ('0', '0'), ('a', 'b'), ('ab', 'c'),
+               ('":', 'Ġ'), ('",', 'Ġ'), ('Ġ', '['), ('f', 'a'), ('fa', 'l'), ('s', 'e'), ('fal', 'se')]
+
+
+@functools.cache
+def tiny_json_tokenizer():
+    """A byte-level BPE over printable ASCII (and newline) with a few JSON merges, whose ids fit the
+    tiny models' vocabulary: text for the constraint tests (llguidance needs each token's bytes)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = _byte_chars()
+    vocab = {"<pad>": PAD, "<s>": BOS, "</s>": EOS}
+    for byte in [*range(32, 127), 10]:
+        vocab[chars[byte]] = len(vocab)
+    for left, right in JSON_MERGES:
+        vocab[left + right] = len(vocab)
+    assert len(vocab) <= VOCAB
+    backend = Tokenizer(models.BPE(vocab, JSON_MERGES))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")

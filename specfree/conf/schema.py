@@ -110,6 +110,10 @@ class SpecfreeConfig:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
+    json_schema: str | None = None  # structured output (docs/structured-output.md): one of these four
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None

@@ -186,11 +186,17 @@ class Server:
         """A completion's body checked, its prompt templated and tokenized, its verifier built: the
         request the scheduler decodes (off the loop)."""
         ask = parse(kind, load_json(body), self.settings.max_tokens)
+        if ask.constraint is not None:
+            try:  # compiled here, so that a bad one is this request's 400 before it is queued
+                self._encoder.check_constraint(ask.constraint)
+            except SpecfreeError as exc:
+                raise APIError(400, f"`{ask.constraint_field}`: {one_line(exc)}", ask.constraint_field) from None
         ids = self.encode(ask)
         verifier = self.verifier_for(ask, len(ids))
         try:
             return ask, DecodeRequest(ids, ask.max_tokens or self.settings.max_tokens, verifier, tuple(ask.stop),
-                                      self.seed_for(ask, verifier), ask.ignore_eos, ask.logprobs, ask.cache_prompt)
+                                      self.seed_for(ask, verifier), ask.ignore_eos, ask.logprobs, ask.cache_prompt,
+                                      constraint=ask.constraint)
         except SpecfreeError as exc:
             raise APIError(400, one_line(exc)) from None
 

@@ -6,7 +6,9 @@ common fields are taken at the top level (``n_predict``, ``cache_prompt``, ``top
 ``repeat_penalty``...); any other top-level field is ignored and named (``Ask.unknown``: the
 server logs it once and names it in the ``X-Specfree-Ignored-Fields`` header), as peers do.
 specfree's own per-request knobs live under one extra field, ``specfree`` (``top_k``,
-``repetition_penalty``, ``ignore_eos``).
+``repetition_penalty``, ``ignore_eos``). Structured output: OpenAI's ``response_format``
+(``json_object``, ``json_schema``) and llama-server's ``json_schema`` and ``grammar`` (GBNF or Lark),
+one of them a request (docs/structured-output.md).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from specfree.constraints import Constraint
+from specfree.errors import ConfigError
 from specfree.serve.errors import bad
 
 MAX_STOPS = 16
@@ -33,12 +37,11 @@ UNSUPPORTED = {
     "tool_choice": lambda v: v in (None, "none"), "function_call": lambda v: v in (None, "none"),
     "parallel_tool_calls": lambda v: True, "audio": _off, "modalities": lambda v: v in (None, ["text"]),
     "prediction": _off, "web_search_options": _off, "reasoning_effort": _off,
-    "response_format": lambda v: v in (None, {"type": "text"}),
 }
 IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "specfree",
           "n_predict", "cache_prompt", "top_k", "min_p", "repeat_penalty", "repetition_penalty", "presence_penalty",
-          "frequency_penalty", "logit_bias", "logprobs"}
+          "frequency_penalty", "logit_bias", "logprobs", "response_format", "json_schema", "grammar"}
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}, "completion": COMMON | {"prompt"}}
 MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's bounds
 
@@ -66,6 +69,8 @@ class Ask:
     ignore_eos: bool = False
     cache_prompt: bool = True
     logprobs: int | None = None  # None: none; k: each token's log-probability and its k most likely
+    constraint: Constraint | None = None  # what the answer must match
+    constraint_field: str | None = None  # the field that set it (named in its errors)
     unknown: list[str] = field(default_factory=list)  # top-level fields ignored
 
 
@@ -116,6 +121,7 @@ def parse(kind: str, body: Any, max_tokens_bound: int) -> Ask:
         if unknown:
             raise bad(f"unknown field `stream_options.{unknown[0]}`", "stream_options", "unknown_parameter")
         ask.include_usage = bool(_typed(options, "include_usage", bool, "stream_options."))
+    ask.constraint_field, ask.constraint = _constraint(body)
     own = _typed(body, "specfree", dict)
     if own is not None:
         unknown = sorted(set(own) - set(SPECFREE_KNOBS))
@@ -130,6 +136,62 @@ def parse(kind: str, body: Any, max_tokens_bound: int) -> Ask:
             ask.repetition_penalty = _number(own, "repetition_penalty", 0.0, None, "specfree.", low_open=True)
         ask.ignore_eos = bool(_typed(own, "ignore_eos", bool, "specfree."))
     return ask
+
+
+def _constraint(body: dict) -> tuple[str | None, Constraint | None]:
+    """The field that constrains the answer and its constraint (its shape checked; it compiles later)."""
+    given = [k for k in ("response_format", "json_schema", "grammar") if body.get(k) is not None]
+    if not given:
+        return None, None
+    if len(given) > 1:
+        raise bad(f"give one of {' and '.join(given)}: one constraint a request", given[1])
+    field_name = given[0]
+    value = body[field_name]
+    if field_name == "grammar":
+        options = {"grammar": _typed(body, "grammar", str)}
+    elif field_name == "json_schema":
+        options = {"json_schema": _typed(body, "json_schema", dict)}
+    else:
+        field_name, options = _response_format(value)
+    try:
+        return field_name, Constraint.from_options(**options) if options else None
+    except ConfigError as exc:
+        raise bad(f"`{field_name}`: {exc}", field_name) from None
+
+
+def _response_format(value: Any) -> tuple[str, dict]:
+    """OpenAI's ``response_format``: text, json_object (llama-server's ``schema`` inside it too) or
+    json_schema ({name, schema, strict, description}); strict or not, the schema is enforced."""
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise bad("`response_format` must be an object with a `type`", "response_format", "invalid_type")
+    kind, where = value["type"], "response_format"
+    allowed = {"text": {"type"}, "json_object": {"type", "schema"},
+               "json_schema": {"type", "json_schema"}}.get(kind)
+    if allowed is None:
+        raise bad(f"`response_format.type` {kind!r} is not supported; use text, json_object or json_schema",
+                  "response_format.type")
+    extra = sorted(set(value) - allowed)
+    if extra:
+        raise bad(f"unknown field `response_format.{extra[0]}` for type {kind}", f"response_format.{extra[0]}",
+                  "unknown_parameter")
+    if kind == "text":
+        return where, {}
+    if kind == "json_object":
+        schema = _typed(value, "schema", dict, "response_format.")
+        return (f"{where}.schema", {"json_schema": schema}) if schema is not None else (where, {"json_object": True})
+    spec = _typed(value, "json_schema", dict, "response_format.")
+    if spec is None:
+        raise bad("`response_format.json_schema` is required for type json_schema", "response_format.json_schema",
+                  "missing_required_parameter")
+    extra = sorted(set(spec) - {"name", "schema", "strict", "description"})
+    if extra:
+        raise bad(f"unknown field `response_format.json_schema.{extra[0]}`",
+                  f"response_format.json_schema.{extra[0]}", "unknown_parameter")
+    _typed(spec, "strict", bool, "response_format.json_schema.")
+    _typed(spec, "name", str, "response_format.json_schema.")
+    schema = _typed(spec, "schema", dict, "response_format.json_schema.")
+    # OpenAI's default when a schema is left out: any JSON object
+    return f"{where}.json_schema.schema", {"json_schema": schema} if schema is not None else {"json_object": True}
 
 
 def _logit_bias(value: Any) -> dict[int, float]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # The engine's stop reasons as OpenAI's finish_reason.
-FINISH = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "context_length": "length"}
+FINISH = {"eos": "stop", "stop_string": "stop", "grammar": "stop", "max_new_tokens": "length", "context_length": "length"}
 
 
 class StopTrim:

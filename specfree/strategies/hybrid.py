@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -93,6 +94,16 @@ class Hybrid(Strategy):
         for drafter, label in zip(self.drafters, self.labels):
             out.update({f"{label}.{k}": v for k, v in drafter.stats().items()})
         return out
+
+
+def with_member(proposal: Proposal, member: Proposal) -> Proposal:
+    """``proposal`` with a member's candidates after its own, labelled with the member's source
+    (how the engine adds a request's grammar drafter to any proposal)."""
+    if not member.candidates:
+        return proposal
+    labels = (proposal.labels or [None] * len(proposal.candidates)) + (member.labels or [None] * len(member.candidates))
+    return replace(proposal, candidates=proposal.candidates + member.candidates,
+                   sources=proposal.candidate_sources() + [member.source] * len(member.candidates), labels=labels)
 
 
 def member_labels(names: list[str]) -> list[str]:
