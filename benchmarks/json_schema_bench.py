@@ -118,19 +118,22 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from specfree import Engine
     from specfree.cost import CostModel
+    from specfree.runinfo import forward_path
 
     tasks = load_tasks(args.task_file, args.tasks)
-    runs: dict[str, list[dict]] = {}
-    first = None
+    engines = {}
     for name, (strategy, knobs) in SYSTEMS.items():
-        engine = Engine.from_pretrained("smollm2", strategy, costs=CostModel(*CURVE), **knobs)
-        engine.generate(tasks[0]["messages"], 4, json_schema=tasks[0]["schema"])  # warm: tokenizer conversion
-        runs[name] = [run_engine(engine, task, args.max_new) for task in tasks]
-        first = first or engine
-        print(name, "done", flush=True)
-    runs["transformers+mask"] = [run_transformers(first, task, args.max_new) for task in tasks]
+        engines[name] = Engine.from_pretrained("smollm2", strategy, costs=CostModel(*CURVE), **knobs)
+        engines[name].generate(tasks[0]["messages"], 4, json_schema=tasks[0]["schema"])  # warm: tokenizer conversion
+    first = engines["plain"]
+    runs: dict[str, list[dict]] = {name: [] for name in [*engines, "transformers+mask"]}
+    for task in tasks:  # the systems interleaved per task: a shared machine's load drifts
+        for name, engine in engines.items():
+            runs[name].append(run_engine(engine, task, args.max_new))
+        runs["transformers+mask"].append(run_transformers(first, task, args.max_new))
+        print(task["id"], "done", flush=True)
     fixed = sum(fixed_tokens(first, r["tokens"], t["schema"]) for r, t in zip(runs["plain"], tasks))
-    report = {"cpu": cpu_name(), "threads": args.threads, "precision": str(getattr(first.adapter, "precision", "?")),
+    report = {"cpu": cpu_name(), "threads": args.threads, "path": forward_path(first),
               "tasks": [t["id"] for t in tasks], "max_new_tokens": args.max_new,
               "grammar_fixed_share_of_plain_tokens": fixed / max(1, sum(len(r["tokens"]) for r in runs["plain"])),
               "llama_server": "skipped: llama.cpp's tools are not built here (scripts/build_llama_cpp.sh)",

@@ -266,3 +266,13 @@ def test_smollm2_answers_a_json_schema_task_validly_and_as_its_plain_loop(one_th
     answer = json.loads(fast.text)
     assert set(answer) == {"city", "population"} and isinstance(answer["population"], int)
     assert sum(step.sources.get("grammar", 0) for step in fast.steps) > 0
+
+
+def test_an_engine_that_cannot_batch_follows_each_prompts_constraint_one_at_a_time():
+    tok = tiny_json_tokenizer()
+    chosen = Engine.from_model(tiny_model("mixtral"), tok, "prompt_lookup")  # its experts mix a forward's rows
+    assert chosen.batch_off is not None
+    prompts, options = [tok("ab").input_ids, tok("12").input_ids], [{"regex": "[ab]+c"}, {"json_object": True}]
+    with pytest.warns(UserWarning, match="one request at a time"):
+        results = chosen.generate_batch(prompts, 16, constraints=options)
+    assert [r.tokens for r in results] == [chosen.generate(p, 16, **o).tokens for p, o in zip(prompts, options)]

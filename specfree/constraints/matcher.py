@@ -17,15 +17,19 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from specfree.errors import ConfigError, SpecfreeError
+from specfree.errors import ConfigError
 from specfree.types import Proposal
 
 
-class ConstraintError(SpecfreeError):
-    """The grammar rejected a token the decoding produced (a bug: the mask allows none such)."""
+class ConstraintError(RuntimeError):
+    """The grammar rejected a token the decoding produced: a bug (the mask allows none such), so
+    not a ``SpecfreeError`` (serve answers it with a 500, not a 400)."""
 
 
 class Matcher:
+    """llguidance's matcher for one request, with the tokens it has consumed (``consumed``) and the
+    time spent in it (``spent_s``)."""
+
     def __init__(self, matcher, vocab_size: int, constraint):
         self._matcher, self.vocab_size, self.constraint = matcher, vocab_size, constraint
         self.consumed: list[int] = []
