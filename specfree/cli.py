@@ -40,7 +40,7 @@ COMMANDS = {
     "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
     "datastore": "build a retrieval datastore from corpora or from the model's own answers",
     "serve": "an OpenAI-compatible server (/v1/chat/completions...) over one engine: serve serve.port=8000",
-    "build-kernels": "build specfree's C++ kernels now (the README's set-up does): build-kernels [cache_dir=PATH]",
+    "build-kernels": "build specfree's C++ kernels now, once (the set-up line runs it): build-kernels [cache_dir=PATH]",
 }
 EXAMPLES = """\
 examples:

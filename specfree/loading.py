@@ -30,6 +30,7 @@ from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, cause
 from specfree.files import atomic_path, cache_folder, file_digest, fingerprint, remember_digest
 from specfree.gguf_config import file_config, read_fields, refuse_architecture
 from specfree.gguf_model import TENSOR_TABLE, GGUFWeights
+from specfree.progress import building
 
 def ignores_custom_masks(attn_implementation: str | None) -> bool:
     """Flash-attention kernels take no arbitrary mask: tree rows would see their siblings."""
@@ -247,7 +248,8 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
             return folder
         weights = GGUFWeights(path)  # the table of tensors first: a truncated file stops here
         refuse_architecture(weights.architecture, path)
-        with transformers_errors_only():  # no table of its own before specfree's line
+        # transformers reads the tokenizer from the file's metadata: seconds for SmolLM2 on 2 cores
+        with transformers_errors_only(), building(f"the config and tokenizer of {path.name}", 10):
             config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         fields = read_fields(path)  # one read of the metadata: the chat template and the stated dimensions

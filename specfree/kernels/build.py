@@ -130,8 +130,8 @@ def load_kernels(cache_dir: str | Path | None = None, progress: bool = True) -> 
 
 
 def build_command(args: list[str]) -> int:
-    """``python -m specfree build-kernels [cache_dir=PATH]``: build the library now (the README's
-    set-up runs it), so the first decode builds nothing but what depends on its model."""
+    """``python -m specfree build-kernels [cache_dir=PATH]``: build the library now (the set-up line
+    in README.md#set-up-and-test runs it), so the first decode builds nothing but what depends on its model."""
     import sys
     import time
 
