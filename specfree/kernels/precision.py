@@ -29,7 +29,7 @@ from specfree.kernels.passes import best_ms, coded_passes, held_layers
 from specfree.settings import DEFAULTS, check_setting
 
 PROBE_ROWS = (1, 8)  # a plain step's one row, and a verify step's rows
-PROBE_ROUNDS = 3  # best of this many passes, after one to warm up
+PROBE_ROUNDS = 5  # best of this many passes, after one to warm up
 # The layers probed, in the model's order, up to this many bytes of codes: past the last-level
 # cache of the CPUs the kernels run on, so a pass streams its codes from memory, as a forward does
 # (a 7B file's layers: a few of them; SmolLM2's Q4_1: 64 of its 211 layers, about 0.1 s at both
