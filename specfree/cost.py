@@ -394,3 +394,60 @@ class StepTimes:
         if self._curve is None:
             self._curve = CostModel.from_step_times(self.medians, self.prior_slope, self.min_sizes)
         return self._curve
+
+
+class Correction:
+    """What a curve's price of each row count turned out to be on this machine, now: per row count,
+    measured over predicted forward seconds, followed by a moving average as the steps run (each
+    step's ratio clipped to ``clip``x either way: one stall of a shared machine moves it little). A
+    row count no step has run yet takes its neighbours' correction (the nearest's beyond them);
+    with none yet, the curve as it is; a count's first step moves it from there.
+
+    The curve is measured once, at start-up, as the best of a few forwards of each size (a first
+    curve of a few sizes, the rest extrapolated); the steps then run on a machine that may be busier
+    or quieter, with the compiled path's padded buckets: the correction keeps the price the
+    machine's. An average of ratios, not of logs: tokens a second divide by the mean time."""
+
+    def __init__(self, weight: float = 0.2, clip: float = 3.0):
+        self.weight, self.clip = weight, clip
+        self.ratio: dict[int, float] = {}
+        self._table: tuple[np.ndarray, np.ndarray] | None = None  # ratio as sorted arrays
+
+    def observe(self, rows: int, seconds: float, predicted: float) -> None:
+        if seconds <= 0 or predicted <= 0:
+            return
+        ratio = min(self.clip, max(1 / self.clip, seconds / predicted))
+        # A row count's first time starts from its neighbours' correction: one sample is one sample,
+        # and a count priced too dear after one stall would not be run, nor corrected, again.
+        old = self.ratio.get(rows)
+        old = float(self.factors(np.array([rows]))[0]) if old is None else old
+        self.ratio[rows] = old + self.weight * (ratio - old)
+        self._table = None
+
+    def factors(self, rows: np.ndarray) -> np.ndarray:
+        if not self.ratio:
+            return np.ones(len(rows))
+        if self._table is None:
+            keys = sorted(self.ratio)
+            self._table = np.asarray(keys, dtype=np.float64), np.asarray([self.ratio[k] for k in keys])
+        return np.interp(np.asarray(rows, dtype=np.float64), *self._table)
+
+
+class Corrected:
+    """A curve with a ``Correction`` applied: what pricing reads (``__call__``, ``many``, ``at``)."""
+
+    def __init__(self, curve, correction: Correction):
+        self.curve, self.correction = curve, correction
+
+    def __call__(self, rows: int) -> float:
+        return float(self.many(np.array([rows]))[0])
+
+    def many(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        many = getattr(self.curve, "many", None)
+        seconds = many(rows) if many is not None else np.array([self.curve(int(r)) for r in rows])
+        return seconds * self.correction.factors(rows)
+
+    def at(self, context: int) -> "Corrected":
+        at = getattr(self.curve, "at", None)
+        return Corrected(at(context), self.correction) if at is not None else self

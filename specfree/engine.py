@@ -97,7 +97,7 @@ class Engine:
             # the row counts it lacks are learned from the steps that run them (``cost.Learner``).
             costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
         self.costs = costs
-        self.pricer = Pricer(costs, acceptance) if priced else None
+        self.pricer = Pricer.calibrated(costs, acceptance) if priced else None
         self._costs = costs.learner(adapt_costs) if own else costs if adapt_costs else None
         self.price_context = price_context
         self.eos_ids = self._eos_ids()
