@@ -398,30 +398,41 @@ class StepTimes:
 
 class Correction:
     """What a curve's price of each row count turned out to be on this machine, now: per row count,
-    measured over predicted forward seconds, followed by a moving average as the steps run (each
-    step's ratio clipped to ``clip``x either way: one stall of a shared machine moves it little). A
-    row count no step has run yet takes its neighbours' correction (the nearest's beyond them);
-    with none yet, the curve as it is; a count's first step moves it from there.
+    measured over predicted forward seconds. A count's first ``samples`` steps set it (their median:
+    one stall of a shared machine is one of them); later steps move it by a moving average (each
+    step's ratio clipped to ``clip``x either way). A count not yet set takes its set neighbours'
+    correction (the nearest's beyond them); with none set, the curve as it is.
 
-    The curve is measured once, at start-up, as the best of a few forwards of each size (a first
-    curve of a few sizes, the rest extrapolated); the steps then run on a machine that may be busier
-    or quieter, with the compiled path's padded buckets: the correction keeps the price the
-    machine's. An average of ratios, not of logs: tokens a second divide by the mean time."""
+    The curve is measured once, at start-up, as the best of a few forwards of each size, a few sizes
+    (the rest extrapolated or learned later); the steps then run on a machine that may be busier or
+    quieter, with the compiled path's padded buckets. A start-up curve taken in a slow spell can
+    price two rows at thirty times one (seen on a loaded 2-core VM): no step would ever run two rows
+    again to show otherwise. So, once one row's price is set, a count not yet set is priced at most
+    ``optimism`` of a one-row forward per extra row, and the planner tries it where drafts are
+    offered, until its own times set it. An average of ratios, not of logs: tokens a second divide
+    by the mean time."""
 
-    def __init__(self, weight: float = 0.2, clip: float = 3.0):
-        self.weight, self.clip = weight, clip
-        self.ratio: dict[int, float] = {}
+    def __init__(self, weight: float = 0.2, clip: float = 3.0, samples: int = 3, optimism: float = 1 / 16):
+        self.weight, self.clip, self.samples, self.optimism = weight, clip, samples, optimism
+        self.ratio: dict[int, float] = {}  # the counts set
+        self.trying: dict[int, list[float]] = defaultdict(list)  # the first ratios of the counts not yet set
         self._table: tuple[np.ndarray, np.ndarray] | None = None  # ratio as sorted arrays
 
     def observe(self, rows: int, seconds: float, predicted: float) -> None:
         if seconds <= 0 or predicted <= 0:
             return
-        ratio = min(self.clip, max(1 / self.clip, seconds / predicted))
-        # A row count's first time starts from its neighbours' correction: one sample is one sample,
-        # and a count priced too dear after one stall would not be run, nor corrected, again.
+        ratio = seconds / predicted
         old = self.ratio.get(rows)
-        old = float(self.factors(np.array([rows]))[0]) if old is None else old
-        self.ratio[rows] = old + self.weight * (ratio - old)
+        if old is not None:
+            ratio = min(self.clip * old, max(old / self.clip, ratio))
+            self.ratio[rows] = old + self.weight * (ratio - old)
+        else:
+            first = self.trying[rows]
+            first.append(ratio)
+            if len(first) < self.samples:
+                return
+            self.ratio[rows] = float(np.median(first))
+            del self.trying[rows]
         self._table = None
 
     def factors(self, rows: np.ndarray) -> np.ndarray:
@@ -431,6 +442,9 @@ class Correction:
             keys = sorted(self.ratio)
             self._table = np.asarray(keys, dtype=np.float64), np.asarray([self.ratio[k] for k in keys])
         return np.interp(np.asarray(rows, dtype=np.float64), *self._table)
+
+    def settled(self, rows: np.ndarray) -> np.ndarray:
+        return np.fromiter((int(r) in self.ratio for r in rows), dtype=bool, count=len(rows))
 
 
 class Corrected:
@@ -442,11 +456,19 @@ class Corrected:
     def __call__(self, rows: int) -> float:
         return float(self.many(np.array([rows]))[0])
 
+    def _raw(self, rows: np.ndarray) -> np.ndarray:
+        many = getattr(self.curve, "many", None)
+        return many(rows) if many is not None else np.array([self.curve(int(r)) for r in rows], dtype=np.float64)
+
     def many(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows)
-        many = getattr(self.curve, "many", None)
-        seconds = many(rows) if many is not None else np.array([self.curve(int(r)) for r in rows])
-        return seconds * self.correction.factors(rows)
+        correction = self.correction
+        seconds = self._raw(rows) * correction.factors(rows)
+        if 1 in correction.ratio:  # counts not yet set: never dearer than the optimistic price
+            one = float(self._raw(np.array([1]))[0]) * correction.ratio[1]
+            untried = ~correction.settled(rows)
+            seconds[untried] = np.minimum(seconds[untried], one * (1 + correction.optimism * (rows[untried] - 1)))
+        return seconds
 
     def at(self, context: int) -> "Corrected":
         at = getattr(self.curve, "at", None)

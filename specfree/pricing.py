@@ -96,7 +96,9 @@ class Plan:
     predicted_s: float | None = None
     expected: float | None = None
     expected_by: dict[str, float] | None = None
-    kept: list[tuple[Path, float]] | None = None  # the drafted nodes kept, with the reach they were priced at
+    # The drafted nodes kept, each with the reach it was priced at and the reach its rates alone gave
+    # (before ``Calibration``: what a calibration learns from).
+    kept: list[tuple[Path, float, float]] | None = None
 
     @property
     def aux(self) -> AuxBlock | None:
@@ -218,7 +220,7 @@ def best_chain(reach: dict[Path, float]) -> list[Path]:
 
 def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Callable[[int], float] | None, *,
           max_depth: int, chain: bool = False, rollback: bool = False, shared_tokens: float = 0.0,
-          calibration: Calibration | None = None) -> Plan:
+          calibration: Calibration | None = None, alone: bool = True) -> Plan:
     """The rows of ``proposal`` that maximise expected tokens per second, as a plan.
 
     ``shared_tokens``: tokens that other requests emit from the same step (a batch shares one
@@ -231,7 +233,8 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
 
     A proposal of several drafters (a hybrid's) is also priced as each drafter's tree alone, with
     the same rates, its siblings its own: where one of them pays more than the merged tree, that
-    tree runs. So the merged proposal never plans a step worse than its best member would.
+    tree runs. So the merged proposal never plans a step worse than its best member would
+    (``alone=False``: the merged tree only, to measure what this buys).
     """
     parts = proposal.aux_parts()
     if not proposal.candidates and not parts:  # nothing offered (every plain step): the root alone
@@ -241,7 +244,7 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     offered = 1 + len(rates) + sum(len(block) for _, block in parts)
     choice = Choice(cost, proposal.max_rows or 1 << 30, chain, rollback, shared_tokens, acceptance, calibration)
     best = choice.tree(rates, nodes, parts, range(len(parts)))
-    members = dict.fromkeys(proposal.sources) if proposal.sources is not None else {}
+    members = dict.fromkeys(proposal.sources) if alone and proposal.sources is not None else {}
     if len(members) > 1:
         for member in members:
             own = {path: r for path, r in rates.items() if member in nodes[path].sources}
@@ -251,11 +254,11 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     tree = DraftTree.root_only(root)
     node_of: dict[Path, int] = {(): 0}
     expected_by: Counter[str] = Counter()
-    for path, q in best.nodes:
+    for path, q, _ in best.nodes:
         node_of[path] = tree.add(node_of[path[:-1]], path[-1], rates[path][1])
         expected_by[rates[path][1]] += q
     return Plan(tree, parts, best.windows, offered, nodes, cost(best.rows) if cost is not None else None,
-                float(sum(q for _, q in best.nodes)), dict(expected_by), best.nodes)
+                float(sum(q for _, q, _ in best.nodes)), dict(expected_by), best.nodes)
 
 
 def node_kind(node: Node) -> str:
@@ -272,8 +275,9 @@ class Calibration:
     expect and what they get can part, per drafter. A node's reach is scaled by its kind's factor
     (never above its parent's)."""
 
-    def __init__(self, prior_tokens: float = 4.0, low: float = 0.25, high: float = 2.0):
+    def __init__(self, prior_tokens: float = 4.0, low: float = 0.25, high: float = 2.0, memory: float | None = 30.0):
         self.prior, self.low, self.high = prior_tokens, low, high
+        self.keep = 1.0 if memory is None else 1.0 - 1.0 / memory
         self.expected: Counter[str] = Counter()
         self.accepted: Counter[str] = Counter()
 
@@ -293,9 +297,13 @@ class Calibration:
         if plan.nodes is None or plan.kept is None:
             return
         path = tuple(emitted[:accepted])
-        for node, q in plan.kept:
+        if self.keep < 1.0:
+            for counts in (self.expected, self.accepted):
+                for kind in counts:
+                    counts[kind] *= self.keep
+        for node, _, raw in plan.kept:  # against the rates' own reach: the factor is what they lack
             kind = node_kind(plan.nodes[node])
-            self.expected[kind] += q
+            self.expected[kind] += raw
             self.accepted[kind] += float(path[: len(node)] == node)
 
 
@@ -303,7 +311,7 @@ class Calibration:
 class Candidate:
     """One tree a step could run: its nodes best first with their reach, its windows, rows and score."""
 
-    nodes: list[tuple[Path, float]]
+    nodes: list[tuple[Path, float, float]]  # best first: each with its reach as priced, and uncalibrated
     windows: list[int]
     rows: int
     score: float  # expected tokens per second
@@ -324,9 +332,8 @@ class Choice:
     def tree(self, rates: dict[Path, tuple[float, str, str | None]], nodes: dict[Path, Node],
              parts: list[tuple[str, AuxBlock]], windows: Sequence[int]) -> Candidate:
         """The best tree out of ``rates``' nodes and the blocks ``windows`` of ``parts``."""
-        reach = reach_probabilities({path: r for path, (r, _, _) in rates.items()})
-        if self.calibration is not None:
-            reach = self.calibration.scaled(reach, nodes)
+        raw = reach_probabilities({path: r for path, (r, _, _) in rates.items()})
+        reach = raw if self.calibration is None else self.calibration.scaled(raw, nodes)
         if self.chain:
             ranked = [(path, reach[path]) for path in best_chain(reach)]
             windows = []
@@ -367,7 +374,7 @@ class Choice:
                 rows += len(block)
                 tokens += value
                 score, k = with_window
-        return Candidate(ranked[:k], kept_windows, k + 1 + rows, score)
+        return Candidate([(path, q, raw[path]) for path, q in ranked[:k]], kept_windows, k + 1 + rows, score)
 
 
 def as_proposed(root: int, proposal: Proposal, *, max_depth: int, budget: int, chain: bool = False,

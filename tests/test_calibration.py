@@ -63,7 +63,7 @@ def test_a_plan_records_what_it_predicted():
     acceptance = stats(RATES)
     plan = price(0, SIBLINGS, acceptance, CPU, max_depth=8)
     assert plan.predicted_s == pytest.approx(CPU(plan.rows))
-    assert plan.expected == pytest.approx(sum(q for _, q in plan.kept))
+    assert plan.expected == pytest.approx(sum(q for _, q, _ in plan.kept))
     assert sum(plan.expected_by.values()) == pytest.approx(plan.expected)
     assert 0 < plan.expected < len(plan.tree) - 1
     plain = price(0, Proposal([], "d"), acceptance, CPU, max_depth=8)  # nothing drafted: one row, nothing expected
@@ -83,7 +83,7 @@ def test_calibration_scales_a_kind_of_node_by_what_it_got():
     # A kind that got what it expected keeps its factor near 1.
     honest = Calibration()
     for _ in range(50):
-        honest.record(Plan(DraftTree.root_only(0), [], [], 2, {(1,): before.nodes[(1,)]}, kept=[((1,), 0.5)]),
+        honest.record(Plan(DraftTree.root_only(0), [], [], 2, {(1,): before.nodes[(1,)]}, kept=[((1,), 0.5, 0.5)]),
                       [1, 7] if _ % 2 else [7], 1 if _ % 2 else 0)
     assert honest.factor("a") == pytest.approx(1.0, abs=0.05)
 
@@ -95,13 +95,35 @@ def test_the_correction_follows_measured_forward_times_per_row_count():
     for _ in range(40):
         correction.observe(1, 2.0 * CPU(1), CPU(1))  # this machine: one row twice the curve's
         correction.observe(8, 3.0 * CPU(8), CPU(8))  # eight rows three times
+        correction.observe(32, 3.0 * CPU(32), CPU(32))
     assert curve(1) == pytest.approx(2 * CPU(1), rel=0.01)
     assert curve(8) == pytest.approx(3 * CPU(8), rel=0.01)
-    assert 2 * CPU(4) < curve(4) < 3 * CPU(4)  # between its neighbours' corrections
-    assert curve(16) == pytest.approx(3 * CPU(16), rel=0.01)  # beyond: the nearest's
-    correction.observe(2, 100.0 * CPU(2), CPU(2))  # one stall moves a count's price a bounded step
-    assert curve(2) < 3 * CPU(2)
+    # A count no step has run: between its neighbours' corrections, or the optimistic price if lower.
+    assert curve(16) == pytest.approx(min(3 * CPU(16), 2 * CPU(1) * (1 + 15 / 16)))
+    assert curve(4) == pytest.approx(min(2.5 * CPU(4), 2 * CPU(1) * (1 + 3 / 16)), rel=0.01)
+    correction.observe(8, 100.0 * CPU(8), CPU(8))  # one stall moves a set count's price a bounded step
+    assert curve(8) < 4.5 * CPU(8)
     assert curve.at(512)(8) == curve(8)  # a curve without growth is the same at any context
+
+
+def test_a_count_priced_far_too_dear_at_start_up_is_tried_and_then_priced_as_measured():
+    stalled = CostModel([1, 2, 4], [1.0, 30.0, 31.0])  # two rows timed during a stall
+    correction = Correction()
+    curve = Corrected(stalled, correction)
+    acceptance = stats({("d", 1): 0.6, ("d", 2): 0.6})
+    proposal = Proposal([[1, 2]], "d")
+    assert price(0, proposal, acceptance, curve, max_depth=8).rows == 1  # dear: not worth a try yet
+    for _ in range(3):
+        correction.observe(1, 1.0, 1.0)
+    tried = price(0, proposal, acceptance, curve, max_depth=8)
+    assert tried.rows == 3  # priced optimistically until its own times set it
+    for _ in range(3):
+        correction.observe(3, 1.3, stalled(3))
+    assert curve(3) == pytest.approx(1.3)
+    assert price(0, proposal, acceptance, curve, max_depth=8).rows == 3  # and it pays as measured
+    for _ in range(3):
+        correction.observe(2, 60.0, stalled(2))  # a count that is as dear as the curve said stays dear
+    assert curve(2) == pytest.approx(60.0)
 
 
 def test_a_pricer_corrects_its_curve_from_timed_steps_at_their_context():
