@@ -62,8 +62,7 @@ class CostModel:
                  growth: list[float] | None = None):
         order = np.argsort(rows)
         self.rows = np.asarray(rows, dtype=np.float64)[order]
-        # A forward never gets cheaper with more rows; smooth measurement noise accordingly.
-        self.seconds = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64)[order])
+        self.seconds = never_falls(np.asarray(seconds, dtype=np.float64)[order])
         self.context = int(context)
         # Nor does a row's share of a longer context: each row attends to all of it.
         self.growth = None if growth is None else np.maximum.accumulate(
@@ -99,7 +98,7 @@ class CostModel:
             if context is not None and self.growth is not None:
                 seconds -= self.growth[i] * (context - self.context)  # as if at this curve's context
             self.seconds[i] += weight * (seconds - self.seconds[i])
-            self.seconds = np.maximum.accumulate(self.seconds)
+            self.seconds = never_falls(self.seconds)
 
     def add(self, rows: int, seconds: float, context: int | None = None) -> None:
         """A new point: ``rows`` rows took ``seconds`` at ``context`` (default this curve's), its
@@ -109,7 +108,7 @@ class CostModel:
             seconds -= growth * (context - self.context)  # as if at this curve's context
         order = np.argsort([*self.rows, rows], kind="stable")
         self.rows = np.asarray([*self.rows, rows], dtype=np.float64)[order]
-        self.seconds = np.maximum.accumulate(np.asarray([*self.seconds, max(seconds, 0.0)])[order])
+        self.seconds = never_falls(np.asarray([*self.seconds, max(seconds, 0.0)])[order])
         if self.growth is not None:
             self.growth = np.maximum.accumulate(np.asarray([*self.growth, growth])[order])
 
@@ -267,6 +266,14 @@ class CostModel:
         return cls(sizes, times)
 
 
+def never_falls(seconds: np.ndarray) -> np.ndarray:
+    """A forward never gets cheaper with more rows: each point (by rows) at most the cheapest one
+    above it. Points are best-of timings, so noise makes one too dear (a stall), rarely too cheap;
+    lifting every point above a dear one instead (a running maximum) let one stall at two rows price
+    every count above it at 27x one row on a loaded VM, in the cache file for good."""
+    return np.minimum.accumulate(seconds[::-1])[::-1].copy()
+
+
 def _room(adapter, sizes: list[int], repeats: int) -> int:
     """Context tokens that can precede a timing of ``sizes`` over ``repeats`` rounds and a warm-up
     (each timed forward leaves one row in the cache)."""
@@ -408,8 +415,10 @@ class Correction:
     quieter, with the compiled path's padded buckets. A start-up curve taken in a slow spell can
     price two rows at thirty times one (seen on a loaded 2-core VM): no step would ever run two rows
     again to show otherwise. So, once one row's price is set, a count not yet set is priced at most
-    ``optimism`` of a one-row forward per extra row, and the planner tries it where drafts are
-    offered, until its own times set it. An average of ratios, not of logs: tokens a second divide
+    ``optimism`` of a one-row forward per extra row, up to twice the most rows set so far (so trees
+    grow into untried sizes step by step: a jump to 27 rows, tried three times, cost a loaded VM
+    several hundred milliseconds), and the planner tries it where drafts are offered, until its
+    own times set it. An average of ratios, not of logs: tokens a second divide
     by the mean time."""
 
     def __init__(self, weight: float = 0.2, clip: float = 3.0, samples: int = 3, optimism: float = 1 / 16):
@@ -466,7 +475,7 @@ class Corrected:
         seconds = self._raw(rows) * correction.factors(rows)
         if 1 in correction.ratio:  # counts not yet set: never dearer than the optimistic price
             one = float(self._raw(np.array([1]))[0]) * correction.ratio[1]
-            untried = ~correction.settled(rows)
+            untried = ~correction.settled(rows) & (rows <= 2 * max(correction.ratio))
             seconds[untried] = np.minimum(seconds[untried], one * (1 + correction.optimism * (rows[untried] - 1)))
         return seconds
 

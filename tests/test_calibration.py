@@ -115,15 +115,20 @@ def test_a_count_priced_far_too_dear_at_start_up_is_tried_and_then_priced_as_mea
     assert price(0, proposal, acceptance, curve, max_depth=8).rows == 1  # dear: not worth a try yet
     for _ in range(3):
         correction.observe(1, 1.0, 1.0)
-    tried = price(0, proposal, acceptance, curve, max_depth=8)
-    assert tried.rows == 3  # priced optimistically until its own times set it
+    # Priced optimistically until their own times set them, up to twice the most rows set: 2, then 3.
+    assert price(0, proposal, acceptance, curve, max_depth=8).rows == 2
+    for _ in range(3):
+        correction.observe(2, 1.2, stalled(2))
+    assert curve(2) == pytest.approx(1.2)
+    assert price(0, proposal, acceptance, curve, max_depth=8).rows == 3
     for _ in range(3):
         correction.observe(3, 1.3, stalled(3))
     assert curve(3) == pytest.approx(1.3)
     assert price(0, proposal, acceptance, curve, max_depth=8).rows == 3  # and it pays as measured
+    assert curve(16) == pytest.approx(stalled(16) * correction.factors([16])[0])  # past 2 x 3 rows: not tried yet
     for _ in range(3):
-        correction.observe(2, 60.0, stalled(2))  # a count that is as dear as the curve said stays dear
-    assert curve(2) == pytest.approx(60.0)
+        correction.observe(4, 60.0, stalled(4))  # a count as dear as the curve said stays dear
+    assert curve(4) == pytest.approx(60.0)
 
 
 def test_a_pricer_corrects_its_curve_from_timed_steps_at_their_context():
