@@ -415,6 +415,12 @@ class Shifted:
         return Shifted(at(context), self.others) if at is not None else self
 
 
+def at_context(curve, context: int | None):
+    """``curve`` at ``context`` tokens, where it knows contexts (``CostModel.at``) and one is given."""
+    at = getattr(curve, "at", None)
+    return at(context) if at is not None and context is not None else curve
+
+
 class Pricer:
     """The engine's pricing state: the acceptance statistics, learned from every step's verdict,
     and the forward-cost curve; ``plan`` prices one proposal.
@@ -437,9 +443,7 @@ class Pricer:
 
     def curve_at(self, context: int | None) -> Callable[[int], float] | None:
         """The pricer's own curve at ``context`` tokens (where the curve knows it), corrected."""
-        curve = self.cost
-        at = getattr(curve, "at", None)
-        curve = at(context) if at is not None and context is not None else curve
+        curve = at_context(self.cost, context)
         return Corrected(curve, self.correction) if curve is not None and self.correction is not None else curve
 
     def plan(self, root: int, proposal: Proposal, *, max_depth: int, chain: bool = False,
@@ -448,21 +452,14 @@ class Pricer:
         """Price ``proposal`` on the curve at ``context`` committed tokens (where the curve knows it);
         ``cost``: a curve to price this step on instead of the pricer's own (vLLM's step time, shifted
         by the batch's other rows; not corrected); ``shared_tokens``: see ``price``."""
-        if cost is None:
-            curve = self.curve_at(context)
-        else:
-            at = getattr(cost, "at", None)
-            curve = at(context) if at is not None and context is not None else cost
+        curve = self.curve_at(context) if cost is None else at_context(cost, context)
         return price(root, proposal, self.acceptance, curve, max_depth=max_depth, chain=chain, rollback=rollback,
                      shared_tokens=shared_tokens, calibration=self.calibration)
 
     def timed(self, rows: int, seconds: float, context: int | None = None) -> None:
         """A forward of ``rows`` rows took ``seconds`` at ``context``: the correction follows it."""
         if self.correction is not None and self.cost is not None:
-            curve = self.cost
-            at = getattr(curve, "at", None)
-            curve = at(context) if at is not None and context is not None else curve
-            self.correction.observe(rows, seconds, curve(rows))
+            self.correction.observe(rows, seconds, at_context(self.cost, context)(rows))
 
     def observe(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
         """Learn from a step: ``emitted`` tokens (accepted drafts, then the model's own), the first
