@@ -248,9 +248,9 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     if len(members) > 1:
         for member in members:
             own = {path: r for path, r in rates.items() if member in nodes[path].sources}
-            alone = choice.tree(own, nodes, parts, [i for i, (owner, _) in enumerate(parts) if owner == member])
-            if alone.score > best.score:
-                best = alone
+            lone = choice.tree(own, nodes, parts, [i for i, (owner, _) in enumerate(parts) if owner == member])
+            if lone.score > best.score:
+                best = lone
     tree = DraftTree.root_only(root)
     node_of: dict[Path, int] = {(): 0}
     expected_by: Counter[str] = Counter()
