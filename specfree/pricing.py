@@ -437,9 +437,11 @@ class Pricer:
         self.correction = correction
 
     @classmethod
-    def calibrated(cls, cost: Callable[[int], float] | None, acceptance: AcceptanceModel | None = None) -> "Pricer":
-        """The engine's pricer: its rates calibrated by what drafts got, its curve by what forwards took."""
-        return cls(cost, acceptance, calibration=Calibration(), correction=Correction())
+    def calibrated(cls, cost: Callable[[int], float] | None, acceptance: AcceptanceModel | None = None, *,
+                   correct: bool = True) -> "Pricer":
+        """The engine's pricer: its rates calibrated by what drafts got, and (``correct``) its curve by
+        what forwards took."""
+        return cls(cost, acceptance, calibration=Calibration(), correction=Correction() if correct else None)
 
     def curve_at(self, context: int | None) -> Callable[[int], float] | None:
         """The pricer's own curve at ``context`` tokens (where the curve knows it), corrected."""

@@ -140,11 +140,20 @@ def test_a_pricer_corrects_its_curve_from_timed_steps_at_their_context():
     assert pricer.curve_at(256)(8) == pytest.approx(2.0 * curve(8), rel=0.01)
 
 
+def test_the_engine_corrects_its_own_curve_and_a_given_one_only_when_asked(tmp_path):
+    model = tiny_model("llama")
+    given = CostModel.from_dict(CPU.as_dict())
+    assert Engine.from_model(model, None, "suffix", costs=given).pricer.correction is None
+    assert Engine.from_model(model, None, "suffix", costs=given, correct_costs=True).pricer.correction is not None
+    assert Engine.from_model(model, None, "suffix", costs=given, adapt_costs=True).pricer.correction is not None
+    assert Engine.from_model(model, None, "suffix", cache_dir=str(tmp_path)).pricer.correction is not None
+
+
 @pytest.mark.parametrize("strategy", ["hybrid", "prompt_lookup"])
 def test_every_priced_step_records_its_prediction_beside_its_measurement(strategy):
     model = tiny_model("llama")
     prompt = [5, 6, 7, 8, 9] * 3 + [5, 6]
-    engine = Engine.from_model(model, None, strategy, costs=CostModel.from_dict(CPU.as_dict()))
+    engine = Engine.from_model(model, None, strategy, costs=CostModel.from_dict(CPU.as_dict()), correct_costs=True)
     result = engine.generate(prompt, 24, ignore_eos=True)
     assert result.tokens == reference_greedy(model, prompt, 24, ignore_eos=True)
     for step in result.steps:

@@ -106,8 +106,11 @@ class SpecfreeSystem:
         # generation="plain": bench times plain greedy decoding, as its transformers baselines run it,
         # or the decoding the run names (then with specfree's systems alone).
         settings = dataclasses.replace(settings, compile="false", generation="plain")
+        # Every priced system's curve corrected by its own steps' times, the one built first and those
+        # given its curve alike.
         engine = Engine.from_model(model, tokenizer, strategy, settings=settings, adapter=adapter,
                                    costs=None if costs is None else CostModel.from_dict(costs.as_dict()),
+                                   correct_costs=True,
                                    **(decoding or {}), **knobs)
         # The step knobs (priced...) are documented defaults too: `{name: trie, priced: false}` is
         # labelled trie(priced=False), beside the priced trie, in one report.
