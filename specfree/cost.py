@@ -62,8 +62,7 @@ class CostModel:
                  growth: list[float] | None = None):
         order = np.argsort(rows)
         self.rows = np.asarray(rows, dtype=np.float64)[order]
-        # A forward never gets cheaper with more rows; smooth measurement noise accordingly.
-        self.seconds = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64)[order])
+        self.seconds = never_falls(np.asarray(seconds, dtype=np.float64)[order])
         self.context = int(context)
         # Nor does a row's share of a longer context: each row attends to all of it.
         self.growth = None if growth is None else np.maximum.accumulate(
@@ -99,7 +98,7 @@ class CostModel:
             if context is not None and self.growth is not None:
                 seconds -= self.growth[i] * (context - self.context)  # as if at this curve's context
             self.seconds[i] += weight * (seconds - self.seconds[i])
-            self.seconds = np.maximum.accumulate(self.seconds)
+            self.seconds = never_falls(self.seconds)
 
     def add(self, rows: int, seconds: float, context: int | None = None) -> None:
         """A new point: ``rows`` rows took ``seconds`` at ``context`` (default this curve's), its
@@ -109,7 +108,7 @@ class CostModel:
             seconds -= growth * (context - self.context)  # as if at this curve's context
         order = np.argsort([*self.rows, rows], kind="stable")
         self.rows = np.asarray([*self.rows, rows], dtype=np.float64)[order]
-        self.seconds = np.maximum.accumulate(np.asarray([*self.seconds, max(seconds, 0.0)])[order])
+        self.seconds = never_falls(np.asarray([*self.seconds, max(seconds, 0.0)])[order])
         if self.growth is not None:
             self.growth = np.maximum.accumulate(np.asarray([*self.growth, growth])[order])
 
@@ -267,6 +266,14 @@ class CostModel:
         return cls(sizes, times)
 
 
+def never_falls(seconds: np.ndarray) -> np.ndarray:
+    """A forward never gets cheaper with more rows: each point (by rows) at most the cheapest one
+    above it. Points are best-of timings, so noise makes one too dear (a stall), rarely too cheap;
+    lifting every point above a dear one instead (a running maximum) let one stall at two rows price
+    every count above it at 27x one row on a loaded VM, in the cache file for good."""
+    return np.minimum.accumulate(seconds[::-1])[::-1].copy()
+
+
 def _room(adapter, sizes: list[int], repeats: int) -> int:
     """Context tokens that can precede a timing of ``sizes`` over ``repeats`` rounds and a warm-up
     (each timed forward leaves one row in the cache)."""
@@ -394,3 +401,84 @@ class StepTimes:
         if self._curve is None:
             self._curve = CostModel.from_step_times(self.medians, self.prior_slope, self.min_sizes)
         return self._curve
+
+
+class Correction:
+    """What a curve's price of each row count turned out to be on this machine, now: per row count,
+    measured over predicted forward seconds. A count's first ``samples`` steps set it (their median:
+    one stall of a shared machine is one of them); later steps move it by a moving average (each
+    step's ratio clipped to ``clip``x either way). A count not yet set takes its set neighbours'
+    correction (the nearest's beyond them); with none set, the curve as it is.
+
+    The curve is measured once, at start-up, as the best of a few forwards of each size, a few sizes
+    (the rest extrapolated or learned later); the steps then run on a machine that may be busier or
+    quieter, with the compiled path's padded buckets. A start-up curve taken in a slow spell can
+    price two rows at thirty times one (seen on a loaded 2-core VM): no step would ever run two rows
+    again to show otherwise. So, once one row's price is set, a count not yet set is priced at most
+    ``optimism`` of a one-row forward per extra row, up to twice the most rows set so far (so trees
+    grow into untried sizes step by step: a jump to 27 rows, tried three times, cost a loaded VM
+    several hundred milliseconds), and the planner tries it where drafts are offered, until its
+    own times set it. An average of ratios, not of logs: tokens a second divide
+    by the mean time."""
+
+    def __init__(self, weight: float = 0.2, clip: float = 3.0, samples: int = 3, optimism: float = 1 / 16):
+        self.weight, self.clip, self.samples, self.optimism = weight, clip, samples, optimism
+        self.ratio: dict[int, float] = {}  # the counts set
+        self.trying: dict[int, list[float]] = defaultdict(list)  # the first ratios of the counts not yet set
+        self._table: tuple[np.ndarray, np.ndarray] | None = None  # ratio as sorted arrays
+
+    def observe(self, rows: int, seconds: float, predicted: float) -> None:
+        if seconds <= 0 or predicted <= 0:
+            return
+        ratio = seconds / predicted
+        old = self.ratio.get(rows)
+        if old is not None:
+            ratio = min(self.clip * old, max(old / self.clip, ratio))
+            self.ratio[rows] = old + self.weight * (ratio - old)
+        else:
+            first = self.trying[rows]
+            first.append(ratio)
+            if len(first) < self.samples:
+                return
+            self.ratio[rows] = float(np.median(first))
+            del self.trying[rows]
+        self._table = None
+
+    def factors(self, rows: np.ndarray) -> np.ndarray:
+        if not self.ratio:
+            return np.ones(len(rows))
+        if self._table is None:
+            keys = sorted(self.ratio)
+            self._table = np.asarray(keys, dtype=np.float64), np.asarray([self.ratio[k] for k in keys])
+        return np.interp(np.asarray(rows, dtype=np.float64), *self._table)
+
+    def settled(self, rows: np.ndarray) -> np.ndarray:
+        return np.fromiter((int(r) in self.ratio for r in rows), dtype=bool, count=len(rows))
+
+
+class Corrected:
+    """A curve with a ``Correction`` applied: what pricing reads (``__call__``, ``many``, ``at``)."""
+
+    def __init__(self, curve, correction: Correction):
+        self.curve, self.correction = curve, correction
+
+    def __call__(self, rows: int) -> float:
+        return float(self.many(np.array([rows]))[0])
+
+    def _raw(self, rows: np.ndarray) -> np.ndarray:
+        many = getattr(self.curve, "many", None)
+        return many(rows) if many is not None else np.array([self.curve(int(r)) for r in rows], dtype=np.float64)
+
+    def many(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        correction = self.correction
+        seconds = self._raw(rows) * correction.factors(rows)
+        if 1 in correction.ratio:  # counts not yet set: never dearer than the optimistic price
+            one = float(self._raw(np.array([1]))[0]) * correction.ratio[1]
+            untried = ~correction.settled(rows) & (rows <= 2 * max(correction.ratio))
+            seconds[untried] = np.minimum(seconds[untried], one * (1 + correction.optimism * (rows[untried] - 1)))
+        return seconds
+
+    def at(self, context: int) -> "Corrected":
+        at = getattr(self.curve, "at", None)
+        return Corrected(at(context), self.correction) if at is not None else self

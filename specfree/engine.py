@@ -58,6 +58,9 @@ class Engine:
     each step's rows at its own context (a row attends to all of it); False prices every step at
     the curve's reference context (256 tokens). ``costs``: a cost curve to use instead
     of the measured one; ``acceptance``: statistics to start from (and keep learning into).
+    ``correct_costs``: price on the curve corrected by the steps' own forward times
+    (``cost.Correction``); None: where the engine measured its own curve, or with ``adapt_costs``
+    (a curve given as ``costs`` is the caller's: fixed, it keeps step counts the same run to run).
     ``model_settings``: which of the model's generation settings the verifier follows (a record,
     for reports; ``specfree.generation``).
 
@@ -79,7 +82,7 @@ class Engine:
                  priced: bool = DEFAULTS.priced, adapt_costs: bool = DEFAULTS.adapt_costs,
                  price_context: bool = DEFAULTS.price_context, costs: CostModel | None = None,
                  acceptance: AcceptanceModel | None = None, model_settings: ModelSettings | None = None,
-                 prompt_cache: bool = DEFAULTS.prompt_cache):
+                 prompt_cache: bool = DEFAULTS.prompt_cache, correct_costs: bool | None = None):
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
@@ -94,7 +97,8 @@ class Engine:
             # the row counts it lacks are learned from the steps that run them (``cost.Learner``).
             costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
         self.costs = costs
-        self.pricer = Pricer(costs, acceptance) if priced else None
+        correct = bool(own or adapt_costs) if correct_costs is None else correct_costs
+        self.pricer = Pricer.calibrated(costs, acceptance, correct=correct) if priced else None
         self._costs = costs.learner(adapt_costs) if own else costs if adapt_costs else None
         self.price_context = price_context
         self.eos_ids = self._eos_ids()
@@ -123,7 +127,7 @@ class Engine:
     def from_model(cls, model, tokenizer=None, strategy: str | Strategy = DEFAULT_STRATEGY, *,
                    adapter: Adapter | None = None, costs: CostModel | None = None,
                    acceptance: AcceptanceModel | None = None, settings: EngineSettings = DEFAULTS,
-                   **knobs: Any) -> "Engine":
+                   correct_costs: bool | None = None, **knobs: Any) -> "Engine":
         """Wrap an already loaded transformers model.
 
         ``settings`` (``specfree.settings.EngineSettings``: each field's default and meaning), and
@@ -155,7 +159,8 @@ class Engine:
         parts = build_parts(model, reg, strategy, settings, verifier_knobs=sampling, adapter=adapter)
         if parts["model_settings"].ignored:
             warnings.warn(parts["model_settings"].line(), stacklevel=2)
-        return cls(**parts, tokenizer=tokenizer, costs=costs, acceptance=acceptance, **settings.engine_knobs())
+        return cls(**parts, tokenizer=tokenizer, costs=costs, acceptance=acceptance, correct_costs=correct_costs,
+                   **settings.engine_knobs())
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":

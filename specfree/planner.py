@@ -75,9 +75,13 @@ class StepPlanner:
                                 shared_tokens=shared_tokens)
 
     def timed(self, rows: int, seconds: float, context: int | None = None) -> None:
-        """A forward of ``rows`` rows took ``seconds`` at ``context`` tokens (folded into ``timing``)."""
+        """A forward of ``rows`` rows took ``seconds`` at ``context`` tokens (folded into ``timing``, and
+        into the pricer's correction of its curve)."""
+        context = context if self.price_context else None
+        if self.pricer is not None:  # before the curve learns a new point from it: the price this step had
+            self.pricer.timed(rows, seconds, context)
         if self.timing is not None:
-            self.timing.observe(rows, seconds, context=context if self.price_context else None)
+            self.timing.observe(rows, seconds, context=context)
 
     def learn(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
         """The step emitted ``emitted`` tokens, the first ``accepted`` of them drafted."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specfree.cost import Corrected, Correction
 from specfree.draft_tree import DraftTree, merge
 from specfree.types import AuxBlock, Proposal
 
@@ -88,6 +89,16 @@ class Plan:
     windows: list[int]  # indices into ``parts`` of the blocks kept
     offered: int  # rows offered: root + distinct drafted nodes + every aux row
     nodes: dict[Path, Node] | None = None  # the proposal's drafted nodes as priced (``drafted_nodes``)
+    # What pricing predicted (None: an unpriced plan, or rows priced as free): the forward's seconds
+    # on the curve the step was priced on, and the drafted tokens expected accepted, in all and per
+    # drafter (a node's drafter as the tree records it); the step's record puts them beside the
+    # forward's measured time and the tokens accepted.
+    predicted_s: float | None = None
+    expected: float | None = None
+    expected_by: dict[str, float] | None = None
+    # The drafted nodes kept, each with the reach it was priced at and the reach its rates alone gave
+    # (before ``Calibration``: what a calibration learns from).
+    kept: list[tuple[Path, float, float]] | None = None
 
     @property
     def aux(self) -> AuxBlock | None:
@@ -208,7 +219,8 @@ def best_chain(reach: dict[Path, float]) -> list[Path]:
 
 
 def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Callable[[int], float] | None, *,
-          max_depth: int, chain: bool = False, rollback: bool = False, shared_tokens: float = 0.0) -> Plan:
+          max_depth: int, chain: bool = False, rollback: bool = False, shared_tokens: float = 0.0,
+          calibration: Calibration | None = None, alone: bool = True) -> Plan:
     """The rows of ``proposal`` that maximise expected tokens per second, as a plan.
 
     ``shared_tokens``: tokens that other requests emit from the same step (a batch shares one
@@ -216,59 +228,153 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
 
     ``cost(rows)`` is a forward's time (None: rows are free); ``proposal.max_rows`` caps the rows.
     ``chain``: the model verifies one chain, with no aux rows; with ``rollback`` a cut chain is
-    priced one more forward of its kept rows (the model replays them).
+    priced one more forward of its kept rows (the model replays them). ``calibration``: what each
+    kind of node's expected tokens turned out to be worth (None: as the rates say).
+
+    A proposal of several drafters (a hybrid's) is also priced as each drafter's tree alone, with
+    the same rates, its siblings its own: where one of them pays more than the merged tree, that
+    tree runs. So the merged proposal never plans a step worse than its best member would
+    (``alone=False``: the merged tree only, to measure what this buys).
     """
     parts = proposal.aux_parts()
     if not proposal.candidates and not parts:  # nothing offered (every plain step): the root alone
-        return Plan(DraftTree.root_only(root), [], [], 1, {})
+        return Plan(DraftTree.root_only(root), [], [], 1, {}, None if cost is None else cost(1), 0.0, {})
     nodes = drafted_nodes(proposal, acceptance)  # kept in the plan: learn reads the same table
     rates = node_rates(proposal, acceptance, max_depth, nodes)
-    reach = reach_probabilities({path: r for path, (r, _, _) in rates.items()})
     offered = 1 + len(rates) + sum(len(block) for _, block in parts)
-    if chain:
-        ranked = [(path, reach[path]) for path in best_chain(reach)]
-        parts = []
-    else:
-        # A child is never likelier than its parent, so any best-first prefix is a subtree.
-        ranked = sorted(reach.items(), key=lambda item: (-item[1], len(item[0])))
-    p = np.array([0.0] + [q for _, q in ranked])
-    expected = 1.0 + np.cumsum(p)  # [k]: tokens expected from the first k nodes
-    cost = cost or (lambda rows: 1.0)
-    room = proposal.max_rows or 1 << 30
-
-    def rate_of(k: int, extra_rows: int, extra_tokens: float) -> float:
-        seconds = cost(k + 1 + extra_rows)
-        if rollback:  # P(the chain is cut after exactly j nodes): its j + 1 kept rows run again
-            seconds += sum(((p[j] if j else 1.0) - p[j + 1]) * cost(j + 1) for j in range(k))
-        return (expected[k] + extra_tokens) / seconds
-
-    many = getattr(cost, "many", None)  # a CostModel prices every k at once
-
-    def best(extra_rows: int, extra_tokens: float) -> tuple[float, int]:
-        most = max(0, min(len(ranked), room - 1 - extra_rows))
-        if many is not None and not rollback:  # the same numbers as rate_of's, in one array
-            rates_per_k = (expected[: most + 1] + extra_tokens) / many(np.arange(most + 1) + 1 + extra_rows)
-        else:
-            rates_per_k = [rate_of(k, extra_rows, extra_tokens) for k in range(most + 1)]
-        k = int(np.argmax(rates_per_k))
-        return float(rates_per_k[k]), k
-
-    kept_windows: list[int] = []
-    rows, tokens = 0, float(shared_tokens)
-    score, k = best(0, tokens)
-    for index, (owner, block) in enumerate(parts):
-        value = acceptance.window_value(owner)
-        with_window = best(rows + len(block), tokens + value)
-        if rows + len(block) < room and with_window[0] > score:
-            kept_windows.append(index)
-            rows += len(block)
-            tokens += value
-            score, k = with_window
+    choice = Choice(cost, proposal.max_rows or 1 << 30, chain, rollback, shared_tokens, acceptance, calibration)
+    best = choice.tree(rates, nodes, parts, range(len(parts)))
+    members = dict.fromkeys(proposal.sources) if alone and proposal.sources is not None else {}
+    if len(members) > 1:
+        for member in members:
+            own = {path: r for path, r in rates.items() if member in nodes[path].sources}
+            lone = choice.tree(own, nodes, parts, [i for i, (owner, _) in enumerate(parts) if owner == member])
+            if lone.score > best.score:
+                best = lone
     tree = DraftTree.root_only(root)
     node_of: dict[Path, int] = {(): 0}
-    for path, _ in ranked[:k]:
+    expected_by: Counter[str] = Counter()
+    for path, q, _ in best.nodes:
         node_of[path] = tree.add(node_of[path[:-1]], path[-1], rates[path][1])
-    return Plan(tree, proposal.aux_parts(), kept_windows, offered, nodes)
+        expected_by[rates[path][1]] += q
+    return Plan(tree, parts, best.windows, offered, nodes, cost(best.rows) if cost is not None else None,
+                float(sum(q for _, q, _ in best.nodes)), dict(expected_by), best.nodes)
+
+
+def node_kind(node: Node) -> str:
+    """What a drafted node's expected tokens are calibrated as: its drafter, or agreement."""
+    return AGREED if len(node.sources) > 1 else node.source
+
+
+class Calibration:
+    """What each kind of node (``node_kind``) turned out to be worth: the tokens accepted over the
+    tokens its reach probabilities expected, over the nodes steps ran, Beta-like smoothed toward 1.
+
+    The rates are learned per drafter, label and depth, but a step's nodes are the ones that looked
+    best, beside siblings from other drafters the reach model treats as independent: what they
+    expect and what they get can part, per drafter. A node's reach is scaled by its kind's factor
+    (never above its parent's)."""
+
+    def __init__(self, prior_tokens: float = 4.0, low: float = 0.25, high: float = 2.0, memory: float | None = 30.0):
+        self.prior, self.low, self.high = prior_tokens, low, high
+        self.keep = 1.0 if memory is None else 1.0 - 1.0 / memory
+        self.expected: Counter[str] = Counter()
+        self.accepted: Counter[str] = Counter()
+
+    def factor(self, kind: str) -> float:
+        ratio = (self.accepted[kind] + self.prior) / (self.expected[kind] + self.prior)
+        return min(self.high, max(self.low, ratio))
+
+    def scaled(self, reach: dict[Path, float], nodes: dict[Path, Node]) -> dict[Path, float]:
+        out: dict[Path, float] = {}
+        for path in sorted(reach, key=len):  # parents first
+            q = reach[path] * self.factor(node_kind(nodes[path]))
+            out[path] = min(q, out.get(path[:-1], 1.0))
+        return out
+
+    def record(self, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
+        """A step ran ``plan``'s tree; its first ``accepted`` emitted tokens were drafted."""
+        if plan.nodes is None or plan.kept is None:
+            return
+        path = tuple(emitted[:accepted])
+        if self.keep < 1.0:
+            for counts in (self.expected, self.accepted):
+                for kind in counts:
+                    counts[kind] *= self.keep
+        for node, _, raw in plan.kept:  # against the rates' own reach: the factor is what they lack
+            kind = node_kind(plan.nodes[node])
+            self.expected[kind] += raw
+            self.accepted[kind] += float(path[: len(node)] == node)
+
+
+@dataclass
+class Candidate:
+    """One tree a step could run: its nodes best first with their reach, its windows, rows and score."""
+
+    nodes: list[tuple[Path, float, float]]  # best first: each with its reach as priced, and uncalibrated
+    windows: list[int]
+    rows: int
+    score: float  # expected tokens per second
+
+
+@dataclass
+class Choice:
+    """How a step's candidate trees are priced: the curve, the room, the model's verification."""
+
+    cost: Callable[[int], float] | None
+    room: int
+    chain: bool
+    rollback: bool
+    shared_tokens: float
+    acceptance: AcceptanceModel
+    calibration: Calibration | None
+
+    def tree(self, rates: dict[Path, tuple[float, str, str | None]], nodes: dict[Path, Node],
+             parts: list[tuple[str, AuxBlock]], windows: Sequence[int]) -> Candidate:
+        """The best tree out of ``rates``' nodes and the blocks ``windows`` of ``parts``."""
+        raw = reach_probabilities({path: r for path, (r, _, _) in rates.items()})
+        reach = raw if self.calibration is None else self.calibration.scaled(raw, nodes)
+        if self.chain:
+            ranked = [(path, reach[path]) for path in best_chain(reach)]
+            windows = []
+        else:
+            # A child is never likelier than its parent, so any best-first prefix is a subtree.
+            ranked = sorted(reach.items(), key=lambda item: (-item[1], len(item[0])))
+        p = np.array([0.0] + [q for _, q in ranked])
+        expected = 1.0 + np.cumsum(p)  # [k]: tokens expected from the first k nodes
+        cost = self.cost or (lambda rows: 1.0)
+        room, rollback = self.room, self.rollback
+
+        def rate_of(k: int, extra_rows: int, extra_tokens: float) -> float:
+            seconds = cost(k + 1 + extra_rows)
+            if rollback:  # P(the chain is cut after exactly j nodes): its j + 1 kept rows run again
+                seconds += sum(((p[j] if j else 1.0) - p[j + 1]) * cost(j + 1) for j in range(k))
+            return (expected[k] + extra_tokens) / seconds
+
+        many = getattr(cost, "many", None)  # a CostModel prices every k at once
+
+        def best(extra_rows: int, extra_tokens: float) -> tuple[float, int]:
+            most = max(0, min(len(ranked), room - 1 - extra_rows))
+            if many is not None and not rollback:  # the same numbers as rate_of's, in one array
+                rates_per_k = (expected[: most + 1] + extra_tokens) / many(np.arange(most + 1) + 1 + extra_rows)
+            else:
+                rates_per_k = [rate_of(k, extra_rows, extra_tokens) for k in range(most + 1)]
+            k = int(np.argmax(rates_per_k))
+            return float(rates_per_k[k]), k
+
+        kept_windows: list[int] = []
+        rows, tokens = 0, float(self.shared_tokens)
+        score, k = best(0, tokens)
+        for index in windows:
+            owner, block = parts[index]
+            value = self.acceptance.window_value(owner)
+            with_window = best(rows + len(block), tokens + value)
+            if rows + len(block) < room and with_window[0] > score:
+                kept_windows.append(index)
+                rows += len(block)
+                tokens += value
+                score, k = with_window
+        return Candidate([(path, q, raw[path]) for path, q in ranked[:k]], kept_windows, k + 1 + rows, score)
 
 
 def as_proposed(root: int, proposal: Proposal, *, max_depth: int, budget: int, chain: bool = False,
@@ -309,30 +415,60 @@ class Shifted:
         return Shifted(at(context), self.others) if at is not None else self
 
 
+def at_context(curve, context: int | None):
+    """``curve`` at ``context`` tokens, where it knows contexts (``CostModel.at``) and one is given."""
+    at = getattr(curve, "at", None)
+    return at(context) if at is not None and context is not None else curve
+
+
 class Pricer:
     """The engine's pricing state: the acceptance statistics, learned from every step's verdict,
-    and the forward-cost curve; ``plan`` prices one proposal."""
+    and the forward-cost curve; ``plan`` prices one proposal.
 
-    def __init__(self, cost: Callable[[int], float] | None, acceptance: AcceptanceModel | None = None):
+    ``calibration``: each kind of node's expected tokens against what steps got (``Calibration``);
+    ``correction``: the curve's price against the forwards' measured times (``cost.Correction``),
+    fed by ``timed``. None leaves the rates, or the curve, as they are."""
+
+    def __init__(self, cost: Callable[[int], float] | None, acceptance: AcceptanceModel | None = None, *,
+                 calibration: Calibration | None = None, correction: Correction | None = None):
         self.cost = cost
         self.acceptance = acceptance or AcceptanceModel()
+        self.calibration = calibration
+        self.correction = correction
+
+    @classmethod
+    def calibrated(cls, cost: Callable[[int], float] | None, acceptance: AcceptanceModel | None = None, *,
+                   correct: bool = True) -> "Pricer":
+        """The engine's pricer: its rates calibrated by what drafts got, and (``correct``) its curve by
+        what forwards took."""
+        return cls(cost, acceptance, calibration=Calibration(), correction=Correction() if correct else None)
+
+    def curve_at(self, context: int | None) -> Callable[[int], float] | None:
+        """The pricer's own curve at ``context`` tokens (where the curve knows it), corrected."""
+        curve = at_context(self.cost, context)
+        return Corrected(curve, self.correction) if curve is not None and self.correction is not None else curve
 
     def plan(self, root: int, proposal: Proposal, *, max_depth: int, chain: bool = False,
              rollback: bool = False, context: int | None = None, cost: Callable[[int], float] | None = None,
              shared_tokens: float = 0.0) -> Plan:
         """Price ``proposal`` on the curve at ``context`` committed tokens (where the curve knows it);
         ``cost``: a curve to price this step on instead of the pricer's own (vLLM's step time, shifted
-        by the batch's other rows); ``shared_tokens``: see ``price``."""
-        curve = self.cost if cost is None else cost
-        at = getattr(curve, "at", None)
-        curve = at(context) if at is not None and context is not None else curve
+        by the batch's other rows; not corrected); ``shared_tokens``: see ``price``."""
+        curve = self.curve_at(context) if cost is None else at_context(cost, context)
         return price(root, proposal, self.acceptance, curve, max_depth=max_depth, chain=chain, rollback=rollback,
-                     shared_tokens=shared_tokens)
+                     shared_tokens=shared_tokens, calibration=self.calibration)
+
+    def timed(self, rows: int, seconds: float, context: int | None = None) -> None:
+        """A forward of ``rows`` rows took ``seconds`` at ``context``: the correction follows it."""
+        if self.correction is not None and self.cost is not None:
+            self.correction.observe(rows, seconds, at_context(self.cost, context)(rows))
 
     def observe(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
         """Learn from a step: ``emitted`` tokens (accepted drafts, then the model's own), the first
         ``accepted`` of them drafted."""
         learn(self.acceptance, proposal, plan, emitted, accepted)
+        if self.calibration is not None:
+            self.calibration.record(plan, emitted, accepted)
 
 
 def learn(acceptance: AcceptanceModel, proposal: Proposal, plan: Plan, emitted: Sequence[int],

@@ -180,7 +180,8 @@ class Decoding:
             draft_s=step.planned - step.started, mask_s=step.laid_out - step.planned, forward_s=forward_s,
             verify_s=step.verified - step.verifying, other_s=time.perf_counter() - step.verified,
             sources=dict(Counter(tree.sources[node] for node in verdict.path[:accepted])), extra=extra,
-            offered=step.plan.offered))
+            offered=step.plan.offered, predicted_s=step.plan.predicted_s, expected=step.plan.expected,
+            expected_by=step.plan.expected_by or {}))
         if self.stop_reason is None and self.n >= self.limit:
             self.stop_reason = "max_new_tokens" if len(self.new_tokens) >= self.max_new_tokens else "context_length"
         if self.stop_reason and self.detok is not None:

@@ -87,6 +87,11 @@ class StepRecord:
     sources: dict[str, int] = field(default_factory=dict)  # accepted tokens per drafter
     extra: dict[str, float] = field(default_factory=dict)  # drafter-specific (window, pool size)
     offered: int = 0  # rows the drafters offered (root + distinct drafted nodes + aux); ``rows`` were kept
+    # What pricing predicted for this step, beside ``forward_s`` and ``accepted`` / ``sources`` (None:
+    # the step was not priced): the forward's seconds, the drafted tokens expected accepted, per drafter.
+    predicted_s: float | None = None
+    expected: float | None = None
+    expected_by: dict[str, float] = field(default_factory=dict)
 
 
 class TokenLogprob(NamedTuple):

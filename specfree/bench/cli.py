@@ -30,8 +30,8 @@ from specfree.bench.metrics import BASELINE, summarize
 from specfree.bench.methods import method_rows
 from specfree.bench.plots import cost_curve_plot, paper_vs_measured, write_plots
 from specfree.bench.prompts import load_prompts, shipped_prompts
-from specfree.bench.report import (markdown, members_section, method_section, rich_method_table, rich_table,
-                                   wide_console)
+from specfree.bench.report import (markdown, members_section, method_section, pricing_section, rich_method_table,
+                                   rich_table, wide_console)
 from specfree.bench.systems import LLAMA_CPP_BASELINES, LLAMA_SERVER_BASELINES, SpecfreeSystem
 from specfree.bench.runner import COMPILED, Conversation, SystemSpec, build_systems, run_records, system_meta, warm_up
 from specfree.conf.schema import STEP_KNOBS, BenchConfig, SpecfreeConfig
@@ -410,7 +410,7 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
                for (pid, error), names in list(failures.items())[:20])]
     per_method = method_rows(doc["records"], doc.get("systems", []))
     text = markdown(rows, title, notes, sections=[method_section(per_method), members_section(rows),
-                                                  concurrent.section(meta.get("concurrency", []))])
+                                                  pricing_section(rows), concurrent.section(meta.get("concurrency", []))])
     (folder / "report.md").write_text(text, encoding="utf-8")
     write_plots(rows, doc.get("systems", []), folder, doc["meta"].get("baseline", BASELINE))
     paper_vs_measured(per_method, folder / "paper_vs_measured.png")

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specfree.bench import predicted
+
 BASELINE = "autoregressive"
 COMPILED = " (compiled)"  # label suffix of the compiled autoregressive loop (BASELINE + COMPILED)
 OVERALL = "overall"
@@ -51,6 +53,7 @@ class Row:
     repeats: int = 0
     accepted_hist: dict[int, int] = field(default_factory=dict)
     accepted_by: dict[str, int] | None = None  # accepted drafted tokens per drafter, over every turn
+    priced: dict | None = None  # pricing's predictions beside the measurements (``predicted.from_steps``)
 
     @property
     def identical_frac(self) -> float | None:
@@ -141,6 +144,7 @@ def summarize_group(records: Sequence[dict], system: str, baseline: str = BASELI
         for t in turns:
             for source, count in t["accepted_by"].items():
                 row.accepted_by[source] = row.accepted_by.get(source, 0) + count
+    row.priced = predicted.combine(t.get("priced") for t in turns)
     lengths = [e for t in turns for e in (t.get("emitted") or [])]
     row.accepted_hist = {int(k): int(v) for k, v in zip(*np.unique(lengths, return_counts=True))} if lengths else {}
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from specfree.bench import methods
+from specfree.bench import methods, predicted
 from specfree.bench.metrics import OVERALL, PHASES, Row
 
 HEADERS = ("task", "system", "prompts", "new tokens", "wall s", "tokens/s", "prompt tok/s", "decode tok/s",
@@ -121,6 +121,21 @@ def members_section(rows: Sequence[Row]) -> str:
         return ""
     return "\n\n".join(["## Accepted drafts by member (all prompts)",
                          markdown_table(["system", "accepted drafted tokens", "by member"], body, left=3)])
+
+
+def pricing_section(rows: Sequence[Row]) -> str:
+    """The report's table of predicted beside measured, one row per priced system."""
+    body = [predicted.cells(row.system, row.priced) for row in rows
+            if row.category == OVERALL and row.priced and row.priced["steps"]]
+    if not body:
+        return ""
+    return "\n\n".join([
+        "## Pricing: predicted beside measured (all prompts)",
+        "Each priced step's forward time on the curve it was priced on (at its context), beside the "
+        "forward's measured time; the drafted tokens it expected accepted, beside those the model accepted "
+        "(per drafter: a node's drafter as the tree records it). Ratios of sums; 1.00 is a price that "
+        "matches the machine.",
+        markdown_table(predicted.HEADERS, body, left=1)])
 
 
 def markdown(rows: Sequence[Row], title: str | None = None, notes: Sequence[str] = (),

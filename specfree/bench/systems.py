@@ -17,6 +17,7 @@ import torch
 
 from specfree.adapters import as_shipped
 from specfree.adapters.kv_buffers import cache_argument
+from specfree.bench import predicted
 from specfree.bench.metrics import PHASES
 from specfree.conf.schema import STEP_KNOBS
 from specfree.cost import CostModel
@@ -49,6 +50,7 @@ class Turn:
     offered: int | None = None  # rows the drafters offered, before pricing kept ``rows`` of them
     split: dict[str, float] | None = None  # draft/mask/forward/verify/other seconds
     accepted_by: dict[str, int] | None = None  # accepted drafted tokens per drafter (a hybrid's members)
+    priced: dict | None = None  # pricing's predictions beside the measurements (``predicted.from_steps``)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,8 +106,11 @@ class SpecfreeSystem:
         # generation="plain": bench times plain greedy decoding, as its transformers baselines run it,
         # or the decoding the run names (then with specfree's systems alone).
         settings = dataclasses.replace(settings, compile="false", generation="plain")
+        # Every priced system's curve corrected by its own steps' times, the one built first and those
+        # given its curve alike.
         engine = Engine.from_model(model, tokenizer, strategy, settings=settings, adapter=adapter,
                                    costs=None if costs is None else CostModel.from_dict(costs.as_dict()),
+                                   correct_costs=True,
                                    **(decoding or {}), **knobs)
         # The step knobs (priced...) are documented defaults too: `{name: trie, priced: false}` is
         # labelled trie(priced=False), beside the priced trie, in one report.
@@ -132,7 +137,7 @@ class SpecfreeSystem:
                     emitted=[s.emitted for s in gen.steps], rows=sum(s.rows for s in gen.steps),
                     offered=sum(s.offered for s in gen.steps),
                     split={k: sum(getattr(s, k) for s in gen.steps) for k in PHASES},
-                    accepted_by=gen.accepted_by)
+                    accepted_by=gen.accepted_by, priced=predicted.from_steps(gen.steps))
 
 
 @dataclass
