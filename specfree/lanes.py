@@ -55,7 +55,8 @@ class SoloLane:
             self.adapter.commit(keep, rows=rows)
 
     def leave(self, seq: int, ids: np.ndarray | None = None) -> None:
+        """Hold the KV of ``ids`` for the next ``join``; else leave it as it is (the next ``join``
+        resets it, and a batch of several drops what no held sequence owns): a compiled adapter's
+        slots keep the tier they grew to."""
         if ids is not None and self.holding and len(ids):
             self.adapter.hold(ids)
-        else:
-            self.adapter.reset()
