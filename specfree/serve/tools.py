@@ -72,7 +72,8 @@ class Tools:
         named = [t for t in self.tools if t.name == self.choice]
         listed = named or self.tools
         alternatives = " | ".join(f"tool_{i}" for i in range(len(listed)))
-        more = ' ("\\n" call)*' if self.parallel and not named else ""
+        # one newline may end the calls: models write one before their end-of-turn token
+        more = (' ("\\n" call)*' if self.parallel and not named else "") + ' "\\n"?'
         if self.choice == "auto":
             # text with no call in it, or text up to the first call's opening and then the calls
             start = [f"start: ANSWER | opened body{more}",
