@@ -281,8 +281,8 @@ class Engine:
                                    **settings)
         if max_batch > 1:
             warnings.warn(f"decoding one request at a time: {self.batch_off}", stacklevel=2)
-        return [self._generate(self.encode(prompt, settings.pop("chat", None)), max_new_tokens, constraint,
-                               cache_prompt=False, **settings)
+        chat = settings.pop("chat", None)
+        return [self._generate(self.encode(prompt, chat), max_new_tokens, constraint, cache_prompt=False, **settings)
                 for prompt, constraint in zip(prompts, constraints)]
 
     @property

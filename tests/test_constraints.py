@@ -247,3 +247,32 @@ def test_decode_says_in_one_line_why_a_grammar_does_not_compile(json_model_dir, 
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "grammar does not compile" in err[0]
+
+
+@pytest.mark.model
+def test_smollm2_answers_a_json_schema_task_validly_and_as_its_plain_loop(one_thread):
+    """SmolLM2 at the default precision: the hybrid with the grammar drafter gives the constrained
+    plain loop's tokens, the answer is valid under the schema, and grammar drafts were accepted."""
+    from specfree.strategies.autoregressive import Autoregressive
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False}
+    messages = [{"role": "user", "content": "Give a French city and its population as JSON."}]
+    hybrid = Engine.from_pretrained("smollm2", "hybrid", priced=False)
+    plain = Engine(hybrid.adapter, Autoregressive(), hybrid.verifier, hybrid.tokenizer, priced=False)
+    fast, slow = hybrid.generate(messages, 48, json_schema=schema), plain.generate(messages, 48, json_schema=schema)
+    assert fast.tokens == slow.tokens
+    answer = json.loads(fast.text)
+    assert set(answer) == {"city", "population"} and isinstance(answer["population"], int)
+    assert sum(step.sources.get("grammar", 0) for step in fast.steps) > 0
+
+
+def test_an_engine_that_cannot_batch_follows_each_prompts_constraint_one_at_a_time():
+    tok = tiny_json_tokenizer()
+    chosen = Engine.from_model(tiny_model("mixtral"), tok, "prompt_lookup")  # its experts mix a forward's rows
+    assert chosen.batch_off is not None
+    prompts, options = [tok("ab").input_ids, tok("12").input_ids], [{"regex": "[ab]+c"}, {"json_object": True}]
+    with pytest.warns(UserWarning, match="one request at a time"):
+        results = chosen.generate_batch(prompts, 16, constraints=options)
+    assert [r.tokens for r in results] == [chosen.generate(p, 16, **o).tokens for p, o in zip(prompts, options)]

@@ -9,6 +9,7 @@ back (llguidance's rollback keeps the whole history, so it costs the tokens undo
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -16,15 +17,19 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from specfree.errors import ConfigError, SpecfreeError
+from specfree.errors import ConfigError
 from specfree.types import Proposal
 
 
-class ConstraintError(SpecfreeError):
-    """The grammar rejected a token the decoding produced (a bug: the mask allows none such)."""
+class ConstraintError(RuntimeError):
+    """The grammar rejected a token the decoding produced: a bug (the mask allows none such), so
+    not a ``SpecfreeError`` (serve answers it with a 500, not a 400)."""
 
 
 class Matcher:
+    """llguidance's matcher for one request, with the tokens it has consumed (``consumed``) and the
+    time spent in it (``spent_s``)."""
+
     def __init__(self, matcher, vocab_size: int, constraint):
         self._matcher, self.vocab_size, self.constraint = matcher, vocab_size, constraint
         self.consumed: list[int] = []
@@ -33,9 +38,17 @@ class Matcher:
         self._past_stop = 0
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._allowed: torch.Tensor | None = None  # the mask at ``consumed``, until it moves
+        self.spent_s = 0.0  # time in the grammar so far (following, masks, checks of drafts)
 
     def follow(self, tokens: Sequence[int]) -> None:
         """Move to the state after ``tokens`` (the answer so far), from wherever it is."""
+        start = time.perf_counter()
+        try:
+            self._follow(tokens)
+        finally:
+            self.spent_s += time.perf_counter() - start
+
+    def _follow(self, tokens: Sequence[int]) -> None:
         common = 0
         for mine, theirs in zip(self.consumed, tokens):
             if mine != theirs:
@@ -64,18 +77,28 @@ class Matcher:
     def allowed(self) -> torch.Tensor:
         """[V] bool: the tokens the grammar allows next (EOS only where the answer may end)."""
         if self._allowed is None:
+            start = time.perf_counter()
             self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
             bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
             self._allowed = torch.from_numpy(bits.astype(bool))
+            self.spent_s += time.perf_counter() - start
         return self._allowed
 
     def allows(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar accepts from here (without moving)."""
-        return self._matcher.validate_tokens([int(t) for t in tokens]) if len(tokens) else 0
+        if not len(tokens):
+            return 0
+        start = time.perf_counter()
+        kept = self._matcher.validate_tokens([int(t) for t in tokens])
+        self.spent_s += time.perf_counter() - start
+        return kept
 
     def forced_bytes(self) -> bytes:
         """The bytes every answer allowed from here continues with."""
-        return self._matcher.compute_ff_bytes()
+        start = time.perf_counter()
+        forced = self._matcher.compute_ff_bytes()
+        self.spent_s += time.perf_counter() - start
+        return forced
 
     @property
     def stopped(self) -> bool:
