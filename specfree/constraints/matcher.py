@@ -33,6 +33,9 @@ class Matcher:
     def __init__(self, matcher, vocab_size: int, constraint):
         self._matcher, self.vocab_size, self.constraint = matcher, vocab_size, constraint
         self.consumed: list[int] = []
+        # Tokens taken once the grammar had stopped (EOS only): llguidance accepts them without a step
+        # it can roll back (rollback(k) would then undo k real tokens), so they are counted here instead.
+        self._past_stop = 0
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._allowed: torch.Tensor | None = None  # the mask at ``consumed``, until it moves
         self.spent_s = 0.0  # time in the grammar so far (following, masks, checks of drafts)
@@ -55,10 +58,18 @@ class Matcher:
             return
         self._allowed = None
         if common < len(self.consumed):
-            self._matcher.rollback(len(self.consumed) - common)
+            undo = len(self.consumed) - common
+            past_stop = min(undo, self._past_stop)
+            self._past_stop -= past_stop
+            if undo > past_stop:
+                self._matcher.rollback(undo - past_stop)
             del self.consumed[common:]
         for token in tokens[common:]:
-            if not self._matcher.consume_token(int(token)):
+            if self._matcher.is_stopped():
+                if not self.allowed()[int(token)]:
+                    raise ConstraintError(f"the {self.constraint.kind} is complete; it rejected token {token}")
+                self._past_stop += 1  # the state, and so its mask, stays as it was
+            elif not self._matcher.consume_token(int(token)):
                 raise ConstraintError(f"the {self.constraint.kind} rejected token {token}: "
                                       f"{self._matcher.get_error()}")
             self.consumed.append(int(token))

@@ -39,10 +39,12 @@ from specfree.errors import SpecfreeError, one_line
 from specfree.request import Request as DecodeRequest  # starlette's Request is the HTTP one here
 from specfree.serve.errors import APIError, error_body
 from specfree.serve.metrics import CONTENT_TYPE_LATEST, Metrics
+from specfree.serve.prompt import render
 from specfree.serve.protocol import Ask, parse
 from specfree.serve.scheduler import BatchScheduler, Job, Scheduler
 from specfree.serve.state import SharedState
 from specfree.serve.text import FINISH, StopTrim
+from specfree.serve.tools import CallSplitter
 from specfree.verifiers.processors import LogitBias, PresenceFrequencyPenalty
 from specfree.settings import DEFAULTS
 
@@ -186,6 +188,8 @@ class Server:
         """A completion's body checked, its prompt templated and tokenized, its verifier built: the
         request the scheduler decodes (off the loop)."""
         ask = parse(kind, load_json(body), self.settings.max_tokens)
+        if ask.tools is not None and ask.tools.calls:
+            self.constrain_calls(ask)
         if ask.constraint is not None:
             try:  # compiled here, so that a bad one is this request's 400 before it is queued
                 self._encoder.check_constraint(ask.constraint)
@@ -200,6 +204,16 @@ class Server:
         except SpecfreeError as exc:
             raise APIError(400, one_line(exc)) from None
 
+    def constrain_calls(self, ask: Ask) -> None:
+        """The answer held to the tools' call grammar; each tool's schema compiled first, so that one
+        that does not compile is named."""
+        for where, constraint in ask.tools.parameters_constraints():
+            try:
+                self._encoder.check_constraint(constraint)
+            except SpecfreeError as exc:
+                raise APIError(400, f"`{where}`: {one_line(exc)}", where) from None
+        ask.constraint, ask.constraint_field = ask.tools.constraint(), ask.tools.field_name
+
     def name_ignored(self, fields: list[str]) -> None:
         new = [f for f in fields if f not in self.named]
         if new:
@@ -211,7 +225,7 @@ class Server:
         param = "messages" if ask.kind == "chat" else "prompt"
         try:
             if ask.kind == "chat":
-                ids = engine.tokenizer.apply_chat_template(ask.prompt, add_generation_prompt=True, tokenize=False) \
+                ids = render(engine.tokenizer, ask.prompt, ask.tools) \
                     if getattr(engine.tokenizer, "chat_template", None) else None
                 if ids is None:
                     raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions",
@@ -455,6 +469,7 @@ class Answer:
         self.trim = StopTrim(ask.stop)
         self.first: float | None = None
         self.offset = 0  # characters of text before the next token (completions' text_offset)
+        self.calls = CallSplitter() if ask.tools is not None and ask.tools.calls else None
 
     async def events(self, request: Request) -> AsyncIterator[tuple[str, Any]]:
         """The job's events until it ends; a timeout or a client gone cancels it."""
@@ -549,8 +564,8 @@ class Answer:
         finish = FINISH.get(generation.stop_reason, "stop")
         logprobs = self._logprobs(generation.logprobs)
         if self.ask.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                      "finish_reason": finish}
+            message, finish = self._message(text, finish)
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
             kind = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
@@ -559,9 +574,40 @@ class Answer:
                              "choices": [choice], "usage": self._usage(generation),
                              "timings": self._timings(generation), "specfree": self._stats(generation)})
 
-    def _chunk(self, content: str | None, finish: str | None = None, role: bool = False, logprobs=None) -> dict:
+    # ---- tool calls ---------------------------------------------------------------------------
+    def _message(self, text: str, finish: str) -> tuple[dict, str]:
+        """The assistant's message and finish_reason: the calls in ``text`` taken out of its content."""
+        if self.calls is None:
+            return {"role": "assistant", "content": text}, finish
+        content, calls = self.calls.push(text)
+        content += self.calls.flush()
+        if not calls:
+            return {"role": "assistant", "content": text}, finish
+        message = {"role": "assistant", "content": content or None}
+        if self.ask.tools.legacy:
+            message["function_call"] = calls[0].tool_call()["function"]
+        else:
+            message["tool_calls"] = [call.tool_call() for call in calls]
+        return message, self._finish_calls(finish)
+
+    def _finish_calls(self, finish: str) -> str:
+        if finish != "stop" or self.calls is None or not self.calls.calls:
+            return finish
+        return "function_call" if self.ask.tools.legacy else "tool_calls"
+
+    def _call_deltas(self, calls) -> list[dict]:
+        """A chunk for each call that finished: the whole call in one delta (OpenAI clients join a
+        call's deltas by its index)."""
+        done = len(self.calls.calls) - len(calls)
+        if self.ask.tools.legacy:
+            return [self._chunk(None, delta={"function_call": call.tool_call()["function"]}) for call in calls]
+        return [self._chunk(None, delta={"tool_calls": [call.tool_call(done + i)]}) for i, call in enumerate(calls)]
+
+    def _chunk(self, content: str | None, finish: str | None = None, role: bool = False, logprobs=None,
+               delta: dict | None = None) -> dict:
         if self.ask.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({} if content is None else {"content": content})
+            if delta is None:
+                delta = {"role": "assistant", "content": ""} if role else ({} if content is None else {"content": content})
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             kind = "chat.completion.chunk"
         else:
@@ -584,13 +630,23 @@ class Answer:
                 if kind == "chunk":
                     text = self.trim.push(value.text)
                     logprobs = self._logprobs(value.logprobs)  # the step's tokens, held text or not
+                    calls = []
+                    if self.calls is not None:
+                        text, calls = self.calls.push(text)
                     if text or logprobs:
                         yield event(self._chunk(text, logprobs=logprobs))
+                    for chunk in self._call_deltas(calls) if calls else ():
+                        yield event(chunk)
                 elif kind == "done":
                     tail = self.trim.flush()
+                    if self.calls is not None:
+                        tail, calls = self.calls.push(tail)
+                        for chunk in self._call_deltas(calls) if calls else ():
+                            yield event(chunk)
+                        tail += self.calls.flush()
                     if tail:
                         yield event(self._chunk(tail))
-                    last = self._chunk(None, FINISH.get(value.stop_reason, "stop"))
+                    last = self._chunk(None, self._finish_calls(FINISH.get(value.stop_reason, "stop")))
                     last["specfree"] = self._stats(value)
                     last["timings"] = self._timings(value)
                     yield event(last)

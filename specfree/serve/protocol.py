@@ -8,7 +8,8 @@ server logs it once and names it in the ``X-Specfree-Ignored-Fields`` header), a
 specfree's own per-request knobs live under one extra field, ``specfree`` (``top_k``,
 ``repetition_penalty``, ``ignore_eos``). Structured output: OpenAI's ``response_format``
 (``json_object``, ``json_schema``) and llama-server's ``json_schema`` and ``grammar`` (GBNF or Lark),
-one of them a request (docs/structured-output.md).
+one of them a request (docs/structured-output.md). Tool calls (chat only): ``tools``, ``tool_choice``,
+``parallel_tool_calls`` and the deprecated ``functions``/``function_call`` (``serve.tools``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from typing import Any
 from specfree.constraints import Constraint
 from specfree.errors import ConfigError
 from specfree.serve.errors import bad
+from specfree.serve.tools import Tools, assistant_calls, check_results, parse_tools
 
 MAX_STOPS = 16
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+         "function": "tool"}  # function: the deprecated role of a function's result
 SPECFREE_KNOBS = ("top_k", "repetition_penalty", "ignore_eos")
 
 
@@ -38,11 +41,13 @@ UNSUPPORTED = {
     "parallel_tool_calls": lambda v: True, "audio": _off, "modalities": lambda v: v in (None, ["text"]),
     "prediction": _off, "web_search_options": _off, "reasoning_effort": _off,
 }
+TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"}  # chat's own
 IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "specfree",
           "n_predict", "cache_prompt", "top_k", "min_p", "repeat_penalty", "repetition_penalty", "presence_penalty",
           "frequency_penalty", "logit_bias", "logprobs", "response_format", "json_schema", "grammar"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}, "completion": COMMON | {"prompt"}}
+FIELDS = {"chat": COMMON | TOOL_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"},
+          "completion": COMMON | {"prompt"}}
 MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's bounds
 
 
@@ -71,6 +76,7 @@ class Ask:
     logprobs: int | None = None  # None: none; k: each token's log-probability and its k most likely
     constraint: Constraint | None = None  # what the answer must match
     constraint_field: str | None = None  # the field that set it (named in its errors)
+    tools: Tools | None = None  # the tools the model may call (chat)
     unknown: list[str] = field(default_factory=list)  # top-level fields ignored
 
 
@@ -78,15 +84,16 @@ def parse(kind: str, body: Any, max_tokens_bound: int) -> Ask:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object", code="invalid_body")
     for key, value in body.items():
-        if key in UNSUPPORTED:
+        if key in UNSUPPORTED and not (kind == "chat" and key in TOOL_FIELDS):
             if not UNSUPPORTED[key](value):
                 raise bad(f"`{key}` is not supported by this server (got {value!r})", key, "unsupported_parameter")
     unknown = [key for key in body if key not in UNSUPPORTED and key not in FIELDS[kind] and key not in IGNORED]
+    tools = parse_tools(body) if kind == "chat" else None
     if kind == "chat":
         prompt = _messages(body.get("messages"))
     else:
         prompt = _prompt(body.get("prompt"))
-    ask = Ask(kind, prompt, unknown=unknown)
+    ask = Ask(kind, prompt, unknown=unknown, tools=tools)
     ask.model = _typed(body, "model", str)
     given = [k for k in ("max_completion_tokens", "max_tokens", "n_predict") if body.get(k) is not None]
     if given:
@@ -122,6 +129,9 @@ def parse(kind: str, body: Any, max_tokens_bound: int) -> Ask:
             raise bad(f"unknown field `stream_options.{unknown[0]}`", "stream_options", "unknown_parameter")
         ask.include_usage = bool(_typed(options, "include_usage", bool, "stream_options."))
     ask.constraint_field, ask.constraint = _constraint(body)
+    if tools is not None and tools.calls and ask.constraint is not None:
+        raise bad(f"give {tools.field_name} or {ask.constraint_field}, not both: the answer is a call or "
+                  "follows the format", ask.constraint_field)
     own = _typed(body, "specfree", dict)
     if own is not None:
         unknown = sorted(set(own) - set(SPECFREE_KNOBS))
@@ -279,7 +289,7 @@ def _stop(value: Any) -> list[str]:
     return list(stops)
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def _messages(value: Any) -> list[dict[str, Any]]:
     if value is None:
         raise bad("`messages` is required", "messages", "missing_required_parameter")
     if not isinstance(value, list) or not value:
@@ -292,12 +302,25 @@ def _messages(value: Any) -> list[dict[str, str]]:
         role = message.get("role")
         if role not in ROLES:
             raise bad(f"`{where}.role` {role!r} is not supported; roles: {', '.join(ROLES)}", f"{where}.role")
+        own = {"assistant": ("tool_calls", "function_call"), "tool": ("tool_call_id",)}.get(ROLES[role], ())
         for key in message:
-            # an answer echoed back by a client carries refusal/tool_calls/... as null or empty
-            if key not in ("role", "content", "name") and not _off(message[key]):
+            # an answer echoed back by a client carries refusal/audio/... as null or empty
+            if key not in ("role", "content", "name", *own) and not _off(message[key]):
                 raise bad(f"`{where}.{key}` is not supported by this server", f"{where}.{key}",
                           "unsupported_parameter")
-        out.append({"role": ROLES[role], "content": _content(message.get("content"), where)})
+        calls = [message.get(k) for k in ("tool_calls", "function_call") if not _off(message.get(k))]
+        content = message.get("content")
+        entry = {"role": ROLES[role], "content": "" if calls and content is None else _content(content, where)}
+        if calls:
+            entry["tool_calls"] = assistant_calls(calls[0], f"{where}.tool_calls")
+        if entry["role"] == "tool":
+            for key in ("tool_call_id", "name"):
+                if message.get(key) is not None:
+                    entry[key] = message[key]
+            if role == "function":  # the deprecated result of a function_call: no call id to answer
+                entry["tool_call_id"] = None
+        out.append(entry)
+    check_results(out)
     return out
 
 
