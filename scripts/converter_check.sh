@@ -23,5 +23,8 @@ if [ ! -f "$convert/convert_hf_to_gguf.py" ]; then
     rm -rf "$convert" && mv "$convert.tmp" "$convert"
 fi
 PYTHON="$python" bash "$here/build_llama_cpp.sh" "$version" >&2
+if ! "$python" -c "import sentencepiece" 2>/dev/null; then  # the converter tries a sentencepiece vocabulary first
+    echo "the converter needs sentencepiece: pip install 'specfree[converter-check]'" >&2; exit 1
+fi
 cd "$here/.."
 "$python" -m pytest -q tests/test_gguf_converter.py "$@"
