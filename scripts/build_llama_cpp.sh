@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llama.cpp's own tools (llama-server, llama-batched-bench, llama-bench), built once from the llama.cpp
+# llama.cpp's own tools (llama-server, llama-batched-bench, llama-bench, llama-quantize), built once from the llama.cpp
 # that the llama-cpp-python sdist vendors, so that bench's and serve's peers are the same llama.cpp as
 # bench's llama_cpp rows. Cached: a second run prints the folder at once.
 #   scripts/build_llama_cpp.sh [VERSION]       ->  prints the folder holding the binaries
@@ -8,8 +8,8 @@ set -euo pipefail
 version="${1:-0.3.36}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/specfree/llama.cpp/$version"
 bin="$cache/bin"
-tools=(llama-server llama-batched-bench llama-bench)
-if [ -x "$bin/llama-server" ] && [ -x "$bin/llama-batched-bench" ] && [ -x "$bin/llama-bench" ]; then
+tools=(llama-server llama-batched-bench llama-bench llama-quantize)
+if [ -x "$bin/llama-server" ] && [ -x "$bin/llama-batched-bench" ] && [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-quantize" ]; then
     echo "$bin"; exit 0
 fi
 python="${PYTHON:-python3}"

@@ -38,6 +38,7 @@ from specfree.building import with_supported_attention
 from specfree.errors import ModelLoadError, cause
 from specfree.files import write_atomic
 from specfree.gguf_config import check_shapes, parameter_of, refuse_architecture
+from specfree.gguf_layouts import tensor_processor
 from specfree.kernels import available_memory
 from specfree.kernels.codes import CodedConv1D, CodedEmbedding, CodedLinear, carries_embedding, carries_linear, from_blocks
 from specfree.kernels.experts import EXPERT_PARAMETERS, ExpertCodes, carries_experts, row_routers, use_coded_experts
@@ -287,8 +288,6 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     ``table``: where the file's table of tensors is cached (``GGUFWeights``)."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
     weights = GGUFWeights(path, table)
     refuse_architecture(weights.architecture, path)
     need, free = estimate_bytes(weights), available_memory()
@@ -307,7 +306,7 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
         raise ModelLoadError(f"could not build the {config.model_type} model of {path.name} (its metadata was read): "
                              f"transformers {transformers.__version__} says {cause(exc)}. The file is not at fault: "
                              "try another transformers version, or give the model's transformers folder") from exc
-    processor = TENSOR_PROCESSORS.get(weights.architecture, TensorProcessor)(config=config.to_dict())
+    processor = tensor_processor(weights.architecture, config)
     mapping = gguf_names(model, processor, weights.architecture)
     check_shapes(model, weights, mapping, path)
     holdings = GGUFHoldings(path.name)

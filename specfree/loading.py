@@ -29,6 +29,7 @@ from specfree.building import with_supported_attention
 from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, cause
 from specfree.files import atomic_path, cache_folder, file_digest, fingerprint, remember_digest
 from specfree.gguf_config import file_config, read_fields, refuse_architecture
+from specfree.gguf_layouts import check_layout, transformers_misreads
 from specfree.gguf_model import TENSOR_TABLE, GGUFWeights
 from specfree.progress import building
 
@@ -242,7 +243,7 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
     memo = cache_dir / "gguf" / "digests"
     with boundary(f"read GGUF file {path}", GGUF_FIX):
         digest = file_digest(path, memo)
-        folder = cache_dir / "gguf" / f"{path.stem}-{fingerprint(digest, transformers.__version__, 'no weights', 'file dims')}"
+        folder = cache_dir / "gguf" / f"{path.stem}-{fingerprint(digest, transformers.__version__, 'no weights', 'file layouts')}"
         if all((folder / name).is_file() for name in ("config.json", "tokenizer_config.json", TENSOR_TABLE)):
             remember_digest(path, memo, digest)
             return folder
@@ -256,7 +257,9 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
         if tokenizer.chat_template is None:
             tokenizer.chat_template = fields.get("tokenizer.chat_template")
         config = type(config).from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
-        file_config(config, fields, weights.architecture, {entry[0] for entry in weights.tensors})
+        names = {entry[0] for entry in weights.tensors}
+        file_config(config, fields, weights.architecture, names)
+        check_layout(weights.architecture, fields, config, names, path)
 
     def write(tmp: Path) -> None:
         config.save_pretrained(tmp)
@@ -297,6 +300,11 @@ def load_gguf(path: Path, cache_dir: str | Path | None, device: torch.device, dt
     if isa in LANES:
         with boundary(f"read the weights of GGUF file {path}", GGUF_FIX), transformers_errors_only():
             return load_coded(path, config, LANES[isa], attn_implementation, folder / TENSOR_TABLE), tokenizer
+    misread = transformers_misreads(GGUFWeights(path, folder / TENSOR_TABLE).architecture, config)
+    if misread is not None:
+        raise ModelLoadError(f"cannot load {path} on {device.type} in {dtype}: {misread}. specfree reads it "
+                             "itself only on a CPU in float32 (the default): load it there, or give the model's "
+                             "transformers folder")
     with boundary(f"read the weights of GGUF file {path}", GGUF_FIX), transformers_errors_only():
         model = with_supported_attention(
             lambda attention: AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,

@@ -5,8 +5,11 @@ The writer works from transformers' own tables, inverted: the config goes out un
 GGUF config map reads (plus the ones llama.cpp writes that transformers drops: ``attention.key_length``,
 ``expert_feed_forward_length``), and each parameter under the tensor name ``gguf``'s map gives it, put back
 into the file's layout by undoing transformers' tensor processor (a row permutation, a transpose, or an
-offset, found by probing it). ``file_model`` is the reference: the source model with every parameter set to
-what transformers' processor makes of the file's tensor, so it holds exactly the file's values.
+offset, found by probing it). Falcon's fused heads are the exception: transformers has no processor for them,
+so ``converter_qkv`` writes them in the converter's order from the layout itself, not from specfree's reader
+(a misreading shared by writer and reader would pass). ``file_model`` is the reference: the source model with
+every parameter set to what specfree's processor (transformers', or Falcon's in ``specfree.gguf_layouts``)
+makes of the file's tensor, so it holds exactly the file's values.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ NOT_WRITTEN = {
 ARCHITECTURES = tuple(CONFIGS)
 
 
-def tiny_config(model_type: str):
+def tiny_config(model_type: str, extra: dict | None = None):
+    """The tiny config of ``model_type``; ``extra``: fields over ``CONFIGS``' (another decoder kind)."""
     from transformers import AutoConfig
 
     sizes = dict(vocab_size=len(vocabulary()[0]), hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
@@ -60,17 +64,17 @@ def tiny_config(model_type: str):
     # epsilons a float32 field holds exactly: the file's model then has the source's
     sizes.update(dict.fromkeys(("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps", "layer_norm_epsilon"),
                                2.0 ** -17))
-    config = AutoConfig.for_model(model_type, **{**sizes, **CONFIGS[model_type]})
+    config = AutoConfig.for_model(model_type, **{**sizes, **CONFIGS[model_type], **(extra or {})})
     config.architectures = None
     return config
 
 
-def source_model(model_type: str, seed: int = 0):
+def source_model(model_type: str, seed: int = 0, extra: dict | None = None):
     """A random float32 model of ``model_type`` whose weights keep activations in range."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(model_type), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, extra), dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -83,10 +87,23 @@ def source_model(model_type: str, seed: int = 0):
 
 
 def _processor(model_type: str, config):
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+    from specfree.gguf_layouts import tensor_processor
 
     arch = GGUF_ARCH.get(model_type, model_type.replace("_", ""))
-    return arch, TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+    return arch, tensor_processor(arch, config)
+
+
+def converter_qkv(rows: np.ndarray, config) -> np.ndarray:
+    """Falcon's fused query_key_value rows (transformers' order: key/value groups of [the group's queries,
+    key, value]) in the order llama.cpp's converter writes them: all queries, then all keys, then all values.
+    The groups are transformers' own: the key/value heads in the newer decoder and in the old one without
+    multi-query, one group with it."""
+    heads = config.num_attention_heads
+    groups = config.num_kv_heads if config.new_decoder_architecture or not config.multi_query else 1
+    head_dim = config.hidden_size // heads
+    per_group = rows.reshape(groups, heads // groups + 2, head_dim, *rows.shape[1:])
+    queries, keys, values = per_group[:, :-2], per_group[:, -2], per_group[:, -1]
+    return np.concatenate([part.reshape(-1, *rows.shape[1:]) for part in (queries, keys, values)])
 
 
 def _process(processor, name: str, values: np.ndarray) -> np.ndarray | None:
@@ -161,13 +178,14 @@ def _add_value(writer: GGUFWriter, key: str, value) -> None:
         writer.add_string(key, value)
 
 
-def write_architecture(path: Path, model_type: str, kind: str, seed: int = 0):
-    """``path`` written as a GGUF of ``model_type`` in ``kind`` (F16, Q8_0, Q4_K_M); returns the source model."""
+def write_architecture(path: Path, model_type: str, kind: str, seed: int = 0, extra: dict | None = None):
+    """``path`` written as a GGUF of ``model_type`` in ``kind`` (F16, Q8_0, Q4_K_M); returns the source model.
+    ``extra``: config fields over ``CONFIGS``' (Falcon's other decoder kinds)."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
     from specfree.gguf_model import gguf_names
 
-    model = source_model(model_type, seed)
+    model = source_model(model_type, seed, extra)
     config = model.config
     arch, processor = _processor(model_type, config)
     rng = np.random.default_rng(seed)
@@ -188,6 +206,7 @@ def write_architecture(path: Path, model_type: str, kind: str, seed: int = 0):
         values["feed_forward_length"] = config.n_inner
     if model_type == "falcon":
         values["attention.layer_norm_epsilon"] = config.layer_norm_epsilon
+        values["tensor_data_layout"] = "jploski"  # as llama.cpp's converter says it rearranged the fused heads
     if model_type == "lfm2":  # key/value heads per layer, 0 for a convolution layer
         values["attention.head_count_kv"] = [KV_HEADS if kind == "full_attention" else 0 for kind in config.layer_types]
         values["rope.freq_base"] = float(config.rope_parameters["rope_theta"])
@@ -207,6 +226,8 @@ def write_architecture(path: Path, model_type: str, kind: str, seed: int = 0):
         if merged:  # gate_up_proj [E, 2I, H]: gate the first half, up the second
             half = value.shape[1] // 2
             value = value[:, :half] if merged[1] == "gate" else value[:, half:]
+        elif model_type == "falcon" and ".attn_qkv." in gguf_name:
+            value = converter_qkv(value, config)
         else:
             value = _inverse(processor, gguf_name, value)
         qtype = _coded_type(gguf_name, value.shape, kind)
