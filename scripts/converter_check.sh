@@ -27,4 +27,4 @@ if ! "$python" -c "import sentencepiece" 2>/dev/null; then  # the converter trie
     echo "the converter needs sentencepiece: pip install 'specfree[converter-check]'" >&2; exit 1
 fi
 cd "$here/.."
-"$python" -m pytest -q tests/test_gguf_converter.py "$@"
+"$python" -m pytest -q -m slow tests/test_gguf_converter.py "$@"

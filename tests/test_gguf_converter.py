@@ -50,6 +50,16 @@ MODELS = {
     "qwen3_moe": ("qwen3_moe", {}), "gpt2": ("gpt2", dict(n_ctx=512, n_inner=None)), "bloom": ("bloom", {}),
 }
 QUANTIZED = ("Q8_0", "Q4_K_M")
+# The converter refuses these tiny models' tokenizer before specfree reads anything: it wants a
+# sentencepiece tokenizer.model for phi3 and gemma2, and does not know the BPE pre-tokenizer of
+# SmolLM2's tokenizer saved in a Qwen2 folder. A tokenizer each converter takes is still to find.
+UNCONVERTED = {"qwen2": "the converter does not recognise SmolLM2's BPE pre-tokenizer in a Qwen2 folder",
+               "phi3": "the converter wants a sentencepiece tokenizer.model", "gemma2":
+               "the converter wants a sentencepiece tokenizer.model"}
+PARAMS = [pytest.param(name, marks=pytest.mark.skip(reason=UNCONVERTED[name])) if name in UNCONVERTED else name
+          for name in MODELS]
+# Minutes a file on 2 cores: run by scripts/converter_check.sh (-m slow), not by the default suite.
+pytestmark = pytest.mark.slow
 
 
 def converter():
@@ -160,7 +170,7 @@ def llama_cpp_greedy(path, prompt: list[int]) -> list[int]:
         server.stop()
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PARAMS)
 def test_an_f16_file_of_the_converter_decodes_as_the_source_rounded_as_the_file(name, converted, prompts, tmp_path):
     source, path = converted(name)
     model = specfree_model(path, tmp_path)
@@ -173,7 +183,7 @@ def test_an_f16_file_of_the_converter_decodes_as_the_source_rounded_as_the_file(
 
 
 @pytest.mark.parametrize("kind", QUANTIZED)
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PARAMS)
 def test_a_quantized_file_of_llama_quantize_is_held_as_codes_and_decodes_as_the_model_of_the_file(
         name, kind, converted, prompts, tmp_path):
     source, f16 = converted(name)
