@@ -49,7 +49,7 @@ def fixed_tokens(engine, tokens: list[int], schema: dict) -> int:
     """How many of ``tokens`` the grammar fixed: the token's bytes lie inside the forced bytes there."""
     from specfree.constraints import Constraint
 
-    matcher = engine._matcher(Constraint.from_options(json_schema=schema))
+    matcher = engine.matcher(Constraint.from_options(json_schema=schema))
     fixed = 0
     for i, token in enumerate(tokens):
         forced = matcher.forced_bytes()
@@ -78,7 +78,7 @@ def run_transformers(engine, task: dict, max_new: int) -> dict:
     from specfree.constraints import Constraint, ConstraintMask
 
     ids = engine.encode(task["messages"], chat=True)
-    matcher = engine._matcher(Constraint.from_options(json_schema=task["schema"]))
+    matcher = engine.matcher(Constraint.from_options(json_schema=task["schema"]))
     model = engine.adapter.model
     start = time.perf_counter()
     with torch.no_grad(), as_shipped(model):

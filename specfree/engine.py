@@ -343,8 +343,9 @@ class Engine:
 
     def decoding(self, request: Request, *, strategy: Strategy | None = None, timing: bool = True) -> Decoding:
         """``request``'s state, the parts that depend on this engine checked: its verifier built for
-        this call (the model's processors that depend on the prompt's length, the seed), a planner
-        over the shared pricer (``timing``: its forwards teach the engine's cost curve).
+        this call (the model's processors that depend on the prompt's length, the seed, its
+        constraint's mask first), a planner over the shared pricer (``timing``: its forwards teach
+        the engine's cost curve).
         ``strategy``: a batch's drafter for this request (default: the engine's)."""
         if request.stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer")
@@ -354,7 +355,7 @@ class Engine:
         if request.seed is not None and hasattr(verifier, "seed"):
             verifier = copy.copy(verifier)
             verifier.seed = request.seed
-        matcher = self._matcher(request.constraint)
+        matcher = self.matcher(request.constraint)
         if matcher is not None:
             verifier = masked(verifier, ConstraintMask(matcher, len(ids)))
         strategy = strategy or self.strategy
@@ -371,9 +372,9 @@ class Engine:
 
     def check_constraint(self, constraint: Constraint) -> None:
         """Compile ``constraint`` now (ConfigError, in one line, if it does not); kept for its requests."""
-        self._matcher(constraint)
+        self.matcher(constraint)
 
-    def _matcher(self, constraint: Constraint | None) -> Matcher | None:
+    def matcher(self, constraint: Constraint | None) -> Matcher | None:
         """A fresh matcher for ``constraint`` (the tokenizer's conversion made on the first, then kept)."""
         if constraint is None:
             return None
