@@ -156,7 +156,9 @@ def llama_servers(threads: int) -> tuple[dict, str]:
     specs = [SystemSpec(llama_server.NAME, {"spec_type": spec}) for spec in SERVER_ROWS.values()]
     built = llama_server.build(specs, gguf, gguf_precision(gguf), DEFAULT_CACHE, threads, SERVER_CTX, [], jinja=True)
     names = [name.replace("[json_schema]", "[tools]") for name in SERVER_ROWS]
-    return {name: system.server for name, system in zip(names, built)}, llama_server.describe_rows(built)
+    note = (f"llama.cpp {built[0].details['server']} ({llama_server.BUILD}), {threads} threads, one slot, "
+            f"{gguf.name}, --jinja (the GGUF's chat template), /v1/chat/completions with tools, greedy")
+    return {name: system.server for name, system in zip(names, built)}, note
 
 
 def checked_calls(replies: list[dict], tools: list[dict]) -> tuple[int, int]:

@@ -122,7 +122,8 @@ def llama_servers(engine, tasks: list[dict], threads: int, max_new: int) -> tupl
 
 def run_llama_server(system, ids: list[int], task: dict, max_new: int) -> dict:
     """One ``/completion`` with the task's ``json_schema``; a schema the server refuses (its
-    converter's 400) is an answer with no tokens, stop ``refused``."""
+    converter's 400) is an answer with no tokens, stop ``refused``. Its tokens end with the EOS it
+    sampled, which specfree's answers leave out: cut, so that equal answers compare equal."""
     import urllib.error
 
     start = time.perf_counter()
@@ -134,9 +135,11 @@ def run_llama_server(system, ids: list[int], task: dict, max_new: int) -> dict:
     wall = time.perf_counter() - start
     timings = reply.get("timings") or {}
     tokens = [int(t) for t in reply.get("tokens") or []]
+    if tokens and tokens[-1] in system.eos_ids:
+        tokens = tokens[:-1]
+    steps = max(1, len(tokens) - int(timings.get("draft_n_accepted") or 0))  # its plain loop: 1 token a step
     stop = {"eos": "eos", "limit": "max_new_tokens"}.get(reply.get("stop_type"), reply.get("stop_type"))
-    return {"tokens": tokens, "text": reply.get("content", ""), "stop": stop,
-            "steps": len(tokens) - int(timings.get("draft_n_accepted") or 0),
+    return {"tokens": tokens, "text": reply.get("content", ""), "stop": stop, "steps": steps,
             "decode_s": wall - timings.get("prompt_ms", 0.0) / 1e3, "grammar_s": None, "grammar_drafted": None,
             "server_decode_s": timings.get("predicted_ms", 0.0) / 1e3, "server_tokens": timings.get("predicted_n", 0)}
 
@@ -152,8 +155,9 @@ def summarize(name: str, runs: list[dict], tasks: list[dict], plain: list[dict])
            "tok_s": tokens / decode_s if decode_s else None, "server_tok_s": None,
            "grammar_ms_per_token": None, "grammar_share_of_decode": None, "grammar_drafted_share": None}
     if "server_decode_s" in runs[0]:
-        server_s = sum(r["server_decode_s"] for r in runs)
-        row["server_tok_s"] = sum(r["server_tokens"] for r in runs if "server_tokens" in r) / server_s if server_s else None
+        server_s = sum(r["server_decode_s"] for r in runs)  # its own count: the EOS it sampled too
+        server_tokens = sum(r.get("server_tokens", 0) for r in runs)
+        row["server_tok_s"] = server_tokens / server_s if server_s else None
     else:
         grammar_s = sum(r["grammar_s"] for r in runs)
         row.update(grammar_ms_per_token=1e3 * grammar_s / max(1, tokens), grammar_share_of_decode=grammar_s / decode_s,
