@@ -46,6 +46,13 @@ def tool_of(task: dict) -> dict:
                                              "parameters": {**task["schema"], "additionalProperties": False}}}
 
 
+def tools_for(task: dict, other: dict) -> list[dict]:
+    """The task's tool and the next task's, once where both name the same function (the file has
+    several ``calculate_area`` rows; a name listed twice is a 400)."""
+    tools = {t["function"]["name"]: t for t in (tool_of(task), tool_of(other))}
+    return list(tools.values())
+
+
 def load_tasks(path: Path, count: int) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if r["category"] == "Glaiveai2K"][:count]
@@ -218,7 +225,7 @@ def main() -> None:
         llama_servers(args.threads)
     runs: dict[str, list] = {n: [] for n in [*names, *servers]}
     for i, task in enumerate(tasks):  # the systems interleaved per task: a shared machine's load drifts
-        tools = [tool_of(task), tool_of(tasks[(i + 1) % len(tasks)])]  # the one asked for and one more
+        tools = tools_for(task, tasks[(i + 1) % len(tasks)])
         for name, engine in engines.items():
             runs[name].append((tools, run_loop(engine, task, tools, args.turns, args.max_new)))
         for name, server in servers.items():
