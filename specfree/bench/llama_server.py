@@ -9,6 +9,8 @@ request fed specfree's token ids, greedy, no prompt cache, timed from the client
 its prefill is the server's own ``timings`` (the prompt's evaluation), and its steps are the tokens
 less the accepted drafts. Like the ``llama_cpp`` rows its kernels are
 not torch's, so its ``identical`` column counts the prompts that agree: it is not a lossless baseline.
+The structured-output benches send it more: a request's own fields (``json_schema``) and, with
+``jinja``, OpenAI chat requests with ``tools`` rendered by the GGUF's chat template.
 """
 
 from __future__ import annotations
@@ -92,12 +94,14 @@ def _free_port() -> int:
 class Server:
     """One ``llama-server`` child process on a free local port; stopped when the bench process ends."""
 
-    def __init__(self, exe: Path, gguf: Path, threads: int, n_ctx: int, spec_type: str):
+    def __init__(self, exe: Path, gguf: Path, threads: int, n_ctx: int, spec_type: str, jinja: bool = False):
         self.port = _free_port()
         self.args = [str(exe), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-np", "1",
                      "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx)]
         if spec_type != "none":
             self.args += ["--spec-type", spec_type]
+        if jinja:  # the GGUF's chat template renders tools and tool messages (its OpenAI endpoint)
+            self.args.append("--jinja")
         self.log = tempfile.TemporaryFile(mode="w+")  # its log, read only to say why it failed
         self.process = subprocess.Popen(self.args, env=tool_env(exe), stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         atexit.register(self.stop)
@@ -120,10 +124,17 @@ class Server:
         self.stop()
         raise ConfigError(f"llama-server was not ready within {START_TIMEOUT_S} s: {' '.join(self.args)}")
 
-    def complete(self, ids: list[int], n_predict: int) -> dict[str, Any]:
-        body = json.dumps({"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "cache_prompt": False,
-                           "return_tokens": True, "stream": False}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+    def complete(self, ids: list[int], n_predict: int, **fields: Any) -> dict[str, Any]:
+        """``/completion`` on token ids, greedy; ``fields`` are more of the request's (``json_schema``)."""
+        return self.post("/completion", {"prompt": ids, "n_predict": n_predict, "temperature": 0.0,
+                                         "cache_prompt": False, "return_tokens": True, "stream": False, **fields})
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/v1/chat/completions``, greedy, no prompt cache (needs ``jinja`` for ``tools``)."""
+        return self.post("/v1/chat/completions", {**body, "temperature": 0.0, "cache_prompt": False, "stream": False})
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
             return json.loads(reply.read())
@@ -174,14 +185,14 @@ class LlamaServerSystem:
 
 
 def build(specs: Sequence[Any], source: Path, precision: str, cache_dir: Path, threads: int, n_ctx: int,
-          eos_ids: Sequence[int]) -> list[LlamaServerSystem]:
-    """A server for every ``llama_server`` row asked for, each started and ready."""
+          eos_ids: Sequence[int], jinja: bool = False) -> list[LlamaServerSystem]:
+    """A server for every ``llama_server`` row asked for, each started and ready (``jinja``: see ``Server``)."""
     exe = binary(cache_dir)
     check_listed_once([label(spec.knobs, "") for spec in specs])
     systems = []
     for spec in specs:
         knobs = dict(spec.knobs)
-        server = Server(exe, source, threads, n_ctx, knobs.get("spec_type", KNOBS["spec_type"]))
+        server = Server(exe, source, threads, n_ctx, knobs.get("spec_type", KNOBS["spec_type"]), jinja)
         details = {"gguf": str(source), "n_threads": threads, "n_ctx": n_ctx, "server": exe.parent.parent.name,
                    "flash_attn": "auto"}
         systems.append(LlamaServerSystem(server, precision, sorted(eos_ids), knobs, details))

@@ -65,3 +65,68 @@ def test_a_real_server_answers_with_its_own_timings(spec_type):
     assert system.label == ("llama_server[Q4_1]" if spec_type == "none" else "llama_server(spec_type=ngram-mod)[Q4_1]")
     assert system.server.process.poll() is not None  # stopped
     assert Path(system.details["gguf"]) == gguf
+
+
+STAND_IN = '''#!{python}
+"""A stand-in for llama-server: ready at /health, and every POST answered with what it was sent."""
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Echo(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.answer({{"status": "ok"}})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.answer({{"path": self.path, "body": body, "args": sys.argv[1:]}})
+
+    def answer(self, value):
+        data = json.dumps(value).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Echo).serve_forever()
+'''
+
+
+def stand_in(tmp_path) -> Path:
+    import sys
+
+    exe = tmp_path / "llama-server"
+    exe.write_text(STAND_IN.format(python=sys.executable))
+    exe.chmod(0o755)
+    return exe
+
+
+def test_requests_carry_their_own_fields_and_jinja_starts_the_chat_templates(tmp_path):
+    """What the structured-output benches send: ``json_schema`` beside the ids, and chat requests with
+    ``tools`` to a server started with ``--jinja``, every one greedy and uncached."""
+    server = server_rows.Server(stand_in(tmp_path), tmp_path / "model.gguf", 2, 256, "ngram-mod", jinja=True)
+    try:
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+        sent = server.complete([1, 2, 3], 16, json_schema=schema)
+        tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+        chat = server.chat({"messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 8})
+    finally:
+        server.stop()
+    assert sent["path"] == "/completion"
+    assert sent["body"] == {"prompt": [1, 2, 3], "n_predict": 16, "temperature": 0.0, "cache_prompt": False,
+                            "return_tokens": True, "stream": False, "json_schema": schema}
+    assert chat["path"] == "/v1/chat/completions"
+    assert chat["body"]["tools"] == tools and chat["body"]["max_tokens"] == 8
+    assert (chat["body"]["temperature"], chat["body"]["cache_prompt"], chat["body"]["stream"]) == (0.0, False, False)
+    assert "--jinja" in sent["args"] and sent["args"][sent["args"].index("--spec-type") + 1] == "ngram-mod"
+
+
+def test_without_jinja_the_server_keeps_its_plain_template(tmp_path):
+    server = server_rows.Server(stand_in(tmp_path), tmp_path / "model.gguf", 2, 256, "none")
+    try:
+        args = server.complete([1], 1)["args"]
+    finally:
+        server.stop()
+    assert "--jinja" not in args and "--spec-type" not in args
