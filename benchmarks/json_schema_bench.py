@@ -122,8 +122,7 @@ def llama_servers(engine, tasks: list[dict], threads: int, max_new: int) -> tupl
 
 def run_llama_server(system, ids: list[int], task: dict, max_new: int) -> dict:
     """One ``/completion`` with the task's ``json_schema``; a schema the server refuses (its
-    converter's 400) is an answer with no tokens, stop ``refused``. Its tokens end with the EOS it
-    sampled, which specfree's answers leave out: cut, so that equal answers compare equal."""
+    converter's 400) is an answer with no tokens, stop ``refused``."""
     import urllib.error
 
     start = time.perf_counter()
@@ -134,11 +133,8 @@ def run_llama_server(system, ids: list[int], task: dict, max_new: int) -> dict:
                 "grammar_drafted": None, "server_decode_s": 0.0, "refusal": error.read().decode()[:300]}
     wall = time.perf_counter() - start
     timings = reply.get("timings") or {}
-    tokens = [int(t) for t in reply.get("tokens") or []]
-    if tokens and tokens[-1] in system.eos_ids:
-        tokens = tokens[:-1]
+    tokens, stop = system.answer(reply)
     steps = max(1, len(tokens) - int(timings.get("draft_n_accepted") or 0))  # its plain loop: 1 token a step
-    stop = {"eos": "eos", "limit": "max_new_tokens"}.get(reply.get("stop_type"), reply.get("stop_type"))
     return {"tokens": tokens, "text": reply.get("content", ""), "stop": stop, "steps": steps,
             "decode_s": wall - timings.get("prompt_ms", 0.0) / 1e3, "grammar_s": None, "grammar_drafted": None,
             "server_decode_s": timings.get("predicted_ms", 0.0) / 1e3, "server_tokens": timings.get("predicted_n", 0)}

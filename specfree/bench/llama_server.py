@@ -169,19 +169,26 @@ class LlamaServerSystem:
     def params(self) -> dict[str, Any]:
         return {**KNOBS, **self.knobs, "precision": self.precision, **self.details}
 
+    def answer(self, reply: dict[str, Any]) -> tuple[list[int], str | None]:
+        """A reply's tokens and why it stopped. The server's tokens end with the EOS it sampled, which
+        specfree's answers leave out: cut, so that equal answers compare equal."""
+        tokens = [int(t) for t in reply.get("tokens") or []]
+        if tokens and tokens[-1] in self.eos_ids:
+            tokens = tokens[:-1]
+        return tokens, {"eos": "eos", "limit": "max_new_tokens"}.get(reply.get("stop_type"), reply.get("stop_type"))
+
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
         start = time.perf_counter()
         reply = self.server.complete(ids, max_new_tokens)
         wall = time.perf_counter() - start
         timings = reply.get("timings") or {}
-        tokens = [int(t) for t in reply.get("tokens") or []]
+        tokens, stop = self.answer(reply)
         accepted = int(timings.get("draft_n_accepted") or 0)
-        stop = {"eos": "eos", "limit": "max_new_tokens"}.get(reply.get("stop_type"), reply.get("stop_type"))
         # the server's own prompt evaluation (which samples the first token); the rest of the wall time
         # is its decode (and a request's HTTP, under a millisecond)
         prefill = timings["prompt_ms"] / 1e3 if "prompt_ms" in timings else None
         return Turn(tokens=tokens, wall_s=wall, prompt_tokens=len(ids), stop_reason=stop, prefill_s=prefill,
-                    prefill_emitted=min(1, len(tokens)), steps=len(tokens) - accepted)
+                    prefill_emitted=min(1, len(tokens)), steps=max(1, len(tokens) - accepted))
 
 
 def build(specs: Sequence[Any], source: Path, precision: str, cache_dir: Path, threads: int, n_ctx: int,

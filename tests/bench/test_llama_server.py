@@ -130,3 +130,10 @@ def test_without_jinja_the_server_keeps_its_plain_template(tmp_path):
     finally:
         server.stop()
     assert "--jinja" not in args and "--spec-type" not in args
+
+
+def test_an_answer_loses_the_eos_the_server_sampled_and_nothing_else():
+    system = server_rows.LlamaServerSystem(server=None, precision="Q4_1", eos_ids=[2])
+    assert system.answer({"tokens": [5, 6, 2], "stop_type": "eos"}) == ([5, 6], "eos")
+    assert system.answer({"tokens": [5, 2, 6], "stop_type": "limit"}) == ([5, 2, 6], "max_new_tokens")
+    assert system.answer({"stop_type": "word"}) == ([], "word")
