@@ -14,7 +14,7 @@ from torch import nn
 from specfree.files import cache_folder, fingerprint
 from specfree.kernels.build import has_amx, load_kernels, process_isa, registered
 from specfree.kernels.codes import CodedLinear
-from specfree.settings import DEFAULTS, check_setting, choices
+from specfree.settings import DEFAULTS, EngineSettings, choices
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.precision import choose_precision
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
@@ -84,12 +84,11 @@ def _plain_cpu_weight(module: nn.Module) -> bool:
             and not module._forward_hooks and not module._forward_pre_hooks)
 
 
-def resolve_precision(model: nn.Module, precision: str = DEFAULTS.precision,
-                      cache_dir: str | Path | None = None) -> str:
-    """The arithmetic ``precision`` names for ``model``'s coded layers (``kernels.precision``:
+def resolve_precision(model: nn.Module, settings: EngineSettings = DEFAULTS) -> str:
+    """The arithmetic ``settings.precision`` names for ``model``'s coded layers (``kernels.precision``:
     ``auto`` is int8 for a model read from a quantized GGUF file where a probe finds it faster on
     this CPU, else exact)."""
-    return choose_precision(model, precision, cache_dir).precision
+    return choose_precision(model, settings).precision
 
 
 def int8_layers(model: nn.Module) -> list[str]:
@@ -97,30 +96,32 @@ def int8_layers(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, CodedLinear) and m.precision == "int8"]
 
 
-def set_precision(model: nn.Module, precision: str = DEFAULTS.precision, cache_dir: str | Path | None = None) -> int:
-    """Run the model's coded layers (``CodedLinear``: a quantized format's codes) at ``precision``
-    (``kernels.precision.choose_precision``; the choice and its reason kept as
+def set_precision(model: nn.Module, settings: EngineSettings = DEFAULTS) -> int:
+    """Run the model's coded layers (``CodedLinear``: a quantized format's codes) at
+    ``settings.precision`` (``kernels.precision.choose_precision``; the choice and its reason kept as
     ``model.precision_choice`` where the model has such layers); returns how many there are. Other
     layers have no other precision."""
-    check_setting("precision", precision)
+    settings = settings.checked()
     coded = [m for m in model.modules() if isinstance(m, CodedLinear)]
     if coded:
-        choice = choose_precision(model, precision, cache_dir)
+        choice = choose_precision(model, settings)
         model.precision_choice = choice
         for module in coded:
             module.precision = choice.precision
     return len(coded)
 
 
-def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cache_dir: str | Path | None = None,
-                    pack: bool = True, precision: str = DEFAULTS.precision) -> int:
+def prepare_linears(model: nn.Module, settings: EngineSettings = DEFAULTS, pack: bool = True) -> int:
     """Swap the model's CPU ``nn.Linear`` layers for specfree's kernels, their weights packed
-    (``backend="few_row"``, where the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
-    the kernel. ``pack``: each weight repacked in place into panels (``PanelLinear``, the fastest
-    layout, still one copy; GPT-2's ``Conv1D`` layers too); else ``UnpackedLinear`` over the model's
-    own tensors (``nn.Linear`` only). ``precision``: how layers held as codes multiply (``set_precision``)."""
-    check_setting("precision", precision)
-    if check_setting("linear_kernel", backend) == "library":
+    (``settings.linear_kernel="few_row"``, where the kernel loads), or back to ``nn.Linear``
+    (``"library"``); returns how many layers now run the kernel. ``pack``: each weight repacked in
+    place into panels (``PanelLinear``, the fastest layout, still one copy; GPT-2's ``Conv1D`` layers
+    too); else ``UnpackedLinear`` over the model's own tensors (``nn.Linear`` only).
+    ``settings.precision``: how layers held as codes multiply (``set_precision``); ``cache_dir``:
+    where the kernel is built."""
+    settings = settings.checked()
+    backend, cache_dir = settings.linear_kernel, settings.cache_dir
+    if backend == "library":
         library_linears(model)
         return 0
     if backend == "few_row_fp32" and any(isinstance(m, CodedLinear) for m in model.modules()):
@@ -128,7 +129,7 @@ def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cac
     if not any((_packs if pack else _fits)(m) for m in model.modules()):
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.
-        set_precision(model, precision, cache_dir)  # a GGUF's layers hold codes from the load
+        set_precision(model, settings)  # a GGUF's layers hold codes from the load
         return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
     if load_kernels(cache_dir) is None:
         library_linears(model)
@@ -150,7 +151,7 @@ def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cac
             release_checkpoint_mapping(model)
         if coder is not None:
             coder.save()
-    set_precision(model, precision, cache_dir)
+    set_precision(model, settings)
     swap_modules(model, lambda m: UnpackedLinear(m) if _fits(m) else None)
     return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
 
