@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from specfree import Engine
 from specfree.adapters.hf import HFAdapter
 from specfree.errors import ConfigError
-from specfree.kernels import linear_path, load_kernels, resolve_precision, set_precision
+from specfree.kernels import LinearPath, linear_kind, linear_path, load_kernels, resolve_precision, set_precision
 from specfree.kernels.codes import CodedLinear, from_blocks
-from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
+from specfree.kernels.gguf_blocks import GGUF_TYPES, block_codes
 from specfree.kernels.panels import LANES, pack
 from specfree.loading import load_model
 from specfree.settings import DEFAULTS, EngineSettings
@@ -99,7 +99,7 @@ def int8_reference(x: torch.Tensor, codes, bias: torch.Tensor | None) -> torch.T
 
 
 @settings(max_examples=40, deadline=None)
-@given(qtype=st.sampled_from(sorted(BLOCK_TYPES)), rows=st.integers(1, 64), n=st.integers(1, 70),
+@given(qtype=st.sampled_from(sorted(GGUF_TYPES)), rows=st.integers(1, 64), n=st.integers(1, 70),
        blocks=st.integers(1, 2), with_bias=st.booleans(), seed=st.integers(0, 10**6))
 def test_the_int8_op_is_its_arithmetic_in_float64_the_same_bits_on_every_path(qtype, rows, n, blocks, with_bias,
                                                                                 seed):
@@ -164,6 +164,8 @@ def test_every_strategy_is_lossless_at_int8_and_every_verify_row_equals_the_one_
     model, _ = load_model(str(path), cache_dir=tmp_path)
     plain = Engine.from_model(model, None, "autoregressive", precision="int8")
     assert linear_path(model) == f"few_row-coded-int8-{ISA}"
+    assert linear_kind(model) == LinearPath("coded", ISA, int8="all")
+    assert plain.adapter.path()["precision"] == "int8"
     assert all(m.precision == "int8" for m in model.modules() if isinstance(m, CodedLinear))
     expected = plain.generate(PROMPT, 12, ignore_eos=True).tokens
     for strategy in STRATEGIES:
@@ -178,7 +180,7 @@ def test_every_strategy_is_lossless_at_int8_and_every_verify_row_equals_the_one_
     chain, tree, alone = chain_and_tree_against_one_row(adapter, CONTEXT, CONTINUATION)
     assert torch.equal(chain, alone) and torch.equal(tree, alone)
     exact = HFAdapter(model, check_tree_mask=False, precision="exact")  # the same model at exact: other logits
-    assert linear_path(model) == f"few_row-coded-{ISA}"
+    assert linear_path(model) == f"few_row-coded-{ISA}" and exact.path()["precision"] == "exact"
     _, _, exact_alone = chain_and_tree_against_one_row(exact, CONTEXT, CONTINUATION)
     assert not torch.equal(exact_alone, alone)
     # near: the same model, its activations rounded to 8 bits (a random one amplifies that most in Q6_K)

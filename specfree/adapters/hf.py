@@ -28,7 +28,7 @@ from specfree.adapters.pinned import pin_math
 from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.kv_buffers import StaticSlots, growing_cache
 from specfree.adapters.stores import STORES, KVStore, SlotStore
-from specfree.kernels import int8_layers, linear_path, prepare_linears
+from specfree.kernels import int8_layers, linear_kind, linear_path, prepare_linears
 from specfree.progress import StepsShown
 from specfree.settings import DEFAULTS, EngineSettings
 
@@ -322,7 +322,7 @@ class HFAdapter:
         holdings = getattr(self.model, "gguf_holdings", None)
         held = f"; {holdings.file}: {holdings.summary()}" if holdings is not None else ""
         choice = getattr(self.model, "precision_choice", None)  # kernels.set_precision's, where layers hold codes
-        if choice is not None and "coded" in self.linears:
+        if choice is not None and linear_kind(self.model).coded:
             arithmetic = "8-bit activations" if choice.precision == "int8" else "float32 activations"
             held += f"; precision={choice.precision} (layers held as codes multiply {arithmetic}): {choice.why}"
         if not isinstance(self.runner, StepRunner):
@@ -337,7 +337,7 @@ class HFAdapter:
         forward = "eager" if not self.compiled else "aoti package" if hasattr(self.runner, "package") else "torch.compile"
         return {"forward": forward, "eager_because": None if self.compiled else (self.failure or self.eager_because),
                 "described": self.describe() if self.compiled else None, "linear_kernel": self.linears,
-                "precision": "int8" if "-int8" in self.linears else "exact",
+                "precision": "int8" if linear_kind(self.model).int8 else "exact",
                 "precision_because": getattr(getattr(self.model, "precision_choice", None), "why", None),
                 "attention": self.capabilities.attention, "verification": self.capabilities.describe(),
                 "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),

@@ -22,7 +22,9 @@ type maps onto one of the kernel's formats without changing a bit:
 A K-type keeps its own scale structure ("sub-scales"): each block's 8-bit sc (and m) under its
 256-input super-block's float16 d (and −dmin); the kernel multiplies them as gguf does.
 
-``BLOCK_TYPES`` is that table: a new type is one decode function and one row. Types outside it
+``GGUF_TYPES`` is that table (``type_table`` writes it; a test keeps the copy above equal), one
+``BlockType`` row per type: its decode, the bits it holds, the layer it becomes, the precisions
+and op it runs. A new type is one decode function and one row. Types outside it
 (F32, F16, BF16: float already; IQ*, TQ*: no code format) are dequantized by ``gguf`` itself.
 The unpacking follows ``gguf.quants``' own numpy, so the codes land where its values do; the
 tests check every type against ``gguf.quants.dequantize`` on random blocks.
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from specfree.kernels.codes import PRECISIONS, CodedConv1D, CodedLinear
 
 QK_K = 256
 
@@ -179,34 +183,66 @@ def q6_k(blocks: np.ndarray) -> tuple:
     return q.reshape((n, QK_K)), d * sc.astype(np.float32), None, 16, False, (sc, _raw_half(blocks[:, 208:210]), None, None)
 
 
-# The type-traits table: GGUF type -> its decode (blocks [n, type_size] uint8 -> q, d, m, block,
-# nibbles, and a K-type's scales as held: (sc, super d, mins, super -dmin)).
-BLOCK_TYPES: dict[T, Callable[[np.ndarray], tuple]] = {
-    T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0, T.Q5_1: q5_1, T.Q8_0: q8_0,
-    T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k,
+@dataclass(frozen=True)
+class BlockType:
+    """One GGUF type's traits, the one row every reader takes: loading (``decode``, ``held_bits``,
+    ``layers``), layer preparation and ``linear_path`` (``precisions``, ``kernel``) and the module's
+    table (``type_table``)."""
+
+    decode: Callable[[np.ndarray], tuple]  # blocks [n, type_size] uint8 -> q, d, m, block, nibbles[, K scales]
+    value: str  # a weight's value as gguf computes it
+    held_as: str  # the kernel's code format
+    held_bits: float  # bits a weight as held (codes, scales, offsets; panel padding aside): what a load is sized by
+    layers: tuple[type, type] = (CodedLinear, CodedConv1D)  # what a Linear weight, a Conv1D weight becomes
+    precisions: tuple[str, ...] = PRECISIONS  # the arithmetics its layers run: exact, and int8 (llama.cpp's)
+    kernel: str = "coded_linear"  # the op its layers call, at each precision (``panel_linear.cpp``)
+
+    def layer(self, conv1d: bool) -> type:
+        return self.layers[1] if conv1d else self.layers[0]
+
+
+SUB = ", sub-scales"
+# The type-traits table: a new type is one decode function and one row.
+GGUF_TYPES: dict[T, BlockType] = {
+    T.Q4_0: BlockType(q4_0, "d·(q−8)", "affine4: fma(q, d, −8d)", 5),
+    T.Q4_1: BlockType(q4_1, "d·q + m", "affine4", 5),
+    T.Q5_0: BlockType(q5_0, "d·(q−16)", "scaled8", 8.5),
+    T.Q5_1: BlockType(q5_1, "d·q + m", "affine8", 9),
+    T.Q8_0: BlockType(q8_0, "d·q", "scaled8", 8.5),
+    T.Q2_K: BlockType(q2_k, "(d·sc)·q − dmin·m, per 16", "affine8" + SUB, 9.125),
+    T.Q3_K: BlockType(q3_k, "(d·sc)·q, per 16", "scaled8" + SUB, 8.5625),
+    T.Q4_K: BlockType(q4_k, "(d·sc)·q − dmin·m, per 32", "affine4" + SUB, 4.625),
+    T.Q5_K: BlockType(q5_k, "(d·sc)·q − dmin·m, per 32", "affine8" + SUB, 8.625),
+    T.Q6_K: BlockType(q6_k, "(d·sc)·q, per 16", "scaled8" + SUB, 8.5625),
 }
 
 
-# Bits a weight each type's codes hold (codes, scales and offsets; panel padding aside): what
-# ``gguf_model.estimate_bytes`` sizes a load by before reading anything.
-HELD_BITS: dict[T, float] = {
-    T.Q4_0: 5, T.Q4_1: 5, T.Q5_0: 8.5, T.Q5_1: 9, T.Q8_0: 8.5,
-    T.Q2_K: 9.125, T.Q3_K: 8.5625, T.Q4_K: 4.625, T.Q5_K: 8.625, T.Q6_K: 8.5625,
-}
+def file_bits(qtype: T) -> float:
+    """Bits a weight of ``qtype`` takes in the file."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    return type_size * 8 / block_size
+
+
+def type_table() -> str:
+    """``GGUF_TYPES`` as the markdown table this module's docstring shows."""
+    short = lambda bits: f"{round(bits, 1):g}"  # noqa: E731
+    rows = [f"| {t.name} | {row.value} | {row.held_as} | {short(row.held_bits)} ({short(file_bits(t))}) |"
+            for t, row in GGUF_TYPES.items()]
+    return "\n".join(["| type | value (gguf's) | held as | bits a weight (file) |", "|---|---|---|---|", *rows])
 
 
 def block_codes(raw: np.ndarray, qtype: T, rows: int, columns: int) -> BlockCodes | None:
     """The codes of a [rows, columns] tensor stored as ``qtype`` blocks (``raw``: its bytes), or
     None where the type has no code format or a scale is not finite (then ``gguf`` dequantizes it:
     an fma would turn inf·0 into nan where gguf's product gives inf)."""
-    decode = BLOCK_TYPES.get(qtype)
-    if decode is None:
+    row = GGUF_TYPES.get(qtype)
+    if row is None:
         return None
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, type_size)
     if len(blocks) * block_size != rows * columns:
         raise ValueError(f"{len(blocks)} blocks of {block_size} cannot be a {rows}x{columns} tensor")
-    q, d, m, block, nibbles, *held = decode(blocks)
+    q, d, m, block, nibbles, *held = row.decode(blocks)
     d, m = (None if t is None else t.reshape(rows, columns // block).astype(np.float32) for t in (d, m))
     if not np.isfinite(d).all() or (m is not None and not np.isfinite(m).all()):
         return None

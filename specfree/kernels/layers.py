@@ -5,6 +5,7 @@ what a model's linear layers run."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -163,24 +164,50 @@ LAYER_FORMATS = (("tiles", TileLinear), ("panels", PanelLinear), ("unpacked", Un
 KERNEL_LAYERS = (PanelLinear, UnpackedLinear)  # every layer that runs specfree's ops (tiles and codes are panels)
 
 
-def linear_path(model: nn.Module) -> str:
-    """Which kernel the model's linear layers run: ``"few_row-coded-avx512"`` (held as codes, some
-    layers possibly as panels: then a digest of which are codes follows ``coded``),
-    ``"few_row-panels-avx512"`` (packed in place),
-    ``"few_row-unpacked-avx2"`` (the model's own layout: a borrowed model) and so on, or ``"library"``; coded layers at
-    ``precision=int8`` add ``-int8`` after ``coded`` (a compiled step calls the op with it)."""
+@dataclass(frozen=True)
+class LinearPath:
+    """Which kernel a model's linear layers run, as a value (``linear_kind``); ``str`` of it is
+    ``linear_path``'s name, part of package names and cost-curve keys."""
+
+    held: str  # "library" (torch's F.linear), or how the kernel holds weights: coded, tiles, panels, unpacked
+    isa: str = ""
+    which: str = ""  # a digest of which layers hold codes, where some are panels ("": every kernel layer)
+    int8: str = ""  # coded layers at precision=int8: "" none, "all", or a digest of which
+
+    @property
+    def coded(self) -> bool:
+        return self.held == "coded"
+
+    def __str__(self) -> str:
+        if self.held == "library":
+            return "library"
+        precision = "" if not self.int8 else "-int8" if self.int8 == "all" else f"-int8{self.int8}"
+        return f"few_row-{self.held}{self.which}{precision}-{self.isa}"
+
+
+def linear_kind(model: nn.Module) -> LinearPath:
+    """Which kernel the model's linear layers run (``LinearPath``): held as codes (some layers
+    possibly as panels: then which are codes is part of it, and which run at ``precision=int8``: a
+    compiled step calls the op with it), as tiles, packed in place as panels, in the model's own
+    layout (a borrowed model), or torch's ``library``."""
     if not registered():
-        return "library"
+        return LinearPath("library")
     isa = process_isa()
     coded = [name for name, m in model.named_modules() if isinstance(m, CodedLinear)]
     if coded:  # which layers hold codes, and at which precision, is part of what a compiled step calls
         every = all(not isinstance(m, PanelLinear) or isinstance(m, CodedLinear) for m in model.modules())
         int8 = int8_layers(model)
-        precision = "" if not int8 else "-int8" if len(int8) == len(coded) else f"-int8{fingerprint(*int8)[:8]}"
-        return f"few_row-coded{precision}-{isa}" if every else f"few_row-coded{fingerprint(*coded)[:8]}{precision}-{isa}"
+        return LinearPath("coded", isa, "" if every else fingerprint(*coded)[:8],
+                          "" if not int8 else "all" if len(int8) == len(coded) else fingerprint(*int8)[:8])
     held = {type(m) for m in model.modules()}
-    return next((f"few_row-{name}-{isa}" for name, layer in LAYER_FORMATS if any(issubclass(c, layer) for c in held)),
-                "library")
+    return next((LinearPath(name, isa) for name, layer in LAYER_FORMATS if any(issubclass(c, layer) for c in held)),
+                LinearPath("library"))
+
+
+def linear_path(model: nn.Module) -> str:
+    """``linear_kind``'s name: ``"few_row-coded-avx512"``, ``"few_row-coded<digest>-int8-avx512"``,
+    ``"few_row-panels-avx512"``, ``"few_row-unpacked-avx2"`` and so on, or ``"library"``."""
+    return str(linear_kind(model))
 
 
 def _stock(copies: dict):
