@@ -107,12 +107,19 @@ class Engine:
         self.price_context = settings.price_context
         self.eos_ids = self._eos_ids()
         self.model_settings = model_settings or ModelSettings()
-        self.prompt_cache = settings.prompt_cache
         self._grammars: Grammars | None = None  # constraints compiled over this tokenizer, made on first use
 
     @property
     def priced(self) -> bool:
         return self.pricer is not None
+
+    @property
+    def prompt_cache(self) -> bool:
+        return self.settings.prompt_cache
+
+    @prompt_cache.setter
+    def prompt_cache(self, on: bool) -> None:  # serve turns it on for its engine: the settings say so
+        self.settings = self.settings.changed(prompt_cache=bool(on))
 
     # ---- construction -------------------------------------------------------------------
     @classmethod

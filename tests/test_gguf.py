@@ -6,7 +6,9 @@ the one-row forward; broken files are one line and leave nothing in the cache.""
 
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,8 +75,18 @@ def test_each_types_row_says_how_its_codes_are_held(qtype):
     assert set(row.precisions) == {"exact", "int8"} and row.layer(conv1d=False) is CodedLinear
 
 
-def test_the_type_table_in_the_docs_is_the_rows():
+def test_the_type_tables_in_the_docs_and_the_readme_are_the_rows():
     assert type_table() in gguf_blocks.__doc__
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    short = lambda bits: f"{round(bits, 1):g}"  # noqa: E731
+    seen = set()
+    for names, _, bits in re.findall(r"^\| ((?:Q\w+)(?:, Q\w+)*) \| ([^|]+) \| ([^|]+) \|$", readme, re.M):
+        types = [T[name] for name in names.split(", ")]
+        held, in_file = re.fullmatch(r"([\d.]+) \(([\d., ]+)\)", bits.strip()).groups()
+        assert all(short(GGUF_TYPES[t].held_bits) == held for t in types), names
+        assert in_file.split(", ") == [short(gguf_blocks.file_bits(t)) for t in types], names
+        seen.update(types)
+    assert seen == set(GGUF_TYPES)  # the README's table names every type the rows hold
 
 
 def test_a_type_without_a_code_format_or_with_a_non_finite_scale_has_no_codes():
