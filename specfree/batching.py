@@ -46,7 +46,6 @@ from specfree.request import Request
 from specfree.sequence import Chunk, Decoding, Step
 from specfree.timing import clock
 from specfree.types import Generation
-from specfree.settings import DEFAULTS
 
 # A prompt's prefill chunk: at most this many rows run the row-exact attention (more go to SDPA).
 EXACT_CHUNK = LONG_ROWS
@@ -98,7 +97,9 @@ class Batch:
     prefilled in chunks of ``EXACT_CHUNK`` rows, held or not: a prompt's KV has the same bits
     however it was computed. Elsewhere a lone prompt is prefilled in one call, and nothing is held."""
 
-    def __init__(self, engine, max_batch: int = DEFAULTS.max_batch, hold_prompts: bool = False):
+    def __init__(self, engine, max_batch: int | None = None, hold_prompts: bool = False):
+        settings = engine.settings  # max_batch None: the engine's; else checked as every setting is
+        max_batch = settings.max_batch if max_batch is None else settings.changed(max_batch=max_batch).max_batch
         reason = engine.batch_off
         if reason is not None and max_batch > 1:
             raise ConfigError(f"this engine cannot decode requests together: {reason}")
@@ -279,7 +280,7 @@ def _forwards(planned: list[tuple[Member, Step]], limit: int) -> list[list[tuple
     return groups
 
 
-def decode_together(engine, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
+def decode_together(engine, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int | None = None,
                     constraints: Sequence[Constraint | None] | None = None, **settings) -> list[Generation]:
     """Every prompt decoded, ``max_batch`` at a time, each joining as another finishes; results in
     order (a request that fails raises its error once the others are done; ``constraints``: one

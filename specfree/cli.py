@@ -17,8 +17,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specfree.errors import ConfigError, SpecfreeError, check_int
+from specfree.errors import ConfigError, SpecfreeError
 from specfree.files import user_path
+from specfree.settings import use_threads
 from specfree.startup import StartupSplit, phase_of
 from specfree.sweeps import CoreShares, available_cpus
 
@@ -246,10 +247,7 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     out = out or Console(highlight=False, soft_wrap=True)
     err = err or Console(stderr=True, highlight=False, soft_wrap=True)
     prompt = read_prompt(cfg, piped)
-    if cfg.threads is not None:
-        import torch
-
-        torch.set_num_threads(check_int("threads", cfg.threads, low=1))
+    use_threads(cfg.threads)
     hf_logging.disable_progress_bar()  # a weight-loading bar would land between prompt and answer
     parts = engine_parts(cfg, reg, split)
     with split.phase("engine"):  # the cost curve, read from its cache and checked

@@ -264,6 +264,6 @@ def engine_parts(cfg: DictConfig, reg: Registry, split: StartupSplit | None = No
         parts = build_parts(model, reg, strategy, settings, verifier_knobs=knobs(chosen) if chosen is not None else {},
                             verifier=chosen.name if chosen is not None else None)
     # cache_dir: the cost curve is kept beside the kernels and packages, where the config says
-    return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, **settings.engine_knobs()}
+    return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, "settings": settings}
 
 

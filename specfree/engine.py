@@ -17,7 +17,7 @@ from specfree.files import DEFAULT_CACHE
 from specfree.constraints import Constraint, ConstraintMask, Grammars, Matcher, masked, per_prompt
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
-from specfree.errors import ConfigError, check_int
+from specfree.errors import ConfigError
 from specfree.generation import ModelSettings, for_call
 from specfree.masks.tree import Layout, build_layout
 from specfree.planner import StepPlanner
@@ -51,8 +51,9 @@ DEFAULT_STRATEGY = "hybrid"  # why: docs/strategies.md#the-default-the-priced-hy
 
 
 class Engine:
-    """``priced`` (the default): every step keeps only the drafted rows that raise expected tokens
-    per second on the measured cost curve (``specfree.pricing``); False runs the strategy exactly
+    """``settings`` (``specfree.settings.EngineSettings``, any field of it also as a keyword over it),
+    kept whole as ``engine.settings``. ``priced`` (the default): every step keeps only the drafted
+    rows that raise expected tokens per second on the measured cost curve (``specfree.pricing``); False runs the strategy exactly
     at its knobs. ``adapt_costs`` folds live forward times into the curve (tracks machine drift,
     at the price of step counts that vary from run to run). ``price_context`` (the default) prices
     each step's rows at its own context (a row attends to all of it); False prices every step at
@@ -77,12 +78,15 @@ class Engine:
     reuses only the rows its eager prefill computed (its compiled steps match the eager rows to
     rounding, not bit for bit)."""
 
-    def __init__(self, adapter: Adapter, strategy: Strategy, verifier=None, tokenizer=None,
-                 cache_dir: str | Path | None = DEFAULTS.cache_dir, mask_builder: MaskBuilder | None = None, *,
-                 priced: bool = DEFAULTS.priced, adapt_costs: bool = DEFAULTS.adapt_costs,
-                 price_context: bool = DEFAULTS.price_context, costs: CostModel | None = None,
-                 acceptance: AcceptanceModel | None = None, model_settings: ModelSettings | None = None,
-                 prompt_cache: bool = DEFAULTS.prompt_cache, correct_costs: bool | None = None):
+    def __init__(self, adapter: Adapter, strategy: Strategy, verifier=None, tokenizer=None, *,
+                 settings: EngineSettings = DEFAULTS, mask_builder: MaskBuilder | None = None,
+                 costs: CostModel | None = None, acceptance: AcceptanceModel | None = None,
+                 model_settings: ModelSettings | None = None, correct_costs: bool | None = None, **knobs: Any):
+        settings = settings.take(knobs)
+        if knobs:
+            raise ConfigError(f"unexpected keywords {sorted(knobs)}: Engine takes the fields of EngineSettings")
+        self.settings = settings
+        priced, adapt_costs = settings.priced, settings.adapt_costs
         self.adapter = adapter
         self.strategy = strategy
         self.verifier = verifier or GreedyVerifier()
@@ -95,20 +99,27 @@ class Engine:
         if own:
             # Pricing needs the forward cost curve: a quick one measured once, then read from the cache;
             # the row counts it lacks are learned from the steps that run them (``cost.Learner``).
-            costs = CostModel.cached(adapter, Path(cache_dir) if cache_dir else DEFAULT_CACHE)
+            costs = CostModel.cached(adapter, Path(settings.cache_dir) if settings.cache_dir else DEFAULT_CACHE)
         self.costs = costs
         correct = bool(own or adapt_costs) if correct_costs is None else correct_costs
         self.pricer = Pricer.calibrated(costs, acceptance, correct=correct) if priced else None
         self._costs = costs.learner(adapt_costs) if own else costs if adapt_costs else None
-        self.price_context = price_context
+        self.price_context = settings.price_context
         self.eos_ids = self._eos_ids()
         self.model_settings = model_settings or ModelSettings()
-        self.prompt_cache = prompt_cache
         self._grammars: Grammars | None = None  # constraints compiled over this tokenizer, made on first use
 
     @property
     def priced(self) -> bool:
         return self.pricer is not None
+
+    @property
+    def prompt_cache(self) -> bool:
+        return self.settings.prompt_cache
+
+    @prompt_cache.setter
+    def prompt_cache(self, on: bool) -> None:  # serve turns it on for its engine: the settings say so
+        self.settings = self.settings.changed(prompt_cache=bool(on))
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -160,7 +171,7 @@ class Engine:
         if parts["model_settings"].ignored:
             warnings.warn(parts["model_settings"].line(), stacklevel=2)
         return cls(**parts, tokenizer=tokenizer, costs=costs, acceptance=acceptance, correct_costs=correct_costs,
-                   **settings.engine_knobs())
+                   settings=settings)
 
     @classmethod
     def from_config(cls, cfg=None, overrides: Sequence[str] = (), plugins: Sequence[object] = ()) -> "Engine":
@@ -277,7 +288,7 @@ class Engine:
             batch.close()
 
     # ---- several requests together ---------------------------------------------------------
-    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int = DEFAULTS.max_batch,
+    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int | None = None,
                        constraints: Sequence[dict | None] | None = None, **settings: Any) -> list[Generation]:
         """One ``Generation`` per prompt, as ``generate`` gives it (``settings``: its keywords but
         ``cache_prompt``), decoded ``max_batch`` at a time: each step runs every request's rows in
@@ -285,10 +296,13 @@ class Engine:
         alone. Where this engine cannot share a forward (``batch_off`` says why, in a warning), the
         same loop decodes the prompts one at a time. ``constraints``: one per prompt, each None or a
         dict of ``generate``'s constraint keywords (``{"json_schema": ...}``), its own whatever the
-        others' (a constraint keyword among ``settings`` holds for every prompt)."""
+        others' (a constraint keyword among ``settings`` holds for every prompt). ``max_batch``: None
+        is the engine's setting."""
         if isinstance(prompts, (str, torch.Tensor)):
             raise ConfigError("generate_batch takes a list of prompts; for one prompt call generate")
-        check_int("max_batch", max_batch, low=1)
+        if max_batch is not None:
+            max_batch = self.settings.changed(max_batch=max_batch).max_batch  # checked where every setting is
+        max_batch = max_batch or self.settings.max_batch
         constraints = per_prompt(len(prompts), constraints, settings)
         if self.batch_off is not None and max_batch > 1:
             warnings.warn(f"decoding one request at a time: {self.batch_off}", stacklevel=2)

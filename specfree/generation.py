@@ -36,7 +36,7 @@ from transformers.generation.logits_process import (
 )
 
 from specfree.errors import ConfigError
-from specfree.settings import DEFAULTS, check_setting
+from specfree.settings import check_setting
 
 # Settings that become the verifier's own knobs (the sampling verifier takes all, greedy the penalty).
 VERIFIER_KNOBS = ("temperature", "top_k", "top_p", "repetition_penalty")
@@ -95,7 +95,7 @@ def _pairs(values: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items())
 
 
-def model_verifier(reg, model, given: Mapping[str, Any], generation: str | GenerationConfig = DEFAULTS.generation,
+def model_verifier(reg, model, given: Mapping[str, Any], generation: str | GenerationConfig,
                    name: str | None = None) -> tuple[Any, ModelSettings]:
     """The verifier: ``name`` (None: sampling when ``do_sample``, given or the model's, else greedy)
     built from the ``given`` knobs over the model's settings. ``generation``: ``"model"`` follows

@@ -5,7 +5,7 @@ config, tokenizer and tensor names still come from transformers (its per-archite
 tensor processors), but the weights are read straight from the file:
 
 1. the model is built with empty weights (``accelerate.init_empty_weights``);
-2. each linear weight of a type in ``kernels.gguf_blocks.BLOCK_TYPES`` becomes a ``CodedLinear``
+2. each linear weight of a type in ``kernels.gguf_blocks.GGUF_TYPES`` becomes its row's layer, a ``CodedLinear``
    from its blocks, its rows put in the order transformers' tensor processor gives them (found by
    running the processor on the row numbers: a pure row permutation such as Llama's q/k unpermute
    moves the codes; anything else dequantizes that tensor);
@@ -40,9 +40,9 @@ from specfree.files import write_atomic
 from specfree.gguf_config import check_shapes, parameter_of, refuse_architecture
 from specfree.gguf_layouts import tensor_processor
 from specfree.kernels import available_memory
-from specfree.kernels.codes import CodedConv1D, CodedEmbedding, CodedLinear, carries_embedding, carries_linear, from_blocks
+from specfree.kernels.codes import CodedEmbedding, CodedLinear, carries_embedding, carries_linear, from_blocks
 from specfree.kernels.experts import EXPERT_PARAMETERS, ExpertCodes, carries_experts, row_routers, use_coded_experts
-from specfree.kernels.gguf_blocks import BLOCK_TYPES, HELD_BITS, block_codes
+from specfree.kernels.gguf_blocks import GGUF_TYPES, block_codes
 from specfree.kernels.panels import WidePanelLinear, is_conv1d
 
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -169,7 +169,7 @@ def _coded(weights: GGUFWeights, entry, processor, mapping: dict, lanes: int, tr
     ``transposed``: for a layer that holds the weight [K, N] (``Conv1D``), whose codes are the file's rows
     as they are, where the processor only transposes them."""
     name, qtype, shape, offset, nbytes = entry
-    if qtype not in BLOCK_TYPES or len(shape) != 2:
+    if qtype not in GGUF_TYPES or len(shape) != 2:
         return None
     if transposed:
         order = None
@@ -211,13 +211,14 @@ def _expert_layers(weights: GGUFWeights, entry, lanes: int) -> list[nn.Module] |
     if dtype is not None:
         values = torch.from_numpy(weights.read(offset, nbytes)).view(dtype).reshape(shape)
         return [WidePanelLinear(values[e].clone(), None, lanes) for e in range(count)]
-    if qtype not in BLOCK_TYPES:
+    if qtype not in GGUF_TYPES:
         return None
     blocks = block_codes(weights.read(offset, nbytes), qtype, count * rows, columns)
     if blocks is None:
         return None
     source = nn.Linear(columns, rows, bias=False, device="meta")
-    return [CodedLinear(source, from_blocks(blocks.rows(np.arange(e * rows, (e + 1) * rows)), lanes))
+    layer = GGUF_TYPES[qtype].layer(conv1d=False)
+    return [layer(source, from_blocks(blocks.rows(np.arange(e * rows, (e + 1) * rows)), lanes))
             for e in range(count)]
 
 
@@ -250,7 +251,8 @@ def estimate_bytes(weights: GGUFWeights) -> int:
     total = 0
     for _, qtype, shape, _, nbytes in weights.tensors:
         numel = int(np.prod(shape))
-        bits = HELD_BITS.get(qtype, 16 if qtype.name in ("F16", "BF16") else 32) if len(shape) == 2 else 32
+        row = GGUF_TYPES.get(qtype)
+        bits = (row.held_bits if row else 16 if qtype.name in ("F16", "BF16") else 32) if len(shape) == 2 else 32
         total += int(numel * bits / 8)
     return total
 
@@ -349,7 +351,7 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
                 if module is embedding:
                     embedding_codes = codes
                 else:
-                    _replace(model, module_name, (CodedConv1D if is_conv1d(module) else CodedLinear)(module, codes))
+                    _replace(model, module_name, GGUF_TYPES[qtype].layer(is_conv1d(module))(module, codes))
                 continue
             if qtype.name not in FLOAT_TYPES:
                 holdings.dequantized[name] = qtype.name

@@ -18,15 +18,19 @@ from specfree.settings import DEFAULTS, EngineSettings
 
 
 def build_adapter(model, reg: Registry | None = None, settings: EngineSettings = DEFAULTS, **knobs: Any) -> Adapter:
-    """The adapter ``settings.adapter_name`` over ``model``. ``compile``, ``cache_dir`` and ``knobs``
-    (e.g. ``slots``) reach the factories that take them; ``linear_kernel`` and ``precision`` are
-    passed only when not the default, so an adapter from a plugin need not know them."""
+    """The adapter ``settings.adapter_name`` over ``model``. A factory that takes ``settings`` (the
+    built-in ``hf``) gets them whole; to another, ``compile`` and ``cache_dir`` reach it where it takes
+    them, ``linear_kernel`` and ``precision`` only when not the default, so an adapter from a plugin
+    need not know them. ``knobs`` (e.g. ``slots``) reach the factories that take them."""
     if reg is None:
         from specfree.plugins import build_plugin_manager, registry
 
         reg = registry(build_plugin_manager())
     settings = settings.checked()
     takes = reg.get("adapter", settings.adapter_name).knobs
+    if "settings" in takes:
+        return reg.make("adapter", settings.adapter_name, model=model, settings=settings,
+                        **{k: v for k, v in knobs.items() if k in takes})
     given = {"compile": settings.compile, "cache_dir": settings.cache_dir, **knobs}
     extra = {k: v for k, v in given.items() if k in takes}
     for name in ("linear_kernel", "precision"):

@@ -18,13 +18,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfree.errors import ConfigError
+from specfree.errors import ConfigError, check_int
 
 
-def setting(default: Any, doc: str, *, choices: tuple = (), node: str = "", key: str = "") -> Any:
-    """A field of ``EngineSettings``: ``node`` is the config node that holds it (top level when
-    empty), ``key`` its name there (the field's own name when empty)."""
-    return field(default=default, metadata={"doc": doc, "choices": choices, "node": node, "key": key})
+def setting(default: Any, doc: str, *, choices: tuple = (), low: int | None = None, high: int | None = None,
+            node: str = "", key: str = "") -> Any:
+    """A field of ``EngineSettings``: ``choices`` the values it takes, or ``low``/``high`` the range
+    of an integer (None stays allowed where it is the default); ``node`` is the config node that
+    holds it (top level when empty), ``key`` its name there (the field's own name when empty)."""
+    return field(default=default, metadata={"doc": doc, "choices": choices, "low": low, "high": high,
+                                            "node": node, "key": key})
 
 
 @dataclass(frozen=True)
@@ -58,21 +61,25 @@ class EngineSettings:
     price_context: bool = setting(
         True, "price each step's rows at its own context (false: at the curve's 256 tokens)", node="strategy")
     max_batch: int = setting(
-        8, "requests decoded together, one forward a step, each as if alone (1: one at a time)", node="serve")
+        8, "requests decoded together, one forward a step, each as if alone (1: one at a time)", low=1, high=64,
+        node="serve")
+    threads: int | None = setting(
+        None, "torch.set_num_threads; null: torch's default (a joblib sweep: a share of the cores)", low=1)
 
     def take(self, knobs: dict[str, Any]) -> EngineSettings:
         """These settings with every setting named in ``knobs`` (removed from it) put in, checked."""
         given = {f.name: knobs.pop(f.name) for f in dataclasses.fields(self) if f.name in knobs}
         return dataclasses.replace(self, **given).checked()
 
-    def checked(self) -> EngineSettings:
-        """These settings with each value checked against its choices (``compile`` also takes booleans)."""
-        return dataclasses.replace(self, **{f.name: check_setting(f.name, getattr(self, f.name))
-                                            for f in dataclasses.fields(self) if f.metadata["choices"]})
+    def changed(self, **given: Any) -> EngineSettings:
+        """These settings with ``given`` put in, checked (a name that is no setting: TypeError)."""
+        return dataclasses.replace(self, **given).checked()
 
-    def engine_knobs(self) -> dict[str, Any]:
-        """The settings ``Engine(...)`` itself takes as keywords (the others shape its parts)."""
-        return {name: getattr(self, name) for name in ENGINE_KNOBS}
+    def checked(self) -> EngineSettings:
+        """These settings with each value checked against its choices (``compile`` also takes booleans)
+        or its range: the one place a setting's value is checked."""
+        return dataclasses.replace(self, **{f.name: check_setting(f.name, getattr(self, f.name))
+                                            for f in dataclasses.fields(self) if _checked(f)})
 
     @classmethod
     def from_config(cls, cfg: Any, skip: tuple[str, ...] = ()) -> EngineSettings:
@@ -88,7 +95,12 @@ class EngineSettings:
 
 
 DEFAULTS = EngineSettings()
-ENGINE_KNOBS = ("cache_dir", "priced", "adapt_costs", "price_context", "prompt_cache")
+# Where an entry point's defaults differ from the library's (the one place they do), and why.
+# serve: a server sees every chat's turns again, so reusing their common prefix is what it is for.
+SERVE_DEFAULTS = dataclasses.replace(DEFAULTS, prompt_cache=True)
+# transformers' custom_generate borrows the caller's model: compiling (auto included) would prepare it
+# in place, so by default every call leaves it its own layers.
+CUSTOM_GENERATE_DEFAULTS = dataclasses.replace(DEFAULTS, compile="false")
 
 
 _ABSENT = object()
@@ -107,10 +119,17 @@ def config_key(f: dataclasses.Field) -> str:
     return f.metadata["key"] or f.name
 
 
+def _checked(f: dataclasses.Field) -> bool:
+    return bool(f.metadata["choices"]) or f.metadata["low"] is not None or f.metadata["high"] is not None
+
+
 def check_setting(name: str, value: Any) -> Any:
     """``value`` for the setting ``name`` (a field of ``EngineSettings``) if it is one of its
-    choices, else a ConfigError naming them. ``generation`` also takes a GenerationConfig object."""
+    choices or in its range, else a ConfigError naming them. ``generation`` also takes a
+    GenerationConfig object."""
     f = _field(name)
+    if not f.metadata["choices"]:
+        return _in_range(f, value)
     choices = f.metadata["choices"]
     if isinstance(value, bool) and "true" in choices:
         value = "true" if value else "false"
@@ -122,6 +141,22 @@ def check_setting(name: str, value: Any) -> Any:
         raise ConfigError(f"{config_key(f)} must be one of {', '.join(choices)}, not {value!r} "
                           f"({f.metadata['doc']})")
     return value
+
+
+def _in_range(f: dataclasses.Field, value: Any) -> Any:
+    if value is None and f.default is None:
+        return value
+    return check_int(config_key(f) if not f.metadata["node"] else f"{f.metadata['node']}.{config_key(f)}", value,
+                     low=f.metadata["low"], high=f.metadata["high"])
+
+
+def use_threads(threads: int | None) -> None:
+    """Run torch on ``threads`` threads (the ``threads`` setting, checked; None: torch's default)."""
+    threads = check_setting("threads", threads)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def choices(name: str) -> tuple:

@@ -283,7 +283,7 @@ def test_a_failing_compile_warns_once_and_decodes_eagerly(tmp_path):
     model = tiny_model("llama")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        adapter = make_adapter(model, "true", cache_dir=tmp_path, progress=False, backend=broken_backend)
+        adapter = make_adapter(model, compile="true", cache_dir=tmp_path, progress=False, backend=broken_backend)
     messages = [str(w.message) for w in caught if "compiling the forward failed" in str(w.message)]
     assert len(messages) == 1 and "no C++ compiler here" in messages[0] and "\n" not in messages[0]
     assert type(adapter) is HFAdapter  # the eager adapter, not a half-compiled one
@@ -306,19 +306,19 @@ def test_a_failure_mid_run_finishes_the_step_eagerly():
 def test_compile_knob_auto_uses_a_warm_compile_only(tmp_path):
     model = tiny_model("llama")
     knobs = dict(cache_dir=tmp_path, backend="eager", buckets=(1,), progress=False)
-    assert type(make_adapter(model, "auto", **knobs)) is HFAdapter  # never compiled here
-    assert make_adapter(model, True, **knobs).compiled
-    assert make_adapter(model, "auto", **knobs).compiled  # the last warm-up was quick
-    assert type(make_adapter(model, "false", **knobs)) is HFAdapter
+    assert type(make_adapter(model, compile="auto", **knobs)) is HFAdapter  # never compiled here
+    assert make_adapter(model, compile=True, **knobs).compiled
+    assert make_adapter(model, compile="auto", **knobs).compiled  # the last warm-up was quick
+    assert type(make_adapter(model, compile="false", **knobs)) is HFAdapter
 
 
 @packages_only
 def test_compile_knob_auto_uses_packages_already_on_disk(tmp_path):
     model = tiny_model("gpt2")
     knobs = dict(cache_dir=tmp_path, max_autotune=False, progress=False)
-    assert type(make_adapter(model, "auto", **knobs)) is HFAdapter  # nothing built here yet
-    assert make_adapter(model, "true", **knobs).runner.package.built == 1
-    warm = make_adapter(model, "auto", **knobs)
+    assert type(make_adapter(model, compile="auto", **knobs)) is HFAdapter  # nothing built here yet
+    assert make_adapter(model, compile="true", **knobs).runner.package.built == 1
+    warm = make_adapter(model, compile="auto", **knobs)
     assert warm.compiled and (warm.runner.package.built, warm.runner.package.loaded) == (0, 1)
     assert list((tmp_path / "compiled").rglob("step.pt2"))
 
@@ -328,8 +328,8 @@ def test_compile_knob_auto_finds_the_package_from_a_model_not_yet_prepared(tmp_p
     """A new process's model has not switched attention or linears yet (a package's name depends on
     both, and on which weights hold codes): auto still finds the package built before."""
     knobs = dict(cache_dir=tmp_path, max_autotune=False, progress=False)
-    assert make_adapter(tiny_model.__wrapped__("llama_gguf"), "true", **knobs).runner.package.built == 1
-    warm = make_adapter(tiny_model.__wrapped__("llama_gguf"), "auto", **knobs)
+    assert make_adapter(tiny_model.__wrapped__("llama_gguf"), compile="true", **knobs).runner.package.built == 1
+    warm = make_adapter(tiny_model.__wrapped__("llama_gguf"), compile="auto", **knobs)
     assert warm.compiled and (warm.runner.package.built, warm.runner.package.loaded) == (0, 1)
     assert "coded" in warm.linears or warm.linears == "library"
 
@@ -349,7 +349,7 @@ def test_compile_true_on_a_chain_verified_model_warns_and_decodes_eagerly(tmp_pa
     family = "bloom" if "bloom" in CHAIN_CONFIGS else next(iter(CHAIN_CONFIGS))
     model = tiny_model(family)
     with pytest.warns(UserWarning, match="verifies chains"):
-        adapter = make_adapter(model, "true", cache_dir=tmp_path, progress=False)
+        adapter = make_adapter(model, compile="true", cache_dir=tmp_path, progress=False)
     assert type(adapter) is HFAdapter and adapter.capabilities.chain_only
     prompt = [3, 4, 5] * 4
     assert Engine(adapter, REG.make("strategy", "prompt_lookup")).generate(prompt, 12).tokens == \

@@ -6,7 +6,9 @@ the one-row forward; broken files are one line and leave nothing in the cache.""
 
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +20,9 @@ from hypothesis import strategies as st
 from specfree import Engine
 from specfree.adapters.hf import HFAdapter
 from specfree.errors import ModelLoadError
-from specfree.kernels import load_kernels
+from specfree.kernels import gguf_blocks, load_kernels
 from specfree.kernels.codes import CodedEmbedding, CodedLinear, from_blocks
-from specfree.kernels.gguf_blocks import BLOCK_TYPES, HELD_BITS, block_codes
+from specfree.kernels.gguf_blocks import GGUF_TYPES, block_codes, type_table
 from specfree.kernels.panels import LANES, WidePanelLinear, pack, unpack
 from specfree.loading import load_model
 from tests.gguf_files import CODED, HALF_FIELDS, write_tiny_llama
@@ -44,7 +46,7 @@ def random_blocks(qtype: T, rows: int, blocks_per_row: int, seed: int) -> np.nda
 
 
 @settings(max_examples=40, deadline=None)
-@given(qtype=st.sampled_from(sorted(BLOCK_TYPES)), rows=st.integers(1, 40), blocks=st.integers(1, 3),
+@given(qtype=st.sampled_from(sorted(GGUF_TYPES)), rows=st.integers(1, 40), blocks=st.integers(1, 3),
        isa=st.sampled_from(ISAS), seed=st.integers(0, 10**6))
 def test_every_type_decodes_to_gguf_dequantize_bit_for_bit(qtype, rows, blocks, isa, seed):
     block, _ = GGML_QUANT_SIZES[qtype]
@@ -60,18 +62,42 @@ def test_every_type_decodes_to_gguf_dequantize_bit_for_bit(qtype, rows, blocks, 
     nonzero = expected != 0
     assert np.array_equal(decoded[nonzero].view(np.uint32), expected[nonzero].view(np.uint32))
     padded = -(-rows // LANES[isa]) * LANES[isa]  # a last panel's zero columns
-    assert coded.nbytes() * 8 == HELD_BITS[qtype] * padded * block * blocks  # what a load is sized by
+    assert coded.nbytes() * 8 == GGUF_TYPES[qtype].held_bits * padded * block * blocks  # what a load is sized by
+
+
+@pytest.mark.parametrize("qtype", sorted(GGUF_TYPES))
+def test_each_types_row_says_how_its_codes_are_held(qtype):
+    row = GGUF_TYPES[qtype]
+    block, _ = GGML_QUANT_SIZES[qtype]
+    codes = block_codes(random_blocks(qtype, 4, 1, 7), qtype, 4, block)
+    assert row.held_as.split(":")[0].split(",")[0] == from_blocks(codes, LANES[ISA]).kind
+    assert ("sub-scales" in row.held_as) == (codes.sub is not None)
+    assert set(row.precisions) == {"exact", "int8"} and row.layer(conv1d=False) is CodedLinear
+
+
+def test_the_type_tables_in_the_docs_and_the_readme_are_the_rows():
+    assert type_table() in gguf_blocks.__doc__
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    short = lambda bits: f"{round(bits, 1):g}"  # noqa: E731
+    seen = set()
+    for names, _, bits in re.findall(r"^\| ((?:Q\w+)(?:, Q\w+)*) \| ([^|]+) \| ([^|]+) \|$", readme, re.M):
+        types = [T[name] for name in names.split(", ")]
+        held, in_file = re.fullmatch(r"([\d.]+) \(([\d., ]+)\)", bits.strip()).groups()
+        assert all(short(GGUF_TYPES[t].held_bits) == held for t in types), names
+        assert in_file.split(", ") == [short(gguf_blocks.file_bits(t)) for t in types], names
+        seen.update(types)
+    assert seen == set(GGUF_TYPES)  # the README's table names every type the rows hold
 
 
 def test_a_type_without_a_code_format_or_with_a_non_finite_scale_has_no_codes():
     raw = random_blocks(T.Q4_0, 2, 1, 0)
     raw[0, :2] = np.array([np.inf], dtype=np.float16).view(np.uint8)
     assert block_codes(raw, T.Q4_0, 2, 32) is None
-    assert T.IQ4_NL not in BLOCK_TYPES and block_codes(np.zeros((2, 18), np.uint8), T.IQ4_NL, 2, 32) is None
+    assert T.IQ4_NL not in GGUF_TYPES and block_codes(np.zeros((2, 18), np.uint8), T.IQ4_NL, 2, 32) is None
 
 
 @settings(max_examples=40, deadline=None)
-@given(qtype=st.sampled_from(sorted(BLOCK_TYPES)), rows=st.integers(1, 64), n=st.integers(1, 70),
+@given(qtype=st.sampled_from(sorted(GGUF_TYPES)), rows=st.integers(1, 64), n=st.integers(1, 70),
        blocks=st.integers(1, 2), with_bias=st.booleans(), isa=st.sampled_from(ISAS), seed=st.integers(0, 10**6))
 def test_the_op_on_every_type_equals_the_float32_panels_and_matmul_in_float64(qtype, rows, n, blocks, with_bias, isa,
                                                                              seed):

@@ -7,6 +7,8 @@ the one-row forward; the setting reaches the layers from ``Engine`` and the conf
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -17,12 +19,12 @@ from hypothesis import strategies as st
 from specfree import Engine
 from specfree.adapters.hf import HFAdapter
 from specfree.errors import ConfigError
-from specfree.kernels import linear_path, load_kernels, resolve_precision, set_precision
+from specfree.kernels import LinearPath, linear_kind, linear_path, load_kernels, resolve_precision, set_precision
 from specfree.kernels.codes import CodedLinear, from_blocks
-from specfree.kernels.gguf_blocks import BLOCK_TYPES, block_codes
+from specfree.kernels.gguf_blocks import GGUF_TYPES, block_codes
 from specfree.kernels.panels import LANES, pack
 from specfree.loading import load_model
-from specfree.settings import DEFAULTS
+from specfree.settings import DEFAULTS, EngineSettings
 from tests import tiny_models
 from tests.test_gguf import PROMPT, STRATEGIES, random_blocks, tiny_file
 from tests.test_tree_attention import CONTEXT, CONTINUATION, chain_and_tree_against_one_row
@@ -31,6 +33,11 @@ ISA = load_kernels(progress=False)
 pytestmark = pytest.mark.skipif(ISA is None, reason="the kernel cannot be built or run on this machine")
 # every code path of the int8 sums this CPU has: AVX2's maddubs, AVX-512's with and without VNNI
 PATHS = ["avx2", "avx512", "avx512_novnni"] if ISA == "avx512" else ["avx2"]
+
+
+def at(cache_dir, precision: str = "auto") -> EngineSettings:
+    """The settings of an adapter at ``precision`` that caches under ``cache_dir``."""
+    return DEFAULTS.changed(precision=precision, cache_dir=cache_dir)
 
 
 def lanes(path: str) -> int:
@@ -92,7 +99,7 @@ def int8_reference(x: torch.Tensor, codes, bias: torch.Tensor | None) -> torch.T
 
 
 @settings(max_examples=40, deadline=None)
-@given(qtype=st.sampled_from(sorted(BLOCK_TYPES)), rows=st.integers(1, 64), n=st.integers(1, 70),
+@given(qtype=st.sampled_from(sorted(GGUF_TYPES)), rows=st.integers(1, 64), n=st.integers(1, 70),
        blocks=st.integers(1, 2), with_bias=st.booleans(), seed=st.integers(0, 10**6))
 def test_the_int8_op_is_its_arithmetic_in_float64_the_same_bits_on_every_path(qtype, rows, n, blocks, with_bias,
                                                                                 seed):
@@ -141,7 +148,7 @@ def test_an_unknown_precision_is_refused():
     with pytest.raises(RuntimeError, match="precision must be exact or int8, not int4"):
         from_blocks(codes, lanes(PATHS[0])).linear(torch.randn(1, 32), None, 8, PATHS[0], "int4")
     with pytest.raises(ConfigError, match="precision must be one of auto, exact, int8, not 'fp8'"):
-        set_precision(torch.nn.Linear(2, 2), "fp8")
+        set_precision(torch.nn.Linear(2, 2), dataclasses.replace(DEFAULTS, precision="fp8"))
 
 
 # ---- models ---------------------------------------------------------------------------------
@@ -157,6 +164,8 @@ def test_every_strategy_is_lossless_at_int8_and_every_verify_row_equals_the_one_
     model, _ = load_model(str(path), cache_dir=tmp_path)
     plain = Engine.from_model(model, None, "autoregressive", precision="int8")
     assert linear_path(model) == f"few_row-coded-int8-{ISA}"
+    assert linear_kind(model) == LinearPath("coded", ISA, int8="all")
+    assert plain.adapter.path()["precision"] == "int8"
     assert all(m.precision == "int8" for m in model.modules() if isinstance(m, CodedLinear))
     expected = plain.generate(PROMPT, 12, ignore_eos=True).tokens
     for strategy in STRATEGIES:
@@ -171,7 +180,7 @@ def test_every_strategy_is_lossless_at_int8_and_every_verify_row_equals_the_one_
     chain, tree, alone = chain_and_tree_against_one_row(adapter, CONTEXT, CONTINUATION)
     assert torch.equal(chain, alone) and torch.equal(tree, alone)
     exact = HFAdapter(model, check_tree_mask=False, precision="exact")  # the same model at exact: other logits
-    assert linear_path(model) == f"few_row-coded-{ISA}"
+    assert linear_path(model) == f"few_row-coded-{ISA}" and exact.path()["precision"] == "exact"
     _, _, exact_alone = chain_and_tree_against_one_row(exact, CONTEXT, CONTINUATION)
     assert not torch.equal(exact_alone, alone)
     # near: the same model, its activations rounded to 8 bits (a random one amplifies that most in Q6_K)
@@ -185,14 +194,15 @@ def test_auto_runs_a_gguf_files_codes_at_int8_where_faster_and_float_weights_exa
     from specfree.kernels.precision import choose_precision
 
     from_file, _ = load_model(str(tiny_file(gguf_dir, T.Q4_0)), cache_dir=tmp_path)
-    choose_precision(from_file, "auto", tmp_path, lambda model: {"exact": {1: 2.0, 8: 4.0}, "int8": {1: 1.0, 8: 2.0}})
+    choose_precision(from_file, at(tmp_path), lambda model: {"exact": {1: 2.0, 8: 4.0}, "int8": {1: 1.0, 8: 2.0}})
     rounded = tiny_models.tiny_model.__wrapped__("llama_gguf")
     assert DEFAULTS.precision == "auto"
     for model, expected in ((from_file, "int8"), (rounded, "exact")):
         adapter = HFAdapter(model, check_tree_mask=False, cache_dir=tmp_path)
         coded = [m for m in model.modules() if isinstance(m, CodedLinear)]
         assert coded and {m.precision for m in coded} == {expected} and adapter.path()["precision"] == expected
-        assert resolve_precision(model, cache_dir=tmp_path) == expected and resolve_precision(model, "exact") == "exact"
+        assert resolve_precision(model, at(tmp_path)) == expected
+        assert resolve_precision(model, at(None, "exact")) == "exact"
 
 
 def test_precision_reaches_the_layers_from_the_config_and_is_recorded(gguf_dir):
@@ -217,7 +227,7 @@ def test_a_compiled_int8_step_decodes_as_the_eager_one_in_a_package_of_its_own(t
     from specfree.plugins import build_plugin_manager, registry
 
     knobs = dict(cache_dir=tmp_path, max_autotune=False, progress=False, buckets=(1, 8))
-    compiled = make_adapter(tiny_models.tiny_model.__wrapped__("llama_gguf"), "true", precision="int8", **knobs)
+    compiled = make_adapter(tiny_models.tiny_model.__wrapped__("llama_gguf"), compile="true", precision="int8", **knobs)
     assert compiled.compiled and compiled.linears == f"few_row-coded-int8-{ISA}", compiled.failure
     chain, tree, alone = chain_and_tree_against_one_row(compiled, CONTEXT, CONTINUATION)
     assert torch.equal(chain, alone) and torch.equal(tree, alone)
@@ -230,5 +240,5 @@ def test_a_compiled_int8_step_decodes_as_the_eager_one_in_a_package_of_its_own(t
     tokens = {name: Engine(compiled, reg.make("strategy", name)).generate(prompt, 16, ignore_eos=True).tokens
               for name in ("autoregressive", "prompt_lookup")}
     assert tokens["prompt_lookup"] == tokens["autoregressive"]
-    exact = make_adapter(tiny_models.tiny_model.__wrapped__("llama_gguf"), "auto", **knobs)
+    exact = make_adapter(tiny_models.tiny_model.__wrapped__("llama_gguf"), compile="auto", **knobs)
     assert not exact.compiled and exact.linears == f"few_row-coded-{ISA}"  # the int8 package is not its

@@ -17,10 +17,16 @@ from specfree.kernels.codes import CodedLinear
 from specfree.kernels.precision import (MARGIN, PROBE_ROWS, PrecisionChoice, choose_precision, decide,
                                         probe_layers, probe_path, probe_precisions)
 from specfree.loading import load_model
+from specfree.settings import DEFAULTS, EngineSettings
 from tests import tiny_models
 from tests.test_gguf import tiny_file
 
 ISA = load_kernels(progress=False)
+
+
+def at(cache_dir, precision: str = "auto") -> EngineSettings:
+    """The settings of an adapter at ``precision`` that caches under ``cache_dir``."""
+    return DEFAULTS.changed(precision=precision, cache_dir=cache_dir)
 pytestmark = pytest.mark.skipif(ISA is None, reason="the kernel cannot be built or run on this machine")
 
 INT8_FASTER = {"exact": {1: 13.0, 8: 26.0}, "int8": {1: 10.0, 8: 20.0}}  # 1.3x at both
@@ -66,15 +72,16 @@ def test_int8_is_chosen_only_where_its_passes_take_less_time_by_the_margin():
 def test_auto_follows_the_probe_which_runs_once_and_is_read_from_its_cache_after(gguf_dir, tmp_path, times, expected):
     model = from_file(gguf_dir, tmp_path)
     probe = Probe(times)
-    first = choose_precision(model, "auto", tmp_path, probe)
+    first = choose_precision(model, at(tmp_path), probe)
     assert first.precision == expected and first.why.endswith("; probe)") and probe.calls == 1
     saved = json.loads(probe_path(model, tmp_path).read_text())
     assert saved["ms"]["int8"] == {str(r): ms for r, ms in times["int8"].items()}
-    again = choose_precision(model, "auto", tmp_path, probe)
+    again = choose_precision(model, at(tmp_path), probe)
     assert again.precision == expected and again.why.endswith("; probe, cached)") and probe.calls == 1
-    assert resolve_precision(model, "auto", tmp_path) == expected
+    assert resolve_precision(model, at(tmp_path)) == expected
     for asked in ("exact", "int8"):  # asked for: no probe
-        assert choose_precision(model, asked, tmp_path, probe) == PrecisionChoice(asked, f"asked (precision={asked})")
+        chosen = choose_precision(model, at(tmp_path, asked), probe)
+        assert chosen == PrecisionChoice(asked, f"asked (precision={asked})")
     assert probe.calls == 1
 
 
@@ -82,19 +89,19 @@ def test_a_damaged_cache_is_probed_again_and_each_file_type_has_its_own(gguf_dir
     q4_1, q8_0 = from_file(gguf_dir, tmp_path), from_file(gguf_dir, tmp_path, T.Q8_0)
     assert probe_path(q4_1, tmp_path) != probe_path(q8_0, tmp_path)
     assert probe_path(q4_1, tmp_path) == probe_path(from_file(gguf_dir, tmp_path), tmp_path)  # same type, same file
-    choose_precision(q4_1, "auto", tmp_path, Probe(INT8_FASTER))
+    choose_precision(q4_1, at(tmp_path), Probe(INT8_FASTER))
     probe_path(q4_1, tmp_path).write_text("{not json")
     probe = Probe(INT8_DEARER)
-    assert choose_precision(q4_1, "auto", tmp_path, probe).precision == "exact" and probe.calls == 1
+    assert choose_precision(q4_1, at(tmp_path), probe).precision == "exact" and probe.calls == 1
     other = Probe(INT8_FASTER)
-    assert choose_precision(q8_0, "auto", tmp_path, other).precision == "int8" and other.calls == 1
+    assert choose_precision(q8_0, at(tmp_path), other).precision == "int8" and other.calls == 1
 
 
 def test_float_weights_stay_exact_without_a_probe(tmp_path):
     rounded = tiny_models.tiny_model.__wrapped__("llama_gguf")  # float weights that are exactly codes
     HFAdapter(rounded, check_tree_mask=False, cache_dir=tmp_path)
     assert any(isinstance(m, CodedLinear) for m in rounded.modules())
-    assert choose_precision(rounded, "auto", tmp_path, Probe(INT8_FASTER)) == PrecisionChoice(
+    assert choose_precision(rounded, at(tmp_path), Probe(INT8_FASTER)) == PrecisionChoice(
         "exact", "float weights: transformers' arithmetic")
     assert not (tmp_path / "costs").exists()
 
@@ -102,7 +109,7 @@ def test_float_weights_stay_exact_without_a_probe(tmp_path):
 @pytest.mark.parametrize("times, expected", [(INT8_FASTER, "int8"), (INT8_DEARER, "exact")])
 def test_the_adapter_runs_and_says_the_choice_and_why(gguf_dir, tmp_path, times, expected):
     model = from_file(gguf_dir, tmp_path)
-    choose_precision(model, "auto", tmp_path, Probe(times))  # the probe's times, cached for the adapter
+    choose_precision(model, at(tmp_path), Probe(times))  # the probe's times, cached for the adapter
     adapter = HFAdapter(model, check_tree_mask=False, cache_dir=tmp_path)
     assert {m.precision for m in model.modules() if isinstance(m, CodedLinear)} == {expected}
     record = adapter.path()

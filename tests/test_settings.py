@@ -15,16 +15,13 @@ import specfree
 from specfree.conf.schema import STEP_KNOBS, ModelConfig, ServeConfig, SpecfreeConfig
 from specfree.config import compose
 from specfree.errors import ConfigError
-from specfree.settings import DEFAULTS, EngineSettings, check_setting, config_key
+from specfree.integrations.transformers import speculative_generate
+from specfree.settings import (CUSTOM_GENERATE_DEFAULTS, DEFAULTS, SERVE_DEFAULTS, EngineSettings, check_setting,
+                               config_key, use_threads)
 
 ROOT = Path(specfree.__file__).parent
 FIELDS = {f.name: f for f in dataclasses.fields(EngineSettings)}
 NAMES = set(FIELDS) | {config_key(f) for f in FIELDS.values()} - {"adapter"}  # `adapter` elsewhere: an object
-# Places that state a default of their own on purpose: (file, name) -> why.
-OWN_DEFAULTS = {
-    ("conf/schema.py", "prompt_cache"): "serve.prompt_cache: a server reuses prefixes unless told not to",
-    ("integrations/transformers.py", "compile"): "custom_generate leaves the caller's model its own layers",
-}
 
 
 def stated_defaults(path: Path):
@@ -54,9 +51,9 @@ def stated_defaults(path: Path):
 def test_no_python_states_a_settings_default():
     found = [f"{path.relative_to(ROOT)}:{line}: {name}={text}"
              for path in sorted(ROOT.rglob("*.py")) if path.name != "settings.py"
-             for line, name, text in stated_defaults(path)
-             if (path.relative_to(ROOT).as_posix(), name) not in OWN_DEFAULTS]
-    assert not found, "a setting's default stated outside specfree/settings.py (use DEFAULTS.<name>):\n" + "\n".join(found)
+             for line, name, text in stated_defaults(path)]
+    assert not found, ("a setting's default stated outside specfree/settings.py (take an EngineSettings, or "
+                       "name the difference beside SERVE_DEFAULTS):\n" + "\n".join(found))
 
 
 def test_the_scan_finds_a_stated_default(tmp_path):
@@ -68,10 +65,14 @@ def test_the_scan_finds_a_stated_default(tmp_path):
         ("compile", "'auto'"), ("linear_kernel", "'few_row'"), ("max_batch", "4"), ("price_context", "PRICE_CONTEXT")]
 
 
-def test_every_own_default_is_still_there():
-    """An exemption whose place no longer states a default is stale: remove it."""
-    for file, name in OWN_DEFAULTS:
-        assert any(n == name for _, n, _ in stated_defaults(ROOT / file)), (file, name)
+def test_entry_points_differ_from_the_library_only_where_the_settings_say():
+    def differences(settings):
+        return {f: getattr(settings, f) for f in FIELDS if getattr(settings, f) != getattr(DEFAULTS, f)}
+
+    assert differences(SERVE_DEFAULTS) == {"prompt_cache": True}
+    assert ServeConfig().prompt_cache is SERVE_DEFAULTS.prompt_cache
+    assert differences(CUSTOM_GENERATE_DEFAULTS) == {"compile": "false"}
+    assert speculative_generate("prompt_lookup").settings == CUSTOM_GENERATE_DEFAULTS
 
 
 def test_no_yaml_restates_a_settings_default():
@@ -123,3 +124,31 @@ def test_take_moves_settings_out_of_knobs_and_checks_them():
 def test_every_setting_says_what_it_does():
     for f in FIELDS.values():
         assert len(f.metadata["doc"]) > 20, f.name
+
+
+def test_ranges_are_checked_where_choices_are():
+    assert DEFAULTS.changed(max_batch=64, threads=3) == dataclasses.replace(DEFAULTS, max_batch=64, threads=3)
+    with pytest.raises(ConfigError, match="serve.max_batch must be between 1 and 64, got 0"):
+        DEFAULTS.changed(max_batch=0)
+    with pytest.raises(ConfigError, match="threads must be >= 1, got 0"):
+        EngineSettings(threads=0).checked()
+    with pytest.raises(ConfigError, match="threads must be an integer"):
+        use_threads("two")
+    with pytest.raises(ConfigError, match="serve.max_batch must be between 1 and 64"):
+        EngineSettings.from_config(compose(["prompt=hi", "serve=default", "serve.max_batch=65"]))
+    with pytest.raises(TypeError):
+        DEFAULTS.changed(max_batches=2)
+
+
+def test_threads_are_one_setting_applied_in_one_place():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        use_threads(1)
+        assert torch.get_num_threads() == 1
+        use_threads(None)  # torch's default: left as it is
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert EngineSettings.from_config(compose(["prompt=hi", "threads=2"])).threads == 2

@@ -47,7 +47,7 @@ from specfree.adapters.packaged import StepPackage
 from specfree.adapters.runners import RUNNERS, PackageRunner
 from specfree.files import fingerprint
 from specfree.masks.bucketed import ROW_BUCKETS
-from specfree.settings import DEFAULTS, check_setting
+from specfree.settings import DEFAULTS, EngineSettings
 
 MIN_SLOTS = 512  # KV slots of torch.compile's first tier (a graph per tier)
 # Packages take any slot count: they start at one step and grow by one. Every step attends over all
@@ -113,10 +113,9 @@ def layer_shapes(model) -> list[tuple[torch.Size, torch.Size]]:
 def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotune: bool | None = None,
                      backend: str | Callable = "auto", min_slots: int | None = None, package_dir: str | Path | None = None,
                      tier_step: int = PACKAGE_TIER_STEP, check_tree_mask: bool = True, grouped_attention: bool = True,
-                     linear_kernel: str = DEFAULTS.linear_kernel, cache_dir: str | Path | None = None,
-                     precision: str = DEFAULTS.precision) -> HFAdapter:
+                     settings: EngineSettings = DEFAULTS) -> HFAdapter:
     """An ``HFAdapter`` over static KV slots whose steps run compiled: the same kernels as the
-    eager adapter, ``kv_buffers.StaticSlots``, and a runner (``runners``).
+    eager adapter (as ``settings`` says), ``kv_buffers.StaticSlots``, and a runner (``runners``).
 
     ``backend``: ``"aoti"`` (one package, kept in ``package_dir``; a temporary folder when None), a
     ``torch.compile`` backend (a graph per row bucket in ``buckets`` and slot tier), or ``"auto"``:
@@ -128,7 +127,7 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
     """
     max_autotune = resolve_autotune(max_autotune, model)
     model = shared_parameter_copy(model)
-    kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir, precision) > 0
+    kernel_linears = prepare_model(model, grouped_attention, settings) > 0
     device = model_device(model)
     backend = resolve_backend(backend, device)
     packaged = backend == "aoti"
@@ -144,8 +143,7 @@ def compiled_adapter(model, *, buckets: Sequence[int] = ROW_BUCKETS, max_autotun
         tracing = {"freezing": True} if options and options.get("freezing") else {}
         runner = RUNNERS["graphs"](model, backend, buckets, max_autotune, options, tracing)
     return HFAdapter(model, check_tree_mask=check_tree_mask, grouped_attention=grouped_attention,
-                     linear_kernel=linear_kernel, cache_dir=cache_dir, runner=runner, slots=slots,
-                     precision=precision)
+                     settings=settings, runner=runner, slots=slots)
 
 
 # ---- choosing the path ------------------------------------------------------------------
@@ -164,22 +162,23 @@ def compiled_marker(model, cache_dir, **knobs) -> Path:
     return Path(cache_dir) / "compiled" / f"{fingerprint(*setup)}.json"
 
 
-def make_adapter(model, compile: str | bool = DEFAULTS.compile, *, linear_kernel: str = DEFAULTS.linear_kernel,
-                 cache_dir=None, progress: bool = True, slots: int | None = None, precision: str = DEFAULTS.precision,
-                 **compiled_knobs) -> HFAdapter:
-    """The adapter for ``compile``: ``true`` compiles (minutes the first time on a machine, with
+def make_adapter(model, settings: EngineSettings = DEFAULTS, *, progress: bool = True, slots: int | None = None,
+                 **knobs) -> HFAdapter:
+    """The adapter ``settings`` asks for (``knobs``: any of its fields over it; the others reach
+    ``compiled_adapter``). ``settings.compile``: ``true`` compiles (minutes the first time on a machine, with
     progress shown; one warning and the eager adapter where it cannot or fails); ``auto`` does so
     only where that is quick here (AOTInductor packages of this model already on disk, or a
     torch.compile warm-up that last took at most ``AUTO_READY_S``), else stays eager; ``false`` is
     the eager adapter. ``slots``: the KV slots to compile for up front (larger tiers compile their
-    own steps when needed). Packages and markers live under ``cache_dir``/compiled."""
+    own steps when needed). Packages and markers live under ``settings.cache_dir``/compiled."""
     import json
     import logging
 
     from specfree.files import cache_folder
 
-    choice = check_setting("compile", compile)
-    eager = dict(linear_kernel=linear_kernel, cache_dir=cache_dir, precision=precision)
+    settings = settings.take(knobs)
+    compiled_knobs, choice = knobs, settings.compile
+    eager = dict(settings=settings)
     if choice == "false":
         return _eager(model, "compile=false", **eager)
     reason = compile_blocker(model)
@@ -187,15 +186,14 @@ def make_adapter(model, compile: str | bool = DEFAULTS.compile, *, linear_kernel
         if choice == "true":
             warnings.warn(f"compile=true: {reason}; decoding on the eager path", stacklevel=3)
         return _eager(model, reason, **eager)
-    folder = cache_folder(cache_dir) / "compiled"
+    folder = cache_folder(settings.cache_dir) / "compiled"
     # int8 graphs are other graphs (the op's precision argument): their own marker
     from specfree.kernels.layers import resolve_precision
 
-    arithmetic = resolve_precision(model, precision, cache_dir)
+    arithmetic = resolve_precision(model, settings)
     marker = compiled_marker(model, folder.parent, **compiled_knobs,
                              **({"precision": arithmetic} if arithmetic != "exact" else {}))
-    if choice == "auto" and not _ready_without_compiling(model, folder, marker, compiled_knobs, linear_kernel,
-                                                         cache_dir, precision):
+    if choice == "auto" and not _ready_without_compiling(model, folder, marker, compiled_knobs, settings):
         logging.getLogger("specfree").debug(
             "compile=auto: no compiled forward of this model is ready fast enough here, so this run is eager; "
             "compile=true builds one (minutes the first time)")
@@ -204,8 +202,7 @@ def make_adapter(model, compile: str | bool = DEFAULTS.compile, *, linear_kernel
     from specfree.errors import UnsupportedModelError
 
     try:
-        adapter = compiled_adapter(model, package_dir=folder, linear_kernel=linear_kernel, cache_dir=cache_dir,
-                                   precision=precision, **compiled_knobs)
+        adapter = compiled_adapter(model, package_dir=folder, settings=settings, **compiled_knobs)
     except UnsupportedModelError:  # no tree mask: the eager adapter's probes choose how it verifies chains
         if choice == "true":
             warnings.warn("compile=true: this model verifies chains, which run on the eager path only; "
@@ -227,8 +224,7 @@ def _eager(model, why: str, **eager) -> HFAdapter:
     return adapter
 
 
-def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, linear_kernel: str,
-                             cache_dir, precision: str) -> bool:
+def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, settings: EngineSettings) -> bool:
     """Whether the compiled adapter's package is on disk, without building the adapter
     (its probes cost most of a second on SmolLM2, every eager start); for torch.compile, whether
     the last warm-up took at most ``AUTO_READY_S``."""
@@ -242,7 +238,7 @@ def _ready_without_compiling(model, folder: Path, marker: Path, knobs: dict, lin
         # Both paths prepare the model first (the compiled one a copy sharing its modules), and the
         # package's name depends on what that gives: the attention it runs, the linears' kernel and
         # which weights hold codes. Preparing here costs nothing later: preparing twice is a no-op.
-        prepare_model(model, knobs.get("grouped_attention", True), linear_kernel, cache_dir, precision)
+        prepare_model(model, knobs.get("grouped_attention", True), settings)
         return StepPackage(model, folder, package_options(), linear_path(model)).ready()
     try:
         return json.loads(marker.read_text())["warm_up_s"] <= AUTO_READY_S if marker.is_file() else False

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -27,9 +28,9 @@ from specfree.adapters.pinned import pin_math
 from specfree.adapters.runners import EagerRunner, StepRunner
 from specfree.adapters.kv_buffers import StaticSlots, growing_cache
 from specfree.adapters.stores import STORES, KVStore, SlotStore
-from specfree.kernels import int8_layers, linear_path, prepare_linears
+from specfree.kernels import int8_layers, linear_kind, linear_path, prepare_linears
 from specfree.progress import StepsShown
-from specfree.settings import DEFAULTS
+from specfree.settings import DEFAULTS, EngineSettings
 
 # The one mode every forward specfree runs is under: probes, the cost curve, prompts, steps and
 # replays alike, whatever the model's parameters' ``requires_grad`` (after ``from_pretrained`` they
@@ -40,18 +41,17 @@ from specfree.settings import DEFAULTS
 grad_free = torch.inference_mode
 
 
-def prepare_model(model, grouped_attention: bool = True, linear_kernel: str = DEFAULTS.linear_kernel,
-                  cache_dir: str | None = None, precision: str = DEFAULTS.precision) -> int:
+def prepare_model(model, grouped_attention: bool = True, settings: EngineSettings = DEFAULTS) -> int:
     """Swap in the kernels every adapter runs (each swap computes the same function; doing it twice
     changes nothing): attention that takes a tree mask, grouped-query SDPA without a per-step copy
-    of the cache, specfree's few-row linear kernel (coded layers at ``precision``), fused RMSNorms.
-    Returns how many linear layers run the kernel."""
+    of the cache, specfree's few-row linear kernel (``settings.linear_kernel``; coded layers at
+    ``settings.precision``), fused RMSNorms. Returns how many linear layers run the kernel."""
     use_maskable_attention(model)
     if grouped_attention:
         # each row's bits independent of the step's other rows; else the same math as SDPA without a
         # per-step copy of the cache for masked rows
-        use_tree_attention(model, cache_dir) or use_grouped_sdpa(model)
-    kernel_linears = prepare_linears(model, linear_kernel, cache_dir, precision=precision)  # rows at one row's price
+        use_tree_attention(model, settings.cache_dir) or use_grouped_sdpa(model)
+    kernel_linears = prepare_linears(model, settings)  # rows at one row's price
     fuse_norms(model)  # bit-identical, fewer dispatches per forward
     # int8's coded layers give other bits than transformers' anyway: the norms take specfree's
     # one-pass row kernel too (a tenth of a small model's step), exact keeps transformers' bits
@@ -65,10 +65,10 @@ class HFAdapter:
     eager_because: str | None = None  # why make_adapter gave the eager path (None: compiling was never asked)
 
     def __init__(self, model: PreTrainedModel, check_tree_mask: bool = True, grouped_attention: bool = True,
-                 linear_kernel: str = DEFAULTS.linear_kernel, cache_dir: str | None = None, *,
-                 runner: StepRunner | None = None, slots: StaticSlots | None = None,
-                 capabilities: Capabilities | None = None, precision: str = DEFAULTS.precision):
-        """``linear_kernel``: ``"few_row"`` runs CPU linear layers through specfree's kernel
+                 settings: EngineSettings = DEFAULTS, *, runner: StepRunner | None = None,
+                 slots: StaticSlots | None = None, capabilities: Capabilities | None = None, **given: Any):
+        """``settings`` (``specfree.settings.EngineSettings``; ``given``: any of its fields over it) says
+        how the layers run. ``linear_kernel``: ``"few_row"`` runs CPU linear layers through specfree's kernel
         (``specfree.kernels``; built once under ``cache_dir``, the library's where it cannot be),
         holding a weight that is exactly a 4- or 8-bit code's values (a dequantized GGUF) as those
         codes, ``"few_row_fp32"`` the same with every weight kept float32, ``"library"`` keeps
@@ -83,7 +83,9 @@ class HFAdapter:
         structure = capabilities or model_structure(model)  # refusals first, before any kernel is swapped
         self.model = model.eval()
         # Outside the mode: the weights the kernels repack stay the model's own, usable by any caller.
-        self.kernel_linears = prepare_model(model, grouped_attention, linear_kernel, cache_dir, precision)
+        settings = settings.changed(**given)
+        cache_dir = settings.cache_dir
+        self.kernel_linears = prepare_model(model, grouped_attention, settings)
         structure = dataclasses.replace(structure, attention=attention_path(model))  # fixed from here on
         self._device = model_device(model)
         if (runner is None) != (slots is None):
@@ -320,7 +322,7 @@ class HFAdapter:
         holdings = getattr(self.model, "gguf_holdings", None)
         held = f"; {holdings.file}: {holdings.summary()}" if holdings is not None else ""
         choice = getattr(self.model, "precision_choice", None)  # kernels.set_precision's, where layers hold codes
-        if choice is not None and "coded" in self.linears:
+        if choice is not None and linear_kind(self.model).coded:
             arithmetic = "8-bit activations" if choice.precision == "int8" else "float32 activations"
             held += f"; precision={choice.precision} (layers held as codes multiply {arithmetic}): {choice.why}"
         if not isinstance(self.runner, StepRunner):
@@ -335,7 +337,7 @@ class HFAdapter:
         forward = "eager" if not self.compiled else "aoti package" if hasattr(self.runner, "package") else "torch.compile"
         return {"forward": forward, "eager_because": None if self.compiled else (self.failure or self.eager_because),
                 "described": self.describe() if self.compiled else None, "linear_kernel": self.linears,
-                "precision": "int8" if "-int8" in self.linears else "exact",
+                "precision": "int8" if linear_kind(self.model).int8 else "exact",
                 "precision_because": getattr(getattr(self.model, "precision_choice", None), "why", None),
                 "attention": self.capabilities.attention, "verification": self.capabilities.describe(),
                 "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),

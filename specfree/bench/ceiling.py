@@ -31,6 +31,7 @@ from specfree.bench.methods import same_path_baseline, system_paths
 from specfree.bench.metrics import BASELINE, COMPILED, summarize
 from specfree.bench.report import markdown_table, wide_console
 from specfree.errors import ConfigError
+from specfree.settings import use_threads
 
 ROWS = (4, 8, 16)
 
@@ -249,12 +250,9 @@ def run_curve(meta: dict) -> tuple[str, Callable[[int], float]] | None:
 
 def run_engine(meta: dict):
     """An autoregressive engine over the run's model, device, dtype and threads."""
-    import torch
-
     from specfree.engine import Engine
 
-    if meta.get("threads"):
-        torch.set_num_threads(int(meta["threads"]))
+    use_threads(meta.get("threads"))
     return Engine.from_pretrained(meta["model"], "autoregressive", device=meta.get("device", "cpu"),
                                   dtype=meta.get("dtype", "float32"))
 

@@ -41,7 +41,7 @@ from specfree.generation import VERIFIER_KNOBS
 from specfree.parts import build_adapter
 from specfree.progress import progress_bar
 from specfree.runinfo import cpu_name, versions
-from specfree.settings import EngineSettings
+from specfree.settings import EngineSettings, use_threads
 
 INTERRUPTED = 130
 
@@ -230,8 +230,7 @@ def run(cfg: Any, console: Console | None = None) -> int:
 
     from specfree.loading import load_model
 
-    if settings.config.threads:
-        torch.set_num_threads(check_int("threads", settings.config.threads, low=1))
+    use_threads(settings.config.threads)
     model, tokenizer = load_model(settings.model, device=settings.config.device, dtype=settings.config.dtype,
                                   cache_dir=settings.config.cache_dir, **settings.model_options)
     if settings.bench.chat and not getattr(tokenizer, "chat_template", None):

@@ -176,7 +176,7 @@ def _strategies(names: Sequence[str], systems_meta: Sequence[dict], registry) ->
             raise ConfigError(f"replay: {strategy_name} cannot be replayed ({REFUSED[strategy_name]}); "
                               "run it with python -m specfree bench")
         knobs = {k: v for k, v in (meta.get("knobs") or {}).items() if k not in ENGINE_PARAMS}
-        priced = (meta.get("knobs") or {}).get("priced", DEFAULTS.priced)
+        priced = DEFAULTS.take(dict(meta.get("knobs") or {})).priced
         out.append((name, registry.make("strategy", strategy_name, **knobs), priced))
     return out
 

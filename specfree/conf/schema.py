@@ -24,7 +24,7 @@ from omegaconf import MISSING
 
 from specfree.errors import ConfigError
 from specfree.registry import REGISTRY_PARAMETER, Component
-from specfree.settings import config_fields
+from specfree.settings import SERVE_DEFAULTS, config_fields
 
 
 def with_settings(schema: type, node: str = "") -> type:
@@ -86,7 +86,9 @@ class ServeConfig:
     max_tokens: int = 1024  # the most tokens a request may ask for; also the default when it asks none
     state_file: str | None = None  # the suffix drafter's global tree: loaded at start if present, saved at shutdown
     log_level: str = "info"  # uvicorn's: critical | error | warning | info | debug | trace
-    prompt_cache: bool = True  # reuse the KV of the longest common prefix with the last request (docs/serve.md)
+    # reuse the KV of the longest common prefix with the last request (docs/serve.md); on unlike the
+    # library's prompt_cache: specfree.settings.SERVE_DEFAULTS says why
+    prompt_cache: bool = SERVE_DEFAULTS.prompt_cache
     cors_origins: list[str] = field(default_factory=list)  # origins a browser may call from ("*": any); none: no CORS
     # max_batch: from specfree.settings
 
@@ -116,10 +118,9 @@ class SpecfreeConfig:
     grammar: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
-    threads: int | None = None
     output: str | None = None
     verify_against_baseline: bool = False
-    # compile, precision, cache_dir, generation, prompt_cache: from specfree.settings
+    # compile, precision, cache_dir, generation, prompt_cache, threads: from specfree.settings
 
 
 SpecfreeConfig = with_settings(SpecfreeConfig)

@@ -36,7 +36,7 @@ from specfree.engine import DEFAULT_STRATEGY, Engine
 from specfree.errors import ConfigError, check_int
 from specfree.parts import build_adapter
 from specfree.pricing import AcceptanceModel
-from specfree.settings import DEFAULTS, EngineSettings, check_setting
+from specfree.settings import CUSTOM_GENERATE_DEFAULTS, EngineSettings
 from specfree.strategies.base import Strategy
 from specfree.types import Generation
 
@@ -58,22 +58,20 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
 
 def speculative_generate(strategy: str | Strategy = DEFAULT_STRATEGY, *, tokenizer=None, seed: int = 0,
-                         compile: str | bool = "false", cache_dir: str | None = None,
-                         priced: bool = DEFAULTS.priced, **knobs: Any) -> SpeculativeGenerate:
+                         settings: EngineSettings = CUSTOM_GENERATE_DEFAULTS, **knobs: Any) -> SpeculativeGenerate:
     """A ``custom_generate`` callable that decodes with ``strategy`` (a registered name or a built drafter).
 
-    ``knobs`` are the strategy's own (e.g. ``num_candidates=2``); sampling settings come from
+    ``settings`` (``specfree.settings.EngineSettings``) and any of its fields as a keyword over them;
+    the other ``knobs`` are the strategy's own (e.g. ``num_candidates=2``); sampling settings come from
     ``generate``'s arguments. ``tokenizer`` is needed for ``stop_strings``: transformers does not
     pass ``generate(tokenizer=...)`` on to a callable, so bind it here. ``seed`` is the default
     sampling seed; ``generate(..., seed=3)`` overrides it per call. ``compile`` (auto/true/false) as in
     ``Engine.from_model``: a compiled forward is built at the first call and kept for the next ones
     (``cache_dir``: where specfree notes which setups compiled, default ``~/.cache/specfree``). Unlike
-    the engine's, its default is false: compiling (auto included) prepares the caller's model in place,
-    and here it leaves every call with its own layers.
+    the engine's, its default is false (``settings.CUSTOM_GENERATE_DEFAULTS`` says why).
     ``priced``: as in ``Engine`` (False runs the strategy exactly at its knobs).
     """
-    return SpeculativeGenerate(strategy, tokenizer=tokenizer, seed=seed, compile=compile, cache_dir=cache_dir,
-                               priced=priced, **knobs)
+    return SpeculativeGenerate(strategy, tokenizer=tokenizer, seed=seed, settings=settings, **knobs)
 
 
 class SpeculativeGenerate:
@@ -81,12 +79,10 @@ class SpeculativeGenerate:
     across calls, as with one ``Engine``; it is not safe to share between threads."""
 
     def __init__(self, strategy: str | Strategy = DEFAULT_STRATEGY, *, tokenizer=None, seed: int = 0,
-                 compile: str | bool = "false", cache_dir: str | None = None, priced: bool = DEFAULTS.priced,
-                 **knobs: Any):
+                 settings: EngineSettings = CUSTOM_GENERATE_DEFAULTS, **knobs: Any):
         from specfree.plugins import build_plugin_manager, registry
 
-        self.compile = check_setting("compile", compile)
-        self.cache_dir = cache_dir
+        self.settings = settings.take(knobs)
         self._compiled: tuple[Any, Adapter] | None = None  # (model, its compiled adapter)
 
         if not isinstance(strategy, Strategy):
@@ -95,7 +91,7 @@ class SpeculativeGenerate:
             raise ConfigError(f"unexpected knobs {sorted(knobs)} for an already built strategy")
         self.strategy = strategy
         # Acceptance statistics outlive a call, like the drafter's pools (an engine is built per call).
-        self.acceptance = AcceptanceModel() if priced else None
+        self.acceptance = AcceptanceModel() if self.settings.priced else None
         self.tokenizer = tokenizer
         self.seed = check_int("seed", seed, low=0)
 
@@ -126,11 +122,10 @@ class SpeculativeGenerate:
         # sampling) become the verifier's: each drafted position is judged on the same scores.
         processors = [_OnScoresDevice(logits_processor)] if logits_processor else []
         # The caller's model leaves with its own linear and norm layers: ours serve only this call.
-        with unpacked_linears(model, self.cache_dir), fused_norms(model):
+        with unpacked_linears(model, self.settings.cache_dir), fused_norms(model):
             engine = _CriteriaEngine.from_model(model, tokenizer, self.strategy, logits_processors=processors,
-                                                adapter=self._adapter(model), priced=self.acceptance is not None,
-                                                acceptance=self.acceptance, cache_dir=self.cache_dir,
-                                                compile=self.compile,
+                                                adapter=self._adapter(model), acceptance=self.acceptance,
+                                                settings=self.settings,
                                                 generation="plain", **sampling)  # generate applied the model's
             engine.watch(input_ids, criteria, generation_config.max_length)
             max_new = max(1, generation_config.max_length - len(prompt))
@@ -151,11 +146,11 @@ class SpeculativeGenerate:
     def _adapter(self, model) -> Adapter | None:
         """The compiled adapter for ``model`` (built at the first call, then kept), or None for
         the eager one, built per call inside the caller's borrowed layers."""
-        if self.compile == "false":
+        if self.settings.compile == "false":
             return None
         if self._compiled is not None and self._compiled[0] is model:
             return self._compiled[1]
-        adapter = build_adapter(model, settings=EngineSettings(compile=self.compile, cache_dir=self.cache_dir))
+        adapter = build_adapter(model, settings=self.settings)
         if adapter.compiled:
             self._compiled = (model, adapter)
         return adapter

@@ -42,7 +42,7 @@ from specfree.planner import StepPlanner
 from specfree.pricing import Plan, Pricer, Shifted
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal, Verdict
-from specfree.settings import DEFAULTS
+from specfree.settings import EngineSettings
 
 PROPOSER = "specfree.integrations.vllm.SpecfreeProposer"  # speculative_config's "model"
 CONFIG_KEY = "specfree"  # the entry of vLLM's additional_config that holds specfree's config
@@ -98,7 +98,7 @@ def _python() -> str:
 
 def load_strategy_factory(spec: Any) -> tuple[Callable[[], Strategy], bool]:
     """A factory of fresh drafters for ``spec`` (see the module doc) and whether steps are priced."""
-    from specfree.config import build_strategy, knobs, load_config
+    from specfree.config import build_strategy, load_config
     from specfree.plugins import build_plugin_manager, registry
 
     reg = registry(build_plugin_manager())
@@ -110,7 +110,7 @@ def load_strategy_factory(spec: Any) -> tuple[Callable[[], Strategy], bool]:
         raise ConfigError(f"additional_config[{CONFIG_KEY!r}] must be a specfree config (a dict or a YAML path) "
                           f"or a list of overrides such as ['strategy=trie'], got {type(spec).__name__}")
     own = reg.get("strategy", cfg.strategy.name).knobs
-    priced = bool(knobs(cfg.strategy).get("priced", DEFAULTS.priced)) if "priced" not in own else True
+    priced = EngineSettings.from_config(cfg, skip=tuple(own)).priced  # a factory with its own `priced` keeps it
     template = build_strategy(cfg, reg)  # built now: a bad config fails at vLLM's start, not its first step
     # Every request's drafter is a copy of it that shares the stores meant to be shared (the global
     # suffix tree), so what one request's output teaches reaches the next, however many run at once.

@@ -41,13 +41,13 @@ one module per weight format (``panels.py``, ``codes.py``, ``tiles.py``, ``gguf_
 from specfree.kernels.build import (HEADERS, ISA_NAMES, LIBRARY, SOURCES, find_compiler, has_amx, has_op, kernel_dir,
                                     load_kernels, process_isa)
 from specfree.kernels.codes import CodedLinear
-from specfree.kernels.layers import (BACKENDS, UnpackedLinear, available_memory, int8_layers, library_linears,
-                                     linear_path, prepare_linears, resolve_precision, set_precision, stock_linears,
+from specfree.kernels.layers import (BACKENDS, LinearPath, UnpackedLinear, available_memory, int8_layers,
+                                     library_linears, linear_kind, linear_path, prepare_linears, resolve_precision, set_precision, stock_linears,
                                      unpacked_linear, unpacked_linears)
 from specfree.kernels.panels import PanelLinear
 from specfree.kernels.tiles import TileLinear
 
-__all__ = ["BACKENDS", "HEADERS", "ISA_NAMES", "LIBRARY", "SOURCES", "CodedLinear", "PanelLinear", "TileLinear",
-           "UnpackedLinear", "available_memory", "find_compiler", "has_amx",
-           "has_op", "int8_layers", "kernel_dir", "library_linears", "linear_path", "load_kernels", "prepare_linears",
+__all__ = ["BACKENDS", "HEADERS", "ISA_NAMES", "LIBRARY", "SOURCES", "CodedLinear", "LinearPath", "PanelLinear",
+           "TileLinear", "UnpackedLinear", "available_memory", "find_compiler", "has_amx",
+           "has_op", "int8_layers", "kernel_dir", "library_linears", "linear_kind", "linear_path", "load_kernels", "prepare_linears",
            "process_isa", "resolve_precision", "set_precision", "stock_linears", "unpacked_linear", "unpacked_linears"]

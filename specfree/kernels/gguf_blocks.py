@@ -22,7 +22,9 @@ type maps onto one of the kernel's formats without changing a bit:
 A K-type keeps its own scale structure ("sub-scales"): each block's 8-bit sc (and m) under its
 256-input super-block's float16 d (and −dmin); the kernel multiplies them as gguf does.
 
-``BLOCK_TYPES`` is that table: a new type is one decode function and one row. Types outside it
+``GGUF_TYPES`` is that table (``type_table`` writes it; a test keeps the copy above equal), one
+``BlockType`` row per type: its decode, its code format and inputs per scale, the bits it holds,
+the layer it becomes, the precisions and op it runs. A new type is one decode function and one row. Types outside it
 (F32, F16, BF16: float already; IQ*, TQ*: no code format) are dequantized by ``gguf`` itself.
 The unpacking follows ``gguf.quants``' own numpy, so the codes land where its values do; the
 tests check every type against ``gguf.quants.dequantize`` on random blocks.
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from specfree.kernels.codes import PRECISIONS, CodedConv1D, CodedLinear
 
 QK_K = 256
 
@@ -88,28 +92,28 @@ def _high_bits(qh: np.ndarray, n_blocks: int) -> np.ndarray:
 def q4_0(blocks: np.ndarray) -> tuple:
     n = len(blocks)
     d = _half(blocks[:, :2].copy())
-    return _nibbles(blocks[:, 2:], n, 16), d, -8 * d, 32, True
+    return _nibbles(blocks[:, 2:], n, 16), d, -8 * d
 
 
 def q4_1(blocks: np.ndarray) -> tuple:
     n = len(blocks)
-    return _nibbles(blocks[:, 4:], n, 16), _half(blocks[:, :2].copy()), _half(blocks[:, 2:4].copy()), 32, True
+    return _nibbles(blocks[:, 4:], n, 16), _half(blocks[:, :2].copy()), _half(blocks[:, 2:4].copy())
 
 
 def q5_0(blocks: np.ndarray) -> tuple:
     n = len(blocks)
     q = _nibbles(blocks[:, 6:], n, 16) | (_high_bits(blocks[:, 2:6], n) << np.uint8(4))
-    return q.astype(np.int8) - np.int8(16), _half(blocks[:, :2].copy()), None, 32, False
+    return q.astype(np.int8) - np.int8(16), _half(blocks[:, :2].copy()), None
 
 
 def q5_1(blocks: np.ndarray) -> tuple:
     n = len(blocks)
     q = _nibbles(blocks[:, 8:], n, 16) | (_high_bits(blocks[:, 4:8], n) << np.uint8(4))
-    return q, _half(blocks[:, :2].copy()), _half(blocks[:, 2:4].copy()), 32, False
+    return q, _half(blocks[:, :2].copy()), _half(blocks[:, 2:4].copy())
 
 
 def q8_0(blocks: np.ndarray) -> tuple:
-    return blocks[:, 2:].copy().view(np.int8), _half(blocks[:, :2].copy()), None, 32, False
+    return blocks[:, 2:].copy().view(np.int8), _half(blocks[:, :2].copy()), None
 
 
 def _raw_half(raw: np.ndarray) -> np.ndarray:
@@ -124,7 +128,7 @@ def q2_k(blocks: np.ndarray) -> tuple:
     sc, mins = scales & np.uint8(0xF), scales >> np.uint8(4)
     dl = d * sc.astype(np.float32)
     ml = dmin * mins.astype(np.float32)
-    return q, dl, -ml, 16, False, (sc, _raw_half(blocks[:, 80:82]), mins, -_raw_half(blocks[:, 82:84]))
+    return q, dl, -ml, (sc, _raw_half(blocks[:, 80:82]), mins, -_raw_half(blocks[:, 82:84]))
 
 
 def q3_k(blocks: np.ndarray) -> tuple:
@@ -138,7 +142,7 @@ def q3_k(blocks: np.ndarray) -> tuple:
     ql = ql.reshape((n, 16, QK_K // 16)) & np.uint8(3)
     qh = (qh.reshape((n, 16, QK_K // 16)) & np.uint8(1)) ^ np.uint8(1)
     q = (ql.astype(np.int8) - (qh << np.uint8(2)).astype(np.int8)).reshape((n, QK_K))
-    return q, d * sc.astype(np.float32), None, 16, False, (sc, _raw_half(blocks[:, 108:110]), None, None)
+    return q, d * sc.astype(np.float32), None, (sc, _raw_half(blocks[:, 108:110]), None, None)
 
 
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +160,7 @@ def q4_k(blocks: np.ndarray) -> tuple:
     sc, mins = _k_scale_min(blocks[:, 4:16])
     q = _nibbles(blocks[:, 16:], n, 32)
     sub = (sc, _raw_half(blocks[:, :2]), mins, -_raw_half(blocks[:, 2:4]))
-    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), 32, True, sub
+    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), sub
 
 
 def q5_k(blocks: np.ndarray) -> tuple:
@@ -166,7 +170,7 @@ def q5_k(blocks: np.ndarray) -> tuple:
     qh = blocks[:, 16:48].reshape((n, -1, 1, 32)) >> np.arange(8, dtype=np.uint8).reshape((1, 1, 8, 1))
     q = _nibbles(blocks[:, 48:], n, 32) | ((qh & np.uint8(1)).reshape((n, QK_K)) << np.uint8(4))
     sub = (sc, _raw_half(blocks[:, :2]), mins, -_raw_half(blocks[:, 2:4]))
-    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), 32, False, sub
+    return q, d * sc.astype(np.float32), -(dmin * mins.astype(np.float32)), sub
 
 
 def q6_k(blocks: np.ndarray) -> tuple:
@@ -176,37 +180,75 @@ def q6_k(blocks: np.ndarray) -> tuple:
     high = (qh.reshape((n, -1, 1, 32)) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape((1, 1, 4, 1))) & np.uint8(3)
     q = (low.reshape((n, -1, 32)) | (high.reshape((n, -1, 32)) << np.uint8(4))).astype(np.int8) - np.int8(32)
     sc = scales.copy().view(np.int8)
-    return q.reshape((n, QK_K)), d * sc.astype(np.float32), None, 16, False, (sc, _raw_half(blocks[:, 208:210]), None, None)
+    return q.reshape((n, QK_K)), d * sc.astype(np.float32), None, (sc, _raw_half(blocks[:, 208:210]), None, None)
 
 
-# The type-traits table: GGUF type -> its decode (blocks [n, type_size] uint8 -> q, d, m, block,
-# nibbles, and a K-type's scales as held: (sc, super d, mins, super -dmin)).
-BLOCK_TYPES: dict[T, Callable[[np.ndarray], tuple]] = {
-    T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0, T.Q5_1: q5_1, T.Q8_0: q8_0,
-    T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k,
+@dataclass(frozen=True)
+class BlockType:
+    """One GGUF type's traits, the one row every reader takes: loading (``decode``, ``scale_block``,
+    ``held_as``, ``held_bits``, ``layers``), layer preparation and ``linear_path`` (``precisions``, ``kernel``) and the module's
+    table (``type_table``)."""
+
+    decode: Callable[[np.ndarray], tuple]  # blocks [n, type_size] uint8 -> q, d, m[, a K-type's scales as held]
+    value: str  # a weight's value as gguf computes it
+    held_as: str  # the kernel's code format: affine4 (codes fit 4 bits), affine8 or scaled8
+    scale_block: int  # inputs per scale (d, m)
+    held_bits: float  # bits a weight as held (codes, scales, offsets; panel padding aside): what a load is sized by
+    layers: tuple[type, type] = (CodedLinear, CodedConv1D)  # what a Linear weight, a Conv1D weight becomes
+    precisions: tuple[str, ...] = PRECISIONS  # the arithmetics its layers run: exact, and int8 (llama.cpp's)
+    kernel: str = "coded_linear"  # the op its layers call, at each precision (``panel_linear.cpp``)
+
+    @property
+    def nibbles(self) -> bool:
+        return self.held_as.startswith("affine4")
+
+    def layer(self, conv1d: bool) -> type:
+        return self.layers[1] if conv1d else self.layers[0]
+
+
+SUB = ", sub-scales"
+# The type-traits table: a new type is one decode function and one row.
+GGUF_TYPES: dict[T, BlockType] = {
+    T.Q4_0: BlockType(q4_0, "d·(q−8)", "affine4: fma(q, d, −8d)", 32, 5),
+    T.Q4_1: BlockType(q4_1, "d·q + m", "affine4", 32, 5),
+    T.Q5_0: BlockType(q5_0, "d·(q−16)", "scaled8", 32, 8.5),
+    T.Q5_1: BlockType(q5_1, "d·q + m", "affine8", 32, 9),
+    T.Q8_0: BlockType(q8_0, "d·q", "scaled8", 32, 8.5),
+    T.Q2_K: BlockType(q2_k, "(d·sc)·q − dmin·m, per 16", "affine8" + SUB, 16, 9.125),
+    T.Q3_K: BlockType(q3_k, "(d·sc)·q, per 16", "scaled8" + SUB, 16, 8.5625),
+    T.Q4_K: BlockType(q4_k, "(d·sc)·q − dmin·m, per 32", "affine4" + SUB, 32, 4.625),
+    T.Q5_K: BlockType(q5_k, "(d·sc)·q − dmin·m, per 32", "affine8" + SUB, 32, 8.625),
+    T.Q6_K: BlockType(q6_k, "(d·sc)·q, per 16", "scaled8" + SUB, 16, 8.5625),
 }
 
 
-# Bits a weight each type's codes hold (codes, scales and offsets; panel padding aside): what
-# ``gguf_model.estimate_bytes`` sizes a load by before reading anything.
-HELD_BITS: dict[T, float] = {
-    T.Q4_0: 5, T.Q4_1: 5, T.Q5_0: 8.5, T.Q5_1: 9, T.Q8_0: 8.5,
-    T.Q2_K: 9.125, T.Q3_K: 8.5625, T.Q4_K: 4.625, T.Q5_K: 8.625, T.Q6_K: 8.5625,
-}
+def file_bits(qtype: T) -> float:
+    """Bits a weight of ``qtype`` takes in the file."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    return type_size * 8 / block_size
+
+
+def type_table() -> str:
+    """``GGUF_TYPES`` as the markdown table this module's docstring shows."""
+    short = lambda bits: f"{round(bits, 1):g}"  # noqa: E731
+    rows = [f"| {t.name} | {row.value} | {row.held_as} | {short(row.held_bits)} ({short(file_bits(t))}) |"
+            for t, row in GGUF_TYPES.items()]
+    return "\n".join(["| type | value (gguf's) | held as | bits a weight (file) |", "|---|---|---|---|", *rows])
 
 
 def block_codes(raw: np.ndarray, qtype: T, rows: int, columns: int) -> BlockCodes | None:
     """The codes of a [rows, columns] tensor stored as ``qtype`` blocks (``raw``: its bytes), or
     None where the type has no code format or a scale is not finite (then ``gguf`` dequantizes it:
     an fma would turn inf·0 into nan where gguf's product gives inf)."""
-    decode = BLOCK_TYPES.get(qtype)
-    if decode is None:
+    row = GGUF_TYPES.get(qtype)
+    if row is None:
         return None
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, type_size)
     if len(blocks) * block_size != rows * columns:
         raise ValueError(f"{len(blocks)} blocks of {block_size} cannot be a {rows}x{columns} tensor")
-    q, d, m, block, nibbles, *held = decode(blocks)
+    q, d, m, *held = row.decode(blocks)
+    block, nibbles = row.scale_block, row.nibbles
     d, m = (None if t is None else t.reshape(rows, columns // block).astype(np.float32) for t in (d, m))
     if not np.isfinite(d).all() or (m is not None and not np.isfinite(m).all()):
         return None

@@ -5,6 +5,7 @@ what a model's linear layers run."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from torch import nn
 from specfree.files import cache_folder, fingerprint
 from specfree.kernels.build import has_amx, load_kernels, process_isa, registered
 from specfree.kernels.codes import CodedLinear
-from specfree.settings import DEFAULTS, check_setting, choices
+from specfree.settings import DEFAULTS, EngineSettings, choices
 from specfree.kernels.hugepages import HugePageArena
 from specfree.kernels.precision import choose_precision
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
@@ -84,12 +85,11 @@ def _plain_cpu_weight(module: nn.Module) -> bool:
             and not module._forward_hooks and not module._forward_pre_hooks)
 
 
-def resolve_precision(model: nn.Module, precision: str = DEFAULTS.precision,
-                      cache_dir: str | Path | None = None) -> str:
-    """The arithmetic ``precision`` names for ``model``'s coded layers (``kernels.precision``:
+def resolve_precision(model: nn.Module, settings: EngineSettings = DEFAULTS) -> str:
+    """The arithmetic ``settings.precision`` names for ``model``'s coded layers (``kernels.precision``:
     ``auto`` is int8 for a model read from a quantized GGUF file where a probe finds it faster on
     this CPU, else exact)."""
-    return choose_precision(model, precision, cache_dir).precision
+    return choose_precision(model, settings).precision
 
 
 def int8_layers(model: nn.Module) -> list[str]:
@@ -97,30 +97,32 @@ def int8_layers(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, CodedLinear) and m.precision == "int8"]
 
 
-def set_precision(model: nn.Module, precision: str = DEFAULTS.precision, cache_dir: str | Path | None = None) -> int:
-    """Run the model's coded layers (``CodedLinear``: a quantized format's codes) at ``precision``
-    (``kernels.precision.choose_precision``; the choice and its reason kept as
+def set_precision(model: nn.Module, settings: EngineSettings = DEFAULTS) -> int:
+    """Run the model's coded layers (``CodedLinear``: a quantized format's codes) at
+    ``settings.precision`` (``kernels.precision.choose_precision``; the choice and its reason kept as
     ``model.precision_choice`` where the model has such layers); returns how many there are. Other
     layers have no other precision."""
-    check_setting("precision", precision)
+    settings = settings.checked()
     coded = [m for m in model.modules() if isinstance(m, CodedLinear)]
     if coded:
-        choice = choose_precision(model, precision, cache_dir)
+        choice = choose_precision(model, settings)
         model.precision_choice = choice
         for module in coded:
             module.precision = choice.precision
     return len(coded)
 
 
-def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cache_dir: str | Path | None = None,
-                    pack: bool = True, precision: str = DEFAULTS.precision) -> int:
+def prepare_linears(model: nn.Module, settings: EngineSettings = DEFAULTS, pack: bool = True) -> int:
     """Swap the model's CPU ``nn.Linear`` layers for specfree's kernels, their weights packed
-    (``backend="few_row"``, where the kernel loads), or back to ``nn.Linear`` (``"library"``); returns how many layers now run
-    the kernel. ``pack``: each weight repacked in place into panels (``PanelLinear``, the fastest
-    layout, still one copy; GPT-2's ``Conv1D`` layers too); else ``UnpackedLinear`` over the model's
-    own tensors (``nn.Linear`` only). ``precision``: how layers held as codes multiply (``set_precision``)."""
-    check_setting("precision", precision)
-    if check_setting("linear_kernel", backend) == "library":
+    (``settings.linear_kernel="few_row"``, where the kernel loads), or back to ``nn.Linear``
+    (``"library"``); returns how many layers now run the kernel. ``pack``: each weight repacked in
+    place into panels (``PanelLinear``, the fastest layout, still one copy; GPT-2's ``Conv1D`` layers
+    too); else ``UnpackedLinear`` over the model's own tensors (``nn.Linear`` only).
+    ``settings.precision``: how layers held as codes multiply (``set_precision``); ``cache_dir``:
+    where the kernel is built."""
+    settings = settings.checked()
+    backend, cache_dir = settings.linear_kernel, settings.cache_dir
+    if backend == "library":
         library_linears(model)
         return 0
     if backend == "few_row_fp32" and any(isinstance(m, CodedLinear) for m in model.modules()):
@@ -128,7 +130,7 @@ def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cac
     if not any((_packs if pack else _fits)(m) for m in model.modules()):
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.
-        set_precision(model, precision, cache_dir)  # a GGUF's layers hold codes from the load
+        set_precision(model, settings)  # a GGUF's layers hold codes from the load
         return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
     if load_kernels(cache_dir) is None:
         library_linears(model)
@@ -150,7 +152,7 @@ def prepare_linears(model: nn.Module, backend: str = DEFAULTS.linear_kernel, cac
             release_checkpoint_mapping(model)
         if coder is not None:
             coder.save()
-    set_precision(model, precision, cache_dir)
+    set_precision(model, settings)
     swap_modules(model, lambda m: UnpackedLinear(m) if _fits(m) else None)
     return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
 
@@ -162,24 +164,50 @@ LAYER_FORMATS = (("tiles", TileLinear), ("panels", PanelLinear), ("unpacked", Un
 KERNEL_LAYERS = (PanelLinear, UnpackedLinear)  # every layer that runs specfree's ops (tiles and codes are panels)
 
 
-def linear_path(model: nn.Module) -> str:
-    """Which kernel the model's linear layers run: ``"few_row-coded-avx512"`` (held as codes, some
-    layers possibly as panels: then a digest of which are codes follows ``coded``),
-    ``"few_row-panels-avx512"`` (packed in place),
-    ``"few_row-unpacked-avx2"`` (the model's own layout: a borrowed model) and so on, or ``"library"``; coded layers at
-    ``precision=int8`` add ``-int8`` after ``coded`` (a compiled step calls the op with it)."""
+@dataclass(frozen=True)
+class LinearPath:
+    """Which kernel a model's linear layers run, as a value (``linear_kind``); ``str`` of it is
+    ``linear_path``'s name, part of package names and cost-curve keys."""
+
+    held: str  # "library" (torch's F.linear), or how the kernel holds weights: coded, tiles, panels, unpacked
+    isa: str = ""
+    which: str = ""  # a digest of which layers hold codes, where some are panels ("": every kernel layer)
+    int8: str = ""  # coded layers at precision=int8: "" none, "all", or a digest of which
+
+    @property
+    def coded(self) -> bool:
+        return self.held == "coded"
+
+    def __str__(self) -> str:
+        if self.held == "library":
+            return "library"
+        precision = "" if not self.int8 else "-int8" if self.int8 == "all" else f"-int8{self.int8}"
+        return f"few_row-{self.held}{self.which}{precision}-{self.isa}"
+
+
+def linear_kind(model: nn.Module) -> LinearPath:
+    """Which kernel the model's linear layers run (``LinearPath``): held as codes (some layers
+    possibly as panels: then which are codes is part of it, and which run at ``precision=int8``: a
+    compiled step calls the op with it), as tiles, packed in place as panels, in the model's own
+    layout (a borrowed model), or torch's ``library``."""
     if not registered():
-        return "library"
+        return LinearPath("library")
     isa = process_isa()
     coded = [name for name, m in model.named_modules() if isinstance(m, CodedLinear)]
     if coded:  # which layers hold codes, and at which precision, is part of what a compiled step calls
         every = all(not isinstance(m, PanelLinear) or isinstance(m, CodedLinear) for m in model.modules())
         int8 = int8_layers(model)
-        precision = "" if not int8 else "-int8" if len(int8) == len(coded) else f"-int8{fingerprint(*int8)[:8]}"
-        return f"few_row-coded{precision}-{isa}" if every else f"few_row-coded{fingerprint(*coded)[:8]}{precision}-{isa}"
+        return LinearPath("coded", isa, "" if every else fingerprint(*coded)[:8],
+                          "" if not int8 else "all" if len(int8) == len(coded) else fingerprint(*int8)[:8])
     held = {type(m) for m in model.modules()}
-    return next((f"few_row-{name}-{isa}" for name, layer in LAYER_FORMATS if any(issubclass(c, layer) for c in held)),
-                "library")
+    return next((LinearPath(name, isa) for name, layer in LAYER_FORMATS if any(issubclass(c, layer) for c in held)),
+                LinearPath("library"))
+
+
+def linear_path(model: nn.Module) -> str:
+    """``linear_kind``'s name: ``"few_row-coded-avx512"``, ``"few_row-coded<digest>-int8-avx512"``,
+    ``"few_row-panels-avx512"``, ``"few_row-unpacked-avx2"`` and so on, or ``"library"``."""
+    return str(linear_kind(model))
 
 
 def _stock(copies: dict):

@@ -26,7 +26,7 @@ from specfree.files import cache_folder, fingerprint, write_atomic
 from specfree.kernels.build import kernel_dir, load_kernels, process_isa
 from specfree.kernels.codes import CodedLinear
 from specfree.kernels.passes import best_ms, coded_passes, held_layers
-from specfree.settings import DEFAULTS, check_setting
+from specfree.settings import DEFAULTS, EngineSettings
 
 PROBE_ROWS = (1, 8)  # a plain step's one row, and a verify step's rows
 PROBE_ROUNDS = 5  # best of this many passes, after one to warm up
@@ -52,14 +52,16 @@ class PrecisionChoice:
     why: str
 
 
-def choose_precision(model: nn.Module, precision: str = DEFAULTS.precision, cache_dir: str | Path | None = None,
+def choose_precision(model: nn.Module, settings: EngineSettings = DEFAULTS,
                      probe: Probe | None = None) -> PrecisionChoice:
-    """The arithmetic ``precision`` names for ``model``'s coded layers: ``exact`` or ``int8`` as
+    """The arithmetic ``settings.precision`` names for ``model``'s coded layers: ``exact`` or ``int8`` as
     asked; ``auto``: ``exact`` for float weights (even where they are exactly some format's codes:
     a checkpoint's users expect transformers' output), and for a model read from a quantized GGUF
     file whichever the probe finds faster here (``probe``: the times, for tests; default
-    ``probe_precisions``, its result cached under ``cache_dir``)."""
-    if check_setting("precision", precision) != "auto":
+    ``probe_precisions``, its result cached under ``settings.cache_dir``)."""
+    settings = settings.checked()
+    precision, cache_dir = settings.precision, settings.cache_dir
+    if precision != "auto":
         return PrecisionChoice(precision, "asked (precision=" + precision + ")")
     holdings = getattr(model, "gguf_holdings", None)
     if holdings is None or not holdings.coded:

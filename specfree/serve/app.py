@@ -46,7 +46,6 @@ from specfree.serve.state import SharedState
 from specfree.serve.text import FINISH, StopTrim
 from specfree.serve.tools import CallSplitter
 from specfree.verifiers.processors import LogitBias, PresenceFrequencyPenalty
-from specfree.settings import DEFAULTS
 
 log = logging.getLogger("specfree.serve")
 IGNORED_HEADER = "X-Specfree-Ignored-Fields"
@@ -78,8 +77,8 @@ class Server:
     """What the routes share: the settings, the engine once ready, its scheduler and metrics."""
 
     def __init__(self, engine, settings: ServeConfig, load: Callable[[], Any] | None, model_name: str,
-                 generation: Any, on_failure: Callable[[str], None] | None = None):
-        self.settings, self.model_name, self.generation = settings, model_name, generation
+                 on_failure: Callable[[str], None] | None = None):
+        self.settings, self.model_name = settings, model_name
         self.engine, self._load, self._on_failure = engine, load, on_failure
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
@@ -286,7 +285,8 @@ class Server:
         if self._reg is None:
             self._reg = registry(build_plugin_manager())
         try:
-            verifier, _ = model_verifier(self._reg, self.engine.adapter.model, knobs, self.generation, name)
+            verifier, _ = model_verifier(self._reg, self.engine.adapter.model, knobs,
+                                         self.engine.settings.generation, name)
         except (SpecfreeError, ValueError) as exc:
             raise APIError(400, one_line(exc)) from None
         if name == "sampling" and ask.min_p:
@@ -327,16 +327,15 @@ class Server:
 
 
 def create_app(engine=None, settings: ServeConfig | None = None, *, load: Callable[[], Any] | None = None,
-               model_name: str = "specfree", generation: Any = DEFAULTS.generation,
-               on_failure: Callable[[str], None] | None = None) -> FastAPI:
+               model_name: str = "specfree", on_failure: Callable[[str], None] | None = None) -> FastAPI:
     """The app over ``engine`` (or the one ``load()`` returns, built in a thread after startup;
     ``on_failure(reason)`` is called if that fails, and the app answers 500 from then on).
 
-    ``model_name`` is the id ``/v1/models`` lists; ``generation`` is what per-request verifiers
-    follow of the model's ``generation_config`` (``"model"`` or ``"plain"``, as the CLI's setting)."""
+    ``model_name`` is the id ``/v1/models`` lists; per-request verifiers follow what the engine's
+    ``settings.generation`` says of the model's ``generation_config``."""
     if (engine is None) == (load is None):
         raise ValueError("give an engine or a load function, not both")
-    server = Server(engine, settings or ServeConfig(), load, model_name, generation, on_failure)
+    server = Server(engine, settings or ServeConfig(), load, model_name, on_failure)
     if engine is not None and server.settings.state_file:
         SharedState(engine, server.settings.state_file)  # a strategy without a suffix drafter: say so now
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from specfree.errors import ConfigError, check_float, check_int
+from specfree.settings import EngineSettings, use_threads
 
 log = logging.getLogger("specfree.serve")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -32,7 +33,6 @@ class CleanShutdown(logging.Filter):
 
 def check_settings(s) -> None:
     check_int("serve.port", s.port, low=0, high=65535)
-    check_int("serve.max_batch", s.max_batch, low=1, high=64)
     check_int("serve.queue_size", s.queue_size, low=1)
     check_float("serve.request_timeout", s.request_timeout, low=0.0, low_open=True)
     check_int("serve.max_body_bytes", s.max_body_bytes, low=1024)
@@ -100,10 +100,7 @@ def run(cfg, reg=None) -> int:
         reg = registry(build_plugin_manager())
     settings = ServeConfig(**OmegaConf.to_container(cfg.serve, resolve=True))
     check_settings(settings)
-    if cfg.threads is not None:
-        import torch
-
-        torch.set_num_threads(check_int("threads", cfg.threads, low=1))
+    use_threads(EngineSettings.from_config(cfg).threads)  # every setting checked (serve.max_batch too) before loading
     sock = listen(settings.host, settings.port)
     failed: list[str] = []
 
@@ -124,8 +121,7 @@ def run(cfg, reg=None) -> int:
         failed.append(reason)
         server.should_exit = True
 
-    app = create_app(load=load, settings=settings, model_name=served_name(cfg), generation=cfg.generation,
-                     on_failure=stop)
+    app = create_app(load=load, settings=settings, model_name=served_name(cfg), on_failure=stop)
     config = uvicorn.Config(app, log_level=settings.log_level, timeout_graceful_shutdown=5, lifespan="on")
     server = uvicorn.Server(config)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host

@@ -25,7 +25,6 @@ from specfree.errors import SpecfreeError, one_line
 from specfree.request import Request
 from specfree.serve.errors import APIError
 from specfree.serve.metrics import Metrics
-from specfree.settings import DEFAULTS
 
 log = logging.getLogger("specfree.serve")
 
@@ -182,9 +181,10 @@ def api_error(exc: BaseException) -> APIError:
 class BatchScheduler(Scheduler):
     """Up to ``max_batch`` jobs decoded together (continuous batching): a job joins the batch
     between two steps as soon as there is room; the queue holds the rest, ``queue_size`` at most.
-    ``hold_prompts``: a finished job's KV waits for the next turn of its chat (the prompt cache)."""
+    ``hold_prompts``: a finished job's KV waits for the next turn of its chat (the prompt cache).
+    ``max_batch`` None: the engine's setting."""
 
-    def __init__(self, engine, queue_size: int, metrics: Metrics | None = None, max_batch: int = DEFAULTS.max_batch,
+    def __init__(self, engine, queue_size: int, metrics: Metrics | None = None, max_batch: int | None = None,
                  hold_prompts: bool = True):
         super().__init__(engine, queue_size, metrics)
         self.places, self.hold_prompts = max_batch, hold_prompts
