@@ -90,9 +90,13 @@ def test_every_architecture_and_type_decodes_as_the_model_of_the_file_with_its_l
 STRATEGIES = ["autoregressive", "prompt_lookup", "lookahead", "trie", "hybrid", "suffix"]
 
 
-@pytest.mark.parametrize("architecture,kind", [("gemma3_text", "Q4_K_M"), ("qwen3_moe", "Q8_0"),
-                                               ("falcon", "Q4_K_M")])
-def test_every_strategy_is_lossless_and_verify_rows_equal_the_one_row_forward(architecture, kind, files, tmp_path):
+# Falcon calls torch's SDPA itself (not through transformers' AttentionInterface), so its rows run
+# torch's kernel, not specfree's row-exact operator: their bits may depend on the row count (they do
+# on a Zen 5), and the adapter says so, which keeps such a model out of batches and the prompt cache.
+@pytest.mark.parametrize("architecture,kind,rows_exact", [("gemma3_text", "Q4_K_M", True), ("qwen3_moe", "Q8_0", True),
+                                                          ("falcon", "Q4_K_M", False)])
+def test_every_strategy_is_lossless_and_verify_rows_equal_the_one_row_forward(architecture, kind, rows_exact, files,
+                                                                              tmp_path):
     path = files / f"{architecture}-{kind}-strategies.gguf"
     write_architecture(path, architecture, kind, seed=1)
     model, _ = load_model(str(path), cache_dir=tmp_path)
@@ -105,6 +109,11 @@ def test_every_strategy_is_lossless_and_verify_rows_equal_the_one_row_forward(ar
     assert sampled == Engine.from_model(model, None, "autoregressive", **sampling).generate(
         PROMPTS[0], NEW, ignore_eos=True).tokens
     adapter = HFAdapter(model, check_tree_mask=False)
+    assert adapter.rows_exact == rows_exact
+    if not rows_exact:
+        engine = Engine.from_model(model, None, "hybrid")
+        assert "not bit-equal" in engine.batch_off and "not bit-equal" in engine.reuse_off
+        return
     chain, tree, one_row = chain_and_tree_against_one_row(adapter, CONTEXT, CONTINUATION)
     assert torch.equal(chain, one_row) and torch.equal(tree, one_row)  # MoE experts too: coded, row by row
 
