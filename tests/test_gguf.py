@@ -86,7 +86,7 @@ def test_the_type_tables_in_the_docs_and_the_readme_are_the_rows():
         assert all(short(GGUF_TYPES[t].held_bits) == held for t in types), names
         assert in_file.split(", ") == [short(gguf_blocks.file_bits(t)) for t in types], names
         seen.update(types)
-    assert seen == set(GGUF_TYPES)  # the README's table names every type the rows hold
+    assert seen == set(GGUF_TYPES)  # README.md#models-and-gguf's table names every type the rows hold
 
 
 def test_a_type_without_a_code_format_or_with_a_non_finite_scale_has_no_codes():

@@ -9,7 +9,7 @@ date; uptime
 # 1. issue 79: the JSON-schema bench over the 56 tasks, with llama-server and transformers beside
 PYTHONPATH=. $PY benchmarks/json_schema_bench.py --tasks 56 --max-new 128 --threads 2 --out $OUT/json_schema.json > $OUT/json_schema.log 2>&1
 date; uptime
-# 2. issue 82 + the README table: Spec-Bench, 24 prompts, compiled, the default and its members, llama-server beside
+# 2. issue 82 + README.md#where-it-stands: Spec-Bench, 24 prompts, compiled, the default and its members, llama-server beside
 $PY -m specfree bench bench.prompts=/work/shared/bench/spec_bench_questions.jsonl bench.per_category=4 threads=2 compile=true \
     strategy=hybrid 'bench.strategies=[prompt_lookup, suffix]' \
     'bench.baselines=[llama_server, {name: llama_server, spec_type: ngram-mod}]' bench.out=$OUT/spec_bench > $OUT/spec_bench.log 2>&1
