@@ -217,8 +217,8 @@ def _expert_layers(weights: GGUFWeights, entry, lanes: int) -> list[nn.Module] |
     if blocks is None:
         return None
     source = nn.Linear(columns, rows, bias=False, device="meta")
-    layer = GGUF_TYPES[qtype].layer(conv1d=False)
-    return [layer(source, from_blocks(blocks.rows(np.arange(e * rows, (e + 1) * rows)), lanes))
+    row = GGUF_TYPES[qtype]
+    return [row.hold(source, from_blocks(blocks.rows(np.arange(e * rows, (e + 1) * rows)), lanes))
             for e in range(count)]
 
 
@@ -349,9 +349,9 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
                 holdings.add(name, qtype.name)
                 holdings.code_bytes += codes.nbytes()
                 if module is embedding:
-                    embedding_codes = codes
+                    embedding_codes, embedding_type = codes, GGUF_TYPES[qtype]
                 else:
-                    _replace(model, module_name, GGUF_TYPES[qtype].layer(is_conv1d(module))(module, codes))
+                    _replace(model, module_name, GGUF_TYPES[qtype].hold(module, codes, is_conv1d(module)))
                 continue
             if qtype.name not in FLOAT_TYPES:
                 holdings.dequantized[name] = qtype.name
@@ -370,7 +370,7 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
             module._parameters[key] = _parameter(tensor.float().reshape(getattr(module, key).shape))
         if embedding_codes is not None:
             source = nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False, device="meta")
-            table = CodedLinear(source, embedding_codes)
+            table = embedding_type.hold(source, embedding_codes)
             if tied and not _has_tensor(model, head):
                 _replace(model, _name_of(model, head), table)
                 _replace(model, _name_of(model, embedding), CodedEmbedding(embedding, table))

@@ -266,3 +266,22 @@ def test_files_of_one_architecture_in_other_types_get_their_own_compiled_package
     assert keys[T.Q4_0] != keys[T.Q6_K]
     again = load_model(str(tiny_file(gguf_dir, T.Q4_0, seed=1)), cache_dir=tmp_path)[0]  # other values, same type
     assert architecture_fingerprint(again) == keys[T.Q4_0]
+
+
+def test_each_coded_layer_keeps_its_types_row_and_preparation_reads_its_precisions(tmp_path):
+    from dataclasses import replace
+
+    from specfree.kernels.layers import set_precision
+    from specfree.settings import EngineSettings
+
+    model, _ = load_model(str(write_tiny_llama(tmp_path / "q8.gguf", T.Q8_0)), cache_dir=tmp_path)
+    coded = [m for m in model.modules() if isinstance(m, CodedLinear)]
+    assert coded and all(m.block_type is GGUF_TYPES[T.Q8_0] for m in coded)
+    int8 = EngineSettings(precision="int8", cache_dir=str(tmp_path))
+    set_precision(model, int8)
+    assert {m.precision for m in coded} == {"int8"}
+    exact_only = replace(GGUF_TYPES[T.Q8_0], precisions=("exact",))  # a type whose row has no int8 kernel
+    for module in coded:
+        module.block_type = exact_only
+    set_precision(model, int8)
+    assert {m.precision for m in coded} == {"exact"}

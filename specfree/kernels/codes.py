@@ -197,6 +197,7 @@ class CodedLinear(PanelLinear):
     """A ``PanelLinear`` whose panels are held as codes; its product runs ``specfree::coded_linear``."""
 
     precision = "exact"  # one of PRECISIONS: the op's own default, until ``kernels.set_precision`` says
+    block_type = None  # the GGUF type's traits row a file's layer was loaded by (codes found in a float weight: none)
 
     def __init__(self, linear: nn.Module, coded: Codes):
         nn.Module.__init__(self)

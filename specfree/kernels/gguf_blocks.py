@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from torch import nn
 
 from specfree.kernels.codes import PRECISIONS, CodedConv1D, CodedLinear
 
@@ -204,6 +205,13 @@ class BlockType:
 
     def layer(self, conv1d: bool) -> type:
         return self.layers[1] if conv1d else self.layers[0]
+
+    def hold(self, module: nn.Module, codes, conv1d: bool = False) -> nn.Module:
+        """``module``'s weight held as ``codes`` in this type's layer, which keeps this row
+        (``block_type``) for layer preparation to read (``kernels.layers.set_precision``)."""
+        layer = self.layer(conv1d)(module, codes)
+        layer.block_type = self
+        return layer
 
 
 SUB = ", sub-scales"

@@ -107,8 +107,9 @@ def set_precision(model: nn.Module, settings: EngineSettings = DEFAULTS) -> int:
     if coded:
         choice = choose_precision(model, settings)
         model.precision_choice = choice
-        for module in coded:
-            module.precision = choice.precision
+        for module in coded:  # a type's row names the arithmetics its layers run
+            row = module.block_type
+            module.precision = choice.precision if row is None or choice.precision in row.precisions else "exact"
     return len(coded)
 
 
