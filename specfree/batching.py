@@ -10,7 +10,7 @@ request's output is bit-identical to decoding it alone.
    id becomes its first root;
 2. every decoding member plans its rows (its drafter proposes, the shared pricer keeps the rows
    worth their cost; in a batch of several, priced on the curve at the step's total rows,
-   ``pricing.Shifted``);
+   ``pricer.Shifted``);
 3. one forward runs all their rows over the adapter's KV manager (``kv_manager.KVManager``), each
    row seeing only its own sequence; a batch of one runs through the adapter's own steps instead
    (``lanes.SoloLane``), which every adapter has;
@@ -41,7 +41,7 @@ from specfree.constraints import Constraint
 from specfree.errors import ConfigError
 from specfree.kernels.tree_attention import LONG_ROWS
 from specfree.lanes import SoloLane
-from specfree.pricing import Shifted
+from specfree.pricer import Shifted
 from specfree.request import Request
 from specfree.sequence import Chunk, Decoding, Step
 from specfree.timing import clock

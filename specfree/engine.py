@@ -21,7 +21,8 @@ from specfree.errors import ConfigError
 from specfree.generation import ModelSettings, for_call
 from specfree.masks.tree import Layout, build_layout
 from specfree.planner import StepPlanner
-from specfree.pricing import AcceptanceModel, Pricer
+from specfree.pricer import Pricer
+from specfree.pricing import AcceptanceModel
 from specfree.strategies.base import Strategy
 from specfree.strategies.grammar import GrammarDrafter
 from specfree.strategies.hybrid import Hybrid

@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from specfree.pricing import Plan, Pricer, as_proposed
+from specfree.pricer import Pricer, as_proposed
+from specfree.pricing import Plan
 from specfree.types import Proposal
 
 

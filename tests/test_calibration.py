@@ -8,7 +8,8 @@ import pytest
 from specfree import Engine
 from specfree.bench import predicted
 from specfree.cost import Corrected, Correction, CostModel
-from specfree.pricing import AcceptanceModel, Calibration, Choice, Plan, Pricer, node_rates, drafted_nodes, price
+from specfree.pricer import Pricer
+from specfree.pricing import AcceptanceModel, Calibration, Choice, Plan, node_rates, drafted_nodes, price
 from specfree.draft_tree import DraftTree
 from specfree.types import Proposal
 from tests.tiny_models import reference_greedy, tiny_model

@@ -25,7 +25,8 @@ from specfree.pools.lru import LRUNGramPool
 from specfree.pools.prompt_index import PromptIndex
 from specfree.pools.suffix_array import SuffixArrayPool
 from specfree.pools.trie import TriePool
-from specfree.pricing import Plan, Pricer
+from specfree.pricer import Pricer
+from specfree.pricing import Plan
 from specfree.strategies.base import Outcome, Strategy
 from specfree.strategies.hybrid import MEMBER_DEFAULTS, Hybrid
 from specfree.strategies.lookahead import Lookahead

@@ -92,7 +92,7 @@ def test_the_curve_grows_with_the_context_and_prices_each_step_at_its_own():
 
 
 def test_a_longer_context_keeps_fewer_rows():
-    from specfree.pricing import Pricer
+    from specfree.pricer import Pricer
     from specfree.types import Proposal
 
     curve = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2], context=256, growth=[0.0, 0.1 / 256, 0.3 / 256, 0.7 / 256])

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfree.cost import CostModel
-from specfree.pricing import (AGREED, AcceptanceModel, Node, Plan, agreed_label, as_proposed, learn, node_rates, price,
-                              reach_probabilities)
+from specfree.pricer import as_proposed, learn
+from specfree.pricing import AGREED, AcceptanceModel, Node, Plan, agreed_label, node_rates, price, reach_probabilities
 from specfree.draft_tree import DraftTree
 from specfree.types import AuxBlock, Proposal
 
@@ -260,7 +260,7 @@ def test_a_rarely_seen_label_is_smoothed_toward_its_source_not_toward_one_half()
 def test_a_batch_prices_a_requests_rows_further_along_the_curve():
     """``Shifted``: a request's k rows in a forward that carries ``others`` rows cost what the curve
     says of k + others rows, at any context the curve knows."""
-    from specfree.pricing import Shifted
+    from specfree.pricer import Shifted
 
     curve = CostModel([1, 2, 4, 8, 16], [1.0, 1.1, 1.3, 1.8, 3.0], context=64, growth=[0.001] * 5)
     shifted = Shifted(curve, 3)

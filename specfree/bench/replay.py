@@ -40,7 +40,7 @@ from specfree.bench.report import markdown_table, wide_console
 from specfree.cost import CostModel
 from specfree.errors import ConfigError
 from specfree.planner import StepPlanner
-from specfree.pricing import Pricer
+from specfree.pricer import Pricer
 from specfree.strategies.base import Outcome, Strategy
 from specfree.draft_tree import DraftTree
 from specfree.types import Verdict

@@ -39,7 +39,8 @@ import numpy as np
 from specfree.cost import StepTimes
 from specfree.errors import ConfigError, one_line
 from specfree.planner import StepPlanner
-from specfree.pricing import Plan, Pricer, Shifted
+from specfree.pricer import Pricer, Shifted
+from specfree.pricing import Plan
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal, Verdict
 from specfree.settings import EngineSettings
