@@ -4,10 +4,11 @@ takes and a line saying what it does.
 Everything else reads them from here. The Hydra schema's fields are made from ``EngineSettings``
 (``conf/schema.py``: each at its node, ``model.linear_kernel``, ``strategy.priced``,
 ``serve.max_batch``, the rest at the top); ``Engine.from_pretrained`` and ``Engine.from_model`` take
-its fields as keywords (``EngineSettings.take``); ``parts`` builds the adapter from one; the adapter,
-the kernels, the batch and ``serve`` take their defaults from ``DEFAULTS``. ``tests/test_settings.py``
-fails if any other place states one of these defaults. A new setting is one field here, plus the code
-that acts on it.
+its fields as keywords (``EngineSettings.take``); ``parts`` builds the adapter from one; the engine,
+the adapter, the kernels, the batch and ``serve`` take one whole (``DEFAULTS`` where none is given).
+``SERVE_DEFAULTS`` and ``CUSTOM_GENERATE_DEFAULTS`` are the only places an entry point's defaults
+differ, each with its reason; ``tests/test_settings.py`` fails if any other place states one of these
+defaults. A new setting is one field here, plus the code that acts on it.
 """
 
 from __future__ import annotations
