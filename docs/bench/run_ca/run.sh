@@ -39,3 +39,4 @@ for r in 1 2 3 4 5; do
 done
 
 
+PYTHONPATH=. .venv/bin/python benchmarks/agent_loop_bench.py --tasks 12 --turns 3 --max-new 96 --threads 2 --out $OUT/agent_loop_12.json  # run after the rest
