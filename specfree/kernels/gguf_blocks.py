@@ -24,7 +24,7 @@ A K-type keeps its own scale structure ("sub-scales"): each block's 8-bit sc (an
 
 ``GGUF_TYPES`` is that table (``type_table`` writes it; a test keeps the copy above equal), one
 ``BlockType`` row per type: its decode, its code format and inputs per scale, the bits it holds,
-the layer it becomes, the precisions and op it runs. A new type is one decode function and one row. Types outside it
+the layer it becomes, the precisions it runs. A new type is one decode function and one row. Types outside it
 (F32, F16, BF16: float already; IQ*, TQ*: no code format) are dequantized by ``gguf`` itself.
 The unpacking follows ``gguf.quants``' own numpy, so the codes land where its values do; the
 tests check every type against ``gguf.quants.dequantize`` on random blocks.
@@ -187,8 +187,9 @@ def q6_k(blocks: np.ndarray) -> tuple:
 @dataclass(frozen=True)
 class BlockType:
     """One GGUF type's traits, the one row every reader takes: loading (``decode``, ``scale_block``,
-    ``held_as``, ``held_bits``, ``layers``), layer preparation and ``linear_path`` (``precisions``, ``kernel``) and the module's
-    table (``type_table``)."""
+    ``held_as``, ``held_bits``, ``layers``: ``hold``), layer preparation (``precisions``, read by
+    ``kernels.layers.set_precision``) and the module's table (``type_table``). Every type's layers
+    call the one op, ``specfree::coded_linear``, which reads the code format the layer holds."""
 
     decode: Callable[[np.ndarray], tuple]  # blocks [n, type_size] uint8 -> q, d, m[, a K-type's scales as held]
     value: str  # a weight's value as gguf computes it
@@ -197,7 +198,6 @@ class BlockType:
     held_bits: float  # bits a weight as held (codes, scales, offsets; panel padding aside): what a load is sized by
     layers: tuple[type, type] = (CodedLinear, CodedConv1D)  # what a Linear weight, a Conv1D weight becomes
     precisions: tuple[str, ...] = PRECISIONS  # the arithmetics its layers run: exact, and int8 (llama.cpp's)
-    kernel: str = "coded_linear"  # the op its layers call, at each precision (``panel_linear.cpp``)
 
     @property
     def nibbles(self) -> bool:
