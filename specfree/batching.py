@@ -98,8 +98,7 @@ class Batch:
     however it was computed. Elsewhere a lone prompt is prefilled in one call, and nothing is held."""
 
     def __init__(self, engine, max_batch: int | None = None, hold_prompts: bool = False):
-        settings = engine.settings  # max_batch None: the engine's; else checked as every setting is
-        max_batch = settings.max_batch if max_batch is None else settings.changed(max_batch=max_batch).max_batch
+        max_batch = engine.settings.value("max_batch", max_batch)  # None: the engine's
         reason = engine.batch_off
         if reason is not None and max_batch > 1:
             raise ConfigError(f"this engine cannot decode requests together: {reason}")

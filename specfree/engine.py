@@ -301,9 +301,7 @@ class Engine:
         is the engine's setting."""
         if isinstance(prompts, (str, torch.Tensor)):
             raise ConfigError("generate_batch takes a list of prompts; for one prompt call generate")
-        if max_batch is not None:
-            max_batch = self.settings.changed(max_batch=max_batch).max_batch  # checked where every setting is
-        max_batch = max_batch or self.settings.max_batch
+        max_batch = self.settings.value("max_batch", max_batch)
         constraints = per_prompt(len(prompts), constraints, settings)
         if self.batch_off is not None and max_batch > 1:
             warnings.warn(f"decoding one request at a time: {self.batch_off}", stacklevel=2)

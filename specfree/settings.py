@@ -76,6 +76,10 @@ class EngineSettings:
         """These settings with ``given`` put in, checked (a name that is no setting: TypeError)."""
         return dataclasses.replace(self, **given).checked()
 
+    def value(self, name: str, given: Any = None) -> Any:
+        """The setting ``name``: ``given``, checked as every setting is, or these settings' own where None."""
+        return getattr(self if given is None else self.changed(**{name: given}), name)
+
     def checked(self) -> EngineSettings:
         """These settings with each value checked against its choices (``compile`` also takes booleans)
         or its range: the one place a setting's value is checked."""
