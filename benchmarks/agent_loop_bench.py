@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from json_schema_bench import CURVE, SERVER_ROWS, SYSTEMS, TASKS, cpu_name  # noqa: E402
+from json_schema_bench import CURVE, SERVER_ROWS, SYSTEMS, TASKS, cpu_name, start_llama_servers  # noqa: E402
 
 SERVER_CTX = 4096  # a conversation of a few turns with their tool results
 
@@ -152,19 +152,15 @@ def says(reply: dict) -> tuple:
 
 def llama_servers(threads: int) -> tuple[dict, str]:
     """The llama-server rows, each its own server started with ``--jinja``, or none and why."""
-    from specfree.bench import llama_server
-    from specfree.bench.llama_cpp import gguf_precision, source_gguf
-    from specfree.bench.runner import SystemSpec
-    from specfree.files import DEFAULT_CACHE
+    from specfree.bench.llama_server import BUILD
 
-    if llama_server.binary(DEFAULT_CACHE) is None:
-        return {}, f"skipped: llama.cpp's tools are not built here ({llama_server.BUILD})"
-    gguf = source_gguf("smollm2")
-    specs = [SystemSpec(llama_server.NAME, {"spec_type": spec}) for spec in SERVER_ROWS.values()]
-    built = llama_server.build(specs, gguf, gguf_precision(gguf), DEFAULT_CACHE, threads, SERVER_CTX, [], jinja=True)
+    built = start_llama_servers(threads, SERVER_CTX, [], jinja=True)
+    if isinstance(built, str):
+        return {}, built
     names = [name.replace("[json_schema]", "[tools]") for name in SERVER_ROWS]
-    note = (f"llama.cpp {built[0].details['server']} ({llama_server.BUILD}), {threads} threads, one slot, "
-            f"{gguf.name}, --jinja (the GGUF's chat template), /v1/chat/completions with tools, greedy")
+    note = (f"llama.cpp {built[0].details['server']} ({BUILD}), {threads} threads, one slot, "
+            f"{Path(built[0].details['gguf']).name}, --jinja (the GGUF's chat template), /v1/chat/completions "
+            "with tools, greedy")
     return {name: system.server for name, system in zip(names, built)}, note
 
 

@@ -104,19 +104,29 @@ def run_transformers(engine, task: dict, max_new: int) -> dict:
             "grammar_s": matcher.spent_s, "grammar_drafted": 0}
 
 
-def llama_servers(engine, tasks: list[dict], threads: int, max_new: int) -> tuple[dict, str | None]:
-    """The llama-server rows, each its own started server, or none and the line saying why."""
+def start_llama_servers(threads: int, n_ctx: int, eos_ids, jinja: bool = False) -> list | str:
+    """A started llama-server for each of ``SERVER_ROWS`` on SmolLM2's GGUF (``jinja``: its chat
+    template renders OpenAI requests), or the line saying why there are none."""
     from specfree.bench import llama_server
     from specfree.bench.llama_cpp import gguf_precision, source_gguf
     from specfree.bench.runner import SystemSpec
     from specfree.files import DEFAULT_CACHE
 
     if llama_server.binary(DEFAULT_CACHE) is None:
-        return {}, f"skipped: llama.cpp's tools are not built here ({llama_server.BUILD})"
+        return f"skipped: llama.cpp's tools are not built here ({llama_server.BUILD})"
     gguf = source_gguf("smollm2")
-    n_ctx = max(len(engine.encode(t["messages"], chat=True)) for t in tasks) + max_new + 8
     specs = [SystemSpec(llama_server.NAME, {"spec_type": spec}) for spec in SERVER_ROWS.values()]
-    built = llama_server.build(specs, gguf, gguf_precision(gguf), DEFAULT_CACHE, threads, n_ctx, engine.eos_ids)
+    return llama_server.build(specs, gguf, gguf_precision(gguf), DEFAULT_CACHE, threads, n_ctx, eos_ids, jinja=jinja)
+
+
+def llama_servers(engine, tasks: list[dict], threads: int, max_new: int) -> tuple[dict, str | None]:
+    """The llama-server rows, each its own started server, or none and the line saying why."""
+    from specfree.bench import llama_server
+
+    n_ctx = max(len(engine.encode(t["messages"], chat=True)) for t in tasks) + max_new + 8
+    built = start_llama_servers(threads, n_ctx, engine.eos_ids)
+    if isinstance(built, str):
+        return {}, built
     return dict(zip(SERVER_ROWS, built)), llama_server.describe_rows(built)
 
 
