@@ -21,6 +21,7 @@ from specfree.kernels.precision import choose_precision
 from specfree.kernels.panels import (LANES, PanelLinear, is_conv1d, pack_linears, release_checkpoint_mapping,
                                      unpacked)
 from specfree.kernels.saved_codes import SavedCodes
+from specfree.kernels.shared_input import share_inputs
 from specfree.kernels.swap import swap_modules, swapped_modules
 from specfree.kernels.tiles import TileLinear, tile_bytes, tiles_fit
 
@@ -132,6 +133,7 @@ def prepare_linears(model: nn.Module, settings: EngineSettings = DEFAULTS, pack:
         # Nothing left to swap (a model on a GPU, or one an earlier adapter swapped): the kernel is
         # neither built nor asked for its ISA.
         set_precision(model, settings)  # a GGUF's layers hold codes from the load
+        share_inputs(model)
         return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
     if load_kernels(cache_dir) is None:
         library_linears(model)
@@ -154,6 +156,7 @@ def prepare_linears(model: nn.Module, settings: EngineSettings = DEFAULTS, pack:
         if coder is not None:
             coder.save()
     set_precision(model, settings)
+    share_inputs(model)  # q, k, v and gate, up: one coded call each
     swap_modules(model, lambda m: UnpackedLinear(m) if _fits(m) else None)
     return sum(isinstance(m, KERNEL_LAYERS) for m in model.modules())
 
