@@ -212,6 +212,23 @@ def test_prompt_lookup_over_a_suffix_array_drafts_exactly_what_the_scan_drafts(p
 
 
 @settings(max_examples=100, deadline=None)
+@given(context=st.lists(st.integers(0, 3), min_size=2, max_size=60), max_ngram=st.integers(1, 4),
+       candidates=st.integers(1, 5))
+def test_recent_matches_are_the_newest_distinct_continuations_of_the_longest_matched_ngram(context, max_ngram,
+                                                                                          candidates):
+    lookup = PromptLookup(max_ngram=max_ngram, min_ngram=1, draft_len=4, num_candidates=candidates)
+    lookup.begin(np.array(context[:1]))
+    proposal = lookup.propose(np.array(context), 8)
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        starts = [i for i in range(len(context) - n) if context[i : i + n] == context[-n:]][::-1]
+        if starts:
+            continuations = list(dict.fromkeys(tuple(context[s + n : s + n + 4]) for s in starts))[:candidates]
+            assert proposal.candidates == [list(c) for c in continuations]
+            return
+    assert not proposal.candidates
+
+
+@settings(max_examples=100, deadline=None)
 @given(context=st.lists(st.integers(0, 3), min_size=1, max_size=40), n=st.integers(1, 5), start=st.integers(0, 8))
 def test_the_scan_finds_every_earlier_window_equal_to_the_last_n_tokens_newest_first(context, n, start):
     from specfree.strategies.prompt_lookup import _scan

@@ -74,6 +74,13 @@ class PromptLookup(Strategy):
 
     def _rank(self, context: np.ndarray, starts: np.ndarray, n: int, depth: int):
         """(up to num_candidates distinct continuations, the match start each was copied from)."""
+        if self.match == "recent":  # the newest distinct ones: read no further back than they are
+            found: dict[tuple[int, ...], int] = {}
+            for s in starts.tolist():
+                found.setdefault(tuple(context[s + n : s + n + depth].tolist()), s)
+                if len(found) == self.num_candidates:
+                    break
+            return [list(c) for c in found], list(found.values())
         pairs = [(context[s + n : s + n + depth].tolist(), int(s)) for s in starts]  # newest first
         newest: dict[tuple[int, ...], int] = {}  # continuation -> where its newest copy starts
         for continuation, start in pairs:
