@@ -241,6 +241,7 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     nodes = drafted_nodes(proposal, acceptance)  # kept in the plan: learn reads the same table
     rates = node_rates(proposal, acceptance, max_depth, nodes)
     offered = 1 + len(rates) + sum(len(block) for _, block in parts)
+    cost = StepPrices.of(cost)
     choice = Choice(cost, proposal.max_rows or 1 << 30, chain, rollback, shared_tokens, acceptance, calibration)
     best = choice.tree(rates, nodes, parts, range(len(parts)))
     members = dict.fromkeys(proposal.sources) if alone and proposal.sources is not None else {}
@@ -258,6 +259,31 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
         expected_by[rates[path][1]] += q
     return Plan(tree, parts, best.windows, offered, nodes, cost(best.rows) if cost is not None else None,
                 float(sum(q for _, q, _ in best.nodes)), dict(expected_by), best.nodes)
+
+
+class StepPrices:
+    """A curve that prices many row counts at once (``many``), read once per step: the seconds of
+    1..n rows computed together on first use, and looked up while the step is priced (a hybrid's
+    step prices several trees on the same curve). The same numbers: every curve's ``many`` prices
+    each count on its own."""
+
+    def __init__(self, curve):
+        self.curve = curve
+        self._table = np.empty(0)
+
+    @classmethod
+    def of(cls, curve):
+        return cls(curve) if getattr(curve, "many", None) is not None else curve
+
+    def __call__(self, rows: int) -> float:
+        return float(self.many(np.array([rows]))[0])
+
+    def many(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        top = int(rows.max()) if len(rows) else 0
+        if top > len(self._table):
+            self._table = self.curve.many(np.arange(1, max(top, 2 * len(self._table)) + 1))
+        return self._table[rows - 1]
 
 
 def node_kind(node: Node) -> str:
@@ -286,9 +312,13 @@ class Calibration:
 
     def scaled(self, reach: dict[Path, float], nodes: dict[Path, Node]) -> dict[Path, float]:
         out: dict[Path, float] = {}
+        factors: dict[str, float] = {}  # a step's nodes are of a few kinds
         for path in sorted(reach, key=len):  # parents first
-            q = reach[path] * self.factor(node_kind(nodes[path]))
-            out[path] = min(q, out.get(path[:-1], 1.0))
+            kind = node_kind(nodes[path])
+            factor = factors.get(kind)
+            if factor is None:
+                factor = factors[kind] = self.factor(kind)
+            out[path] = min(reach[path] * factor, out.get(path[:-1], 1.0))
         return out
 
     def record(self, plan: Plan, emitted: Sequence[int], accepted: int) -> None:

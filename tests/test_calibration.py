@@ -3,13 +3,16 @@ planning worse than one of its members alone (issue 82)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specfree import Engine
 from specfree.bench import predicted
 from specfree.cost import Corrected, Correction, CostModel
 from specfree.pricer import Pricer
-from specfree.pricing import AcceptanceModel, Calibration, Choice, Plan, node_rates, drafted_nodes, price
+from specfree.pricing import AcceptanceModel, Calibration, Choice, Plan, StepPrices, node_rates, drafted_nodes, price
 from specfree.draft_tree import DraftTree
 from specfree.types import Proposal
 from tests.tiny_models import reference_greedy, tiny_model
@@ -180,3 +183,19 @@ def test_an_unpriced_step_records_no_prediction():
     assert all(s.predicted_s is None and s.expected is None for s in result.steps)
     assert predicted.from_steps(result.steps) is None
     assert predicted.combine([None, None]) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(seen=st.lists(st.tuples(st.integers(1, 40), st.floats(0.2, 5.0)), max_size=12),
+       asks=st.lists(st.lists(st.integers(1, 80), min_size=1, max_size=20), min_size=1, max_size=4))
+def test_a_steps_price_table_gives_the_curves_own_numbers_for_every_count(seen, asks):
+    """``StepPrices``: a step's curve read once, in a table grown as later trees ask for more rows."""
+    correction = Correction()
+    curve = Corrected(CPU, correction)
+    for rows, ratio in seen:
+        correction.observe(rows, curve(rows) * ratio, curve(rows))
+    table = StepPrices.of(curve)
+    for rows in asks:
+        rows = np.array(rows)
+        assert np.array_equal(table.many(rows), curve.many(rows))
+        assert table(int(rows[0])) == curve(int(rows[0]))
