@@ -37,6 +37,7 @@ COMMANDS = {
     "bench": "benchmark strategies over a prompt file (bench=spec_bench or bench=custom)",
     "compare": "one table over decode multirun folders and bench outputs: compare DIR...",
     "ceiling": "how fast a perfect copier could have been on a bench run's outputs: ceiling DIR",
+    "roofline": "the model's coded calls against this machine's read bandwidth and arithmetic peaks: roofline [--out DIR] [key=value ...]",
     "replay": "strategies replayed on a bench run's outputs, priced on its curve: replay DIR [STRATEGY ...] [--flat F] [--curve OTHER]",
     "plugins": "list registered strategies, pools, verifiers, adapters and where each comes from",
     "datastore": "build a retrieval datastore from corpora or from the model's own answers",
@@ -51,6 +52,7 @@ examples:
   python -m specfree compare multirun/2026-01-01/12-00-00
   python -m specfree bench bench.prompts=spec_bench_questions.jsonl bench.limit=10
   python -m specfree ceiling outputs/2026-01-01/12-00-00
+  python -m specfree roofline threads=2 --out roofline
   python -m specfree replay outputs/2026-01-01/12-00-00 prompt_lookup hybrid --flat 1.15
   python -m specfree serve serve.port=8000 serve.api_key=KEY   (docs/serve.md)
   python -m specfree decode --help      (the full config, Hydra's flags)"""
@@ -72,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return plugins(args)
         if command == "ceiling":
             return _delegate("specfree.bench.ceiling", "main", "ceiling")(args)
+        if command == "roofline":
+            return _delegate("specfree.bench.roofline", "main", "roofline")(args)
         if command == "replay":
             return _delegate("specfree.bench.replay", "main", "replay")(args)
         if command == "datastore":

@@ -45,8 +45,8 @@ def test_help_lists_commands_and_config_groups(capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nope"], "error: unknown command 'nope'; commands: decode, bench, compare, ceiling, replay, plugins, datastore, "
-              "serve, build-kernels (see --help)"),
+    (["nope"], "error: unknown command 'nope'; commands: decode, bench, compare, ceiling, roofline, replay, plugins, "
+              "datastore, serve, build-kernels (see --help)"),
     (["decode", "strategy=prompt_lookup", "strategy.max_ngramm=3"],
      "error: strategy.max_ngramm: strategy 'prompt_lookup' has no knob 'max_ngramm'; its knobs: max_ngram, "
      "min_ngram, draft_len, num_candidates, match, priced, adapt_costs, price_context (did you mean max_ngram?)"),

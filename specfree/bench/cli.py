@@ -28,8 +28,10 @@ from specfree.bench import llama_server as server_rows
 from specfree.bench import store as store_mod
 from specfree.bench.metrics import BASELINE, summarize
 from specfree.bench.methods import method_rows
-from specfree.bench.plots import cost_curve_plot, paper_vs_measured, write_plots
+from specfree.bench.plots import cost_curve_plot, paper_vs_measured, roofline_plot, write_plots
 from specfree.bench.prompts import load_prompts, shipped_prompts
+from specfree.bench.roofline import rich_table as roofline_table
+from specfree.bench.roofline import section as roofline_section
 from specfree.bench.report import (markdown, members_section, method_section, pricing_section, rich_method_table,
                                    rich_table, wide_console)
 from specfree.bench.systems import LLAMA_CPP_BASELINES, LLAMA_SERVER_BASELINES, SpecfreeSystem
@@ -164,11 +166,14 @@ def cost_curves(model, eager, compiled, gguf: Path | None, cache_dir: Path, thre
     """ms per pass over the model's linear layers alone (torch's kernels against specfree's), and
     per forward at 256 tokens of context: eager with torch's linear layers, eager with the kernel,
     compiled, and llama.cpp's own on the model's GGUF (``llama_batched``, where its tool is built).
-    What decides how large a draft can pay on this machine."""
+    What decides how large a draft can pay on this machine. Then the roofline of the model's coded
+    calls against this machine's read bandwidth and arithmetic peaks (``bench/roofline.py``), or why
+    it has none."""
     from specfree.cost import CostModel
     from specfree.kernels import linear_path, stock_linears
     from specfree.bench import llama_batched
     from specfree.bench.linear_curves import linear_curves, no_room_for_copies
+    from specfree.bench.roofline import roofline
 
     def forward(adapter) -> dict[int, float]:
         curve = CostModel.measure(adapter, context=256)
@@ -194,6 +199,8 @@ def cost_curves(model, eager, compiled, gguf: Path | None, cache_dir: Path, thre
     if on_cpu:
         meta["linear_curves_skipped"] = no_room_for_copies(model)
         linears = linear_curves(model, dense=meta["linear_curves_skipped"] is None)
+    limits = roofline(model)  # the codes the engine's model holds, as its forward calls them
+    meta["roofline_skipped" if "skipped" in limits else "roofline"] = limits.get("skipped", limits)
     return {**meta, "linear_curves_ms": linears, "forward_curves_ms": forwards}
 
 
@@ -409,17 +416,21 @@ def report(folder: str | Path, console: Console | None = None, as_markdown: bool
                for (pid, error), names in list(failures.items())[:20])]
     per_method = method_rows(doc["records"], doc.get("systems", []))
     text = markdown(rows, title, notes, sections=[method_section(per_method), members_section(rows),
-                                                  pricing_section(rows), concurrent.section(meta.get("concurrency", []))])
+                                                  pricing_section(rows), concurrent.section(meta.get("concurrency", [])),
+                                                  roofline_section(meta)])
     (folder / "report.md").write_text(text, encoding="utf-8")
     write_plots(rows, doc.get("systems", []), folder, doc["meta"].get("baseline", BASELINE))
     paper_vs_measured(per_method, folder / "paper_vs_measured.png")
     cost_curve_plot(meta, folder / "cost_curves.png")
+    roofline_plot(meta, folder / "roofline.png")
     if as_markdown:
         console.print(text, markup=False, highlight=False)
     else:
         console.print(rich_table(rows, title))
         if per_method:
             console.print(rich_method_table(per_method))
+        if meta.get("roofline"):
+            console.print(roofline_table(meta["roofline"]))
         console.print(f"records: {folder / store_mod.FILENAME}   report: {folder / 'report.md'}")
     return 0
 

@@ -121,6 +121,43 @@ def cost_curve_plot(meta: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def roofline_plot(meta: dict, path: Path) -> Path | None:
+    """The roofline from a run's meta (``bench/roofline.py``), log-log: multiply-adds per byte of codes
+    across, multiply-adds per second achieved up; the read bandwidth's slope and each precision's
+    peak as lines (the run's precision solid); one marker per call shape and row count (rows
+    written beside it), the forward's coded calls summed in black."""
+    result = meta.get("roofline")
+    if not result or not result.get("calls"):
+        return None
+    fig = Figure(figsize=(7.5, 5.5))
+    ax = fig.add_subplot()
+    series = [(f"{c['shape']} {c['type']} ({c['layers']}) x{c['count']}", c["points"], None) for c in result["calls"]]
+    series.append((f"forward's coded calls, {result['forward']['count']} summed", result["forward"]["points"], "black"))
+    xs = [p["mac_per_byte"] for _, points, _ in series for p in points]
+    for label, points, color in series:
+        x, y = [p["mac_per_byte"] for p in points], [p["gmac_s"] for p in points]
+        line, = ax.plot(x, y, marker="o", markersize=4, linewidth=0.8, label=label, color=color)
+        for p in points:
+            ax.annotate(str(p["rows"]), (p["mac_per_byte"], p["gmac_s"]), textcoords="offset points",
+                        xytext=(3, 3), fontsize="x-small", color=line.get_color())
+    bandwidth, ran = result["read_gb_s"], set(result["precision"].split(", "))
+    ridge = max(result["peak_gmac_s"].values()) / bandwidth  # the roofs drawn past their bend
+    span = np.geomspace(min(xs) / 2, max(max(xs), ridge) * 2, 64)
+    for precision, peak in result["peak_gmac_s"].items():
+        style = "-" if precision in ran else ":"
+        ax.plot(span, np.minimum(span * bandwidth, peak), color="grey", linestyle=style, linewidth=1.5,
+                label=f"roof at {precision}: {bandwidth:.0f} GB/s read, {peak:.0f} G multiply-adds/s peak")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (multiply-adds per byte of codes)")
+    ax.set_ylabel("achieved G multiply-adds/s")
+    ax.set_title(f"Coded calls against this machine's limits ({result['isa']}, {result['threads']} threads)",
+                 fontsize="medium")
+    _legend_below(ax, len(series) + len(result["peak_gmac_s"]))
+    fig.suptitle(meta.get("cpu") or "", fontsize="small")
+    return _save(fig, path)
+
+
 def paper_vs_measured(method_rows: Sequence, path: Path) -> Path | None:
     """Two panels, one bar pair per strategy (overall): speedup over the same path's autoregressive
     loop and accepted tokens per step, measured here beside its paper's number (hatched) where known."""

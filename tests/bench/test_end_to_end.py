@@ -50,6 +50,10 @@ def test_bench_runs_resumes_and_records_errors(tiny_model_dir, prompts, tmp_path
     out = tmp_path / "out"
     assert cli.run(config(tiny_model_dir, prompts, out, limit=2), quiet()) == 0
     first = records(out)
+    # a float model: its cost curves have no roofline (no coded call), and the report says why
+    report = (out / "report.md").read_text()
+    assert "## Roofline\n\nNot measured: no layer is held as a quantized file's codes" in report
+    assert not (out / "roofline.png").exists()
     assert [(r["prompt_id"], r["system"]) for r in first] == [(p, s) for p in ("rep", "chat") for s in SYSTEMS]
     for r in first:
         assert r["error"] is None and r["identical"] is True  # greedy: every system says the same
