@@ -85,9 +85,7 @@ def coded_calls(model: nn.Module) -> list[Call]:
             if id(call) in groups:
                 continue
             groups.add(id(call))
-            held = call.members[0]._buffers
-            codes = Codes(*(held[f"shared_{key}"] for key in Codes.FIELDS))
-            calls.append(Call("|".join(names[id(m)] for m in call.members), codes, held["shared_bias"],
+            calls.append(Call("|".join(names[id(m)] for m in call.members), call.codes, call.bias,
                               sum(call.sizes), module.in_features, _type_name(module), module.precision))
         else:
             calls.append(Call(names[id(module)], module.coded, module.bias, module.out_features,

@@ -42,6 +42,16 @@ class SharedCall:
         self.sizes = [m.out_features for m in members]
         self._forget()
 
+    @property
+    def codes(self) -> Codes:
+        """The siblings' codes as one layer's, outputs after outputs."""
+        held = self.members[0]._buffers
+        return Codes(*(held[key] for key in SHARED[:-1]))
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.members[0]._buffers["shared_bias"]
+
     def _forget(self) -> None:
         self._input: torch.Tensor | None = None
         self._key: tuple | None = None
@@ -52,10 +62,7 @@ class SharedCall:
         """Sibling ``slot``'s product of ``x``: from the shared call of ``x`` where it has not taken it yet."""
         key = (precision, None if x.is_inference() else x._version)  # an in-place change is another input
         if self._input is not x or self._key != key or slot not in self._untaken:
-            held = self.members[0]._buffers
-            y = torch.ops.specfree.coded_linear(
-                x, held["shared_codes"], held["shared_scales"], held["shared_offsets"], held["shared_bias"],
-                sum(self.sizes), "auto", held["shared_supers"], held["shared_super_offsets"], precision)
+            y = self.codes.linear(x, self.bias, sum(self.sizes), "auto", precision)
             # contiguous, as each layer's own call returns (a split of several rows is strided)
             self._outputs = [part.contiguous() for part in y.split(self.sizes, dim=-1)]
             self._input, self._key, self._untaken = x, key, set(range(len(self.sizes)))
