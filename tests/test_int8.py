@@ -131,7 +131,7 @@ def test_a_rows_bits_are_its_own_whatever_else_is_in_the_call(qtype, rows, seed)
     codes = block_codes(random_blocks(qtype, n, k // block, seed), qtype, n, k)
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=generator)
-    others = torch.randn(90, k, generator=generator) * 1000  # past one group of 64 rows
+    others = torch.randn(90, k, generator=generator) * 1000  # many groups of rows
     for path in PATHS:
         coded = from_blocks(codes, lanes(path))
         out = coded.linear(x, None, n, path, "int8")
@@ -141,6 +141,23 @@ def test_a_rows_bits_are_its_own_whatever_else_is_in_the_call(qtype, rows, seed)
         assert torch.equal(coded.linear(x[order], None, n, path, "int8"), out[order])
         mixed = torch.cat([others[:37], x, others[37:]])
         assert torch.equal(coded.linear(mixed, None, n, path, "int8")[37:37 + rows], out)
+
+
+@pytest.mark.parametrize("qtype, code", [(T.Q4_1, 15), (T.Q8_0, -128), (T.Q8_0, 127), (T.Q5_1, 31)])
+def test_the_largest_sums_a_block_can_hold_are_exact(qtype, code):
+    """Every code at its extreme against activation codes of 127 of its sign: AVX2 sums a 4-bit
+    block in 16 bits and a signed pair through vpsignb, so these are the sums nearest overflow."""
+    block, _ = GGML_QUANT_SIZES[qtype]
+    n, k = 9, 2 * block
+    codes = block_codes(random_blocks(qtype, n, 2, 0), qtype, n, k)
+    codes = dataclasses.replace(codes, q=np.full_like(codes.q, code))
+    x = torch.full((3, k), -1.0 if code < 0 else 1.0)
+    x[1] *= 3.0
+    x[2, ::2] = 0.0
+    expected, size = int8_reference(x, codes, None)
+    for path in PATHS:
+        out = from_blocks(codes, lanes(path)).linear(x, None, n, path, "int8")
+        assert ((out.double() - expected).abs() <= 8 * 2.0 ** -24 * size).all(), path
 
 
 def test_an_unknown_precision_is_refused():

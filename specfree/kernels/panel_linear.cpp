@@ -185,6 +185,15 @@ struct Avx512 {
     const Int high = _mm512_madd_epi16(_mm512_maddubs_epi16(high_nibbles(w), x), ones);
     return _mm512_add_epi32(acc, _mm512_add_epi32(low, _mm512_slli_epi32(high, 4)));
   }
+  // A block's integer dot product: Q lanes of codes against a row's codes, four at a time (signed
+  // codes come flipped, their 128 * sum taken off after: ``kFlipSigned``).
+  static constexpr bool kFlipSigned = true;
+  template <int FORMAT, int Q>
+  SPECFREE_AVX512 static Int block_dot(const Int* w, const int8_t* x) {
+    Int acc = izero();
+    UNROLL for (int t = 0; t < Q; ++t) acc = dot<FORMAT == kAffine4>(acc, w[t], ibcast(x + 4 * t));
+    return acc;
+  }
 };
 
 // AVX-512 with VNNI (Intel Ice Lake and later, AMD Zen 4 and later): vpdpbusd sums each lane's four
@@ -192,6 +201,12 @@ struct Avx512 {
 struct Avx512Vnni : Avx512 {
   template <bool SMALL>
   SPECFREE_AVX512_VNNI static Int dot(Int acc, Int w, Int x) { return _mm512_dpbusd_epi32(acc, w, x); }
+  template <int FORMAT, int Q>
+  SPECFREE_AVX512_VNNI static Int block_dot(const Int* w, const int8_t* x) {
+    Int acc = izero();
+    UNROLL for (int t = 0; t < Q; ++t) acc = dot<true>(acc, w[t], ibcast(x + 4 * t));
+    return acc;
+  }
 };
 
 struct Avx2 {
@@ -237,13 +252,36 @@ struct Avx2 {
     const Int v = _mm256_shuffle_epi8(dwords, _mm256_broadcastsi128_si256(quad_bytes()));
     return flip ? _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))) : v;
   }
-  template <bool SMALL>
-  SPECFREE_AVX2 static Int dot(Int acc, Int w, Int x) {
+  // A block's integer dot product, with fewer multiplies than a madd per lane:
+  //   affine4: the Q products of maddubs summed in 16 bits, one madd after (each 16-bit lane then
+  //     holds 2Q products of a code below 16 and one of at most 127: 2 * 8 * 15 * 127 < 2^15);
+  //   scaled8: signed codes as they are, |w| times x with w's sign (vpsignb), so one maddubs a
+  //     lane (a pair: 2 * 128 * 127 < 2^15) where flipped codes take two, as two nibbles;
+  //   affine8: codes to 255, two nibbles a lane.
+  // Every sum is exact, so it is the same integer as the other ISAs' (no ``kFlipSigned`` here).
+  static constexpr bool kFlipSigned = false;
+  template <int FORMAT, int Q>
+  SPECFREE_AVX2 static Int block_dot(const Int* w, const int8_t* x) {
     const Int ones = _mm256_set1_epi16(1);
-    if constexpr (SMALL) return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-    const Int low = _mm256_madd_epi16(_mm256_maddubs_epi16(low_nibbles(w), x), ones);
-    const Int high = _mm256_madd_epi16(_mm256_maddubs_epi16(high_nibbles(w), x), ones);
-    return _mm256_add_epi32(acc, _mm256_add_epi32(low, _mm256_slli_epi32(high, 4)));
+    if constexpr (FORMAT == kAffine4) {
+      static_assert(Q <= 8, "16-bit sums of more than 16 products of 4-bit codes can overflow");
+      Int sum = _mm256_maddubs_epi16(w[0], ibcast(x));
+      UNROLL for (int t = 1; t < Q; ++t) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[t], ibcast(x + 4 * t)));
+      return _mm256_madd_epi16(sum, ones);
+    }
+    Int acc = izero();
+    UNROLL for (int t = 0; t < Q; ++t) {
+      const Int xt = ibcast(x + 4 * t);
+      if constexpr (FORMAT == kScaled8) {
+        const Int pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[t]), _mm256_sign_epi8(xt, w[t]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
+      } else {
+        const Int low = _mm256_madd_epi16(_mm256_maddubs_epi16(low_nibbles(w[t]), xt), ones);
+        const Int high = _mm256_madd_epi16(_mm256_maddubs_epi16(high_nibbles(w[t]), xt), ones);
+        acc = _mm256_add_epi32(acc, _mm256_add_epi32(low, _mm256_slli_epi32(high, 4)));
+      }
+    }
+    return acc;
   }
 };
 
@@ -383,12 +421,14 @@ constexpr int64_t kAhead = 1024;
 // depend on nothing else in the call (the other rows, their count, the thread) nor on the ISA or
 // whether it has VNNI.
 //
-// The codes meet the activations four inputs at a time: one 32-bit lane of unsigned bytes per
-// output column (affine4: a word's low or high nibbles, its even or odd inputs, so x's codes are
-// stored in that order; affine8: four inputs' bytes interleaved; scaled8: the same with q + 128,
-// the sum of x's codes times 128 taken off after). A block of NB panels is unpacked this way once
-// into registers, then every row of the call runs against it (``kInt8Rows`` at a time), its
-// results kept in ``out`` between blocks: 2-16 rows read and unpack the codes once, as one row does.
+// The codes meet the activations four inputs at a time: one 32-bit lane of bytes per output column
+// (affine4: a word's low or high nibbles, its even or odd inputs, so x's codes are stored in that
+// order; affine8 and scaled8: four inputs' bytes interleaved; ISAs that take unsigned codes only
+// flip scaled8's to q + 128 and take the sum of x's codes times 128 off after: ``kFlipSigned``).
+// Each ISA sums a block as it does best (``block_dot``); the sums are exact, so the same integers.
+// A block of NB panels is unpacked this way into registers, then a group of up to ``kInt8Group``
+// rows runs against it, their accumulators in registers across all of K; a call's further groups
+// unpack the panels again, from cache.
 struct Int8Rows {
   int8_t* q;     // [m, K] codes (affine4: each run of 8 inputs as 0, 2, 4, 6, 1, 3, 5, 7)
   float* d;      // [m, K/SB] scales
@@ -396,27 +436,45 @@ struct Int8Rows {
   int32_t* sum;  // [m, K/SB] sum of the block's codes
 };
 
-constexpr int64_t kInt8Rows = 64;  // rows against one unpacked block of codes at a time
+// Rows against one unpacked block of panels, accumulators in registers. (AMD EPYC Zen 3, AVX2, SmolLM2
+// Q4_1's coded calls in a forward's order, two threads: groups of 8 ran 8 rows 4-8% faster than
+// groups of 4, and 1-16 rows 4-20% faster than every row of the call against a block with its
+// results kept in memory between blocks.)
+constexpr int kInt8Group = 8;
+
+// A call of kDecodeOnceGroups groups of rows or more (a prefill) has its first group write each
+// block of panels as unpacked (codes as the sums take them, float32 scales) into a buffer that the
+// later groups read back, so the codes are unpacked once a call; fewer groups unpack as they go.
+enum Stage { kUnpack = 0, kWriteStaged = 1, kReadStaged = 2 };
+constexpr int64_t kStagedBytes = 8 * 64 + 2 * 64;  // one panel's block unpacked: Q <= 8 lanes, P <= 16
 
 #define SPECFREE_INT8(ATTR, ISA)                                                                       \
-  template <int NB, int FORMAT, int SB>                                                                \
-  ATTR void int8_##ISA(const Int8Rows& xq, int64_t r0, int64_t rows, const uint8_t* codes,              \
-                       const ScaleStream& scales, const ScaleStream& offsets, int64_t k, float* out,   \
-                       int64_t ldo) {                                                                  \
+  template <int MB, int NB, int FORMAT, int SB, int STAGE>                                             \
+  ATTR void int8_##ISA(const Int8Rows& xq, int64_t r0, const uint8_t* codes, const ScaleStream& scales, \
+                       const ScaleStream& offsets, int64_t k, float* out, int64_t ldo, uint8_t* staged) { \
     using V = ISA;                                                                                     \
     using Vec = typename V::Vec;                                                                       \
     using Int = typename V::Int;                                                                       \
     constexpr int P = V::P;                                                                            \
     constexpr bool AFFINE = FORMAT != kScaled8;                                                        \
-    constexpr bool SMALL = FORMAT == kAffine4; /* codes below 16 */                                    \
+    constexpr bool FLIP = FORMAT == kScaled8 && V::kFlipSigned;                                        \
     constexpr int Q = SB / 4;                  /* lanes of four inputs a block */                      \
     constexpr int64_t block_bytes = FORMAT == kAffine4 ? SB * P / 2 : SB * P;                          \
     const int64_t cstride = k / SB * block_bytes, blocks = k / SB;                                     \
-    for (int64_t r = 0; r < rows; ++r) UNROLL for (int j = 0; j < NB; ++j) V::store(out + r * ldo + j * P, V::zero()); \
+    Vec acc[MB][NB];                                                                                   \
+    UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) acc[m][j] = V::zero();     \
+    Int* staged_w = reinterpret_cast<Int*>(staged);                   /* [blocks][NB][Q] */            \
+    Vec* staged_s = reinterpret_cast<Vec*>(staged_w + blocks * NB * Q); /* [blocks][2][NB] */          \
     for (int64_t b = 0; b < blocks; ++b) {                                                             \
       Vec d[NB], o[NB];                                                                                \
       Int w[NB][Q];                                                                                    \
-      UNROLL for (int j = 0; j < NB; ++j) {                                                            \
+      if constexpr (STAGE == kReadStaged) {                                                            \
+        UNROLL for (int j = 0; j < NB; ++j) {                                                          \
+          UNROLL for (int t = 0; t < Q; ++t) w[j][t] = staged_w[(b * NB + j) * Q + t];                 \
+          d[j] = staged_s[(2 * b) * NB + j];                                                           \
+          o[j] = staged_s[(2 * b + 1) * NB + j];                                                       \
+        }                                                                                              \
+      } else UNROLL for (int j = 0; j < NB; ++j) {                                                     \
         d[j] = V::block_scale(scales.at(j), b, SB);                                                    \
         if constexpr (AFFINE) o[j] = V::block_scale(offsets.at(j), b, SB);                             \
         const uint8_t* c = codes + j * cstride + b * block_bytes;                                      \
@@ -432,28 +490,27 @@ constexpr int64_t kInt8Rows = 64;  // rows against one unpacked block of codes a
             w[j][2 * g + 1] = V::high_nibbles(v);                                                      \
           }                                                                                            \
         } else {                                                                                       \
-          UNROLL for (int t = 0; t < Q; ++t) w[j][t] = V::quads(c + 4 * t * P, FORMAT == kScaled8);    \
+          UNROLL for (int t = 0; t < Q; ++t) w[j][t] = V::quads(c + 4 * t * P, FLIP);                  \
+        }                                                                                              \
+        if constexpr (STAGE == kWriteStaged) {                                                         \
+          UNROLL for (int t = 0; t < Q; ++t) staged_w[(b * NB + j) * Q + t] = w[j][t];                 \
+          staged_s[(2 * b) * NB + j] = d[j];                                                           \
+          staged_s[(2 * b + 1) * NB + j] = AFFINE ? o[j] : V::zero();                                  \
         }                                                                                              \
       }                                                                                                \
-      for (int64_t r = 0; r < rows; ++r) {                                                             \
-        const int64_t at = (r0 + r) * blocks + b;                                                      \
-        const int8_t* x = xq.q + (r0 + r) * k + b * SB;                                                \
-        Int acc[NB];                                                                                   \
-        UNROLL for (int j = 0; j < NB; ++j) acc[j] = V::izero();                                       \
-        UNROLL for (int t = 0; t < Q; ++t) {                                                           \
-          const Int xt = V::ibcast(x + 4 * t);                                                         \
-          UNROLL for (int j = 0; j < NB; ++j) acc[j] = V::template dot<SMALL>(acc[j], w[j][t], xt);    \
-        }                                                                                              \
+      UNROLL for (int m = 0; m < MB; ++m) {                                                            \
+        const int64_t at = (r0 + m) * blocks + b;                                                      \
+        const int8_t* x = xq.q + (r0 + m) * k + b * SB;                                                \
         const Vec xd = V::bcast(xq.d + at);                                                            \
         UNROLL for (int j = 0; j < NB; ++j) {                                                          \
-          const Int isum = FORMAT == kScaled8 ? V::isub(acc[j], 128 * xq.sum[at]) : acc[j];            \
-          float* y = out + r * ldo + j * P;                                                            \
-          Vec a = V::fma(V::mul(d[j], xd), V::to_float(isum), V::template load<float>(y));             \
-          if constexpr (AFFINE) a = V::fma(o[j], V::bcast(xq.s + at), a);                              \
-          V::store(y, a);                                                                              \
+          const Int dot = V::template block_dot<FORMAT, Q>(w[j], x);                                   \
+          const Int isum = FLIP ? V::isub(dot, 128 * xq.sum[at]) : dot;                                \
+          acc[m][j] = V::fma(V::mul(d[j], xd), V::to_float(isum), acc[m][j]);                          \
+          if constexpr (AFFINE) acc[m][j] = V::fma(o[j], V::bcast(xq.s + at), acc[m][j]);              \
         }                                                                                              \
       }                                                                                                \
     }                                                                                                  \
+    UNROLL for (int m = 0; m < MB; ++m) UNROLL for (int j = 0; j < NB; ++j) V::store(out + m * ldo + j * P, acc[m][j]); \
   }
 
 // Rows [r_begin, r_end) of x [m, k] quantized for blocks of ``sb`` inputs into ``rows`` (its
@@ -582,28 +639,43 @@ DecodeFn pick_decode(Isa isa, Format format, int sb) {
                               : pick_decode_format<kScaled8>(isa, sb);
 }
 
-using Int8Fn = void (*)(const Int8Rows&, int64_t, int64_t, const uint8_t*, const ScaleStream&, const ScaleStream&,
-                        int64_t, float*, int64_t);
+using Int8Fn = void (*)(const Int8Rows&, int64_t, const uint8_t*, const ScaleStream&, const ScaleStream&, int64_t,
+                        float*, int64_t, uint8_t*);
 
 // Panels side by side under 8-bit activations: NB * SB/4 lanes of codes stay in registers while the
 // rows run (AVX-512: 32 registers, two panels of 8 lanes; AVX2: 16, one).
 constexpr int kInt8Avx512 = 2, kInt8Avx2 = 1;
 
-template <int FORMAT, int SB>
+template <int MB, int FORMAT, int SB, int STAGE>
 Int8Fn pick_int8_block(Isa isa, bool vnni, int nb) {
   if (isa == Isa::kAvx512) {
-    if (vnni) return nb == kInt8Avx512 ? int8_Avx512Vnni<kInt8Avx512, FORMAT, SB> : int8_Avx512Vnni<1, FORMAT, SB>;
-    return nb == kInt8Avx512 ? int8_Avx512<kInt8Avx512, FORMAT, SB> : int8_Avx512<1, FORMAT, SB>;
+    if (vnni)
+      return nb == kInt8Avx512 ? int8_Avx512Vnni<MB, kInt8Avx512, FORMAT, SB, STAGE>
+                               : int8_Avx512Vnni<MB, 1, FORMAT, SB, STAGE>;
+    return nb == kInt8Avx512 ? int8_Avx512<MB, kInt8Avx512, FORMAT, SB, STAGE> : int8_Avx512<MB, 1, FORMAT, SB, STAGE>;
   }
-  return int8_Avx2<kInt8Avx2, FORMAT, SB>;
+  return int8_Avx2<MB, kInt8Avx2, FORMAT, SB, STAGE>;
 }
 
-Int8Fn pick_int8(Isa isa, bool vnni, Format format, int nb, int sb) {
+template <int MB, int STAGE>
+Int8Fn pick_int8_rows(Isa isa, bool vnni, Format format, int nb, int sb) {
   switch (format) {
-    case kAffine4: return pick_int8_block<kAffine4, 32>(isa, vnni, nb);
-    case kAffine8: return sb == 16 ? pick_int8_block<kAffine8, 16>(isa, vnni, nb) : pick_int8_block<kAffine8, 32>(isa, vnni, nb);
-    default: return sb == 16 ? pick_int8_block<kScaled8, 16>(isa, vnni, nb) : pick_int8_block<kScaled8, 32>(isa, vnni, nb);
+    case kAffine4: return pick_int8_block<MB, kAffine4, 32, STAGE>(isa, vnni, nb);
+    case kAffine8:
+      return sb == 16 ? pick_int8_block<MB, kAffine8, 16, STAGE>(isa, vnni, nb)
+                      : pick_int8_block<MB, kAffine8, 32, STAGE>(isa, vnni, nb);
+    default:
+      return sb == 16 ? pick_int8_block<MB, kScaled8, 16, STAGE>(isa, vnni, nb)
+                      : pick_int8_block<MB, kScaled8, 32, STAGE>(isa, vnni, nb);
   }
+}
+
+// Only full groups write and read the staged buffer (a call's last, shorter group unpacks again):
+// fewer kernels to compile.
+Int8Fn pick_int8(Isa isa, bool vnni, Format format, int nb, int sb, int64_t mb, Stage stage) {
+  if (stage == kWriteStaged) return pick_int8_rows<kInt8Group, kWriteStaged>(isa, vnni, format, nb, sb);
+  if (stage == kReadStaged && mb == kInt8Group) return pick_int8_rows<kInt8Group, kReadStaged>(isa, vnni, format, nb, sb);
+  return specfree::for_rows(mb, [&](auto rows) { return pick_int8_rows<decltype(rows)::value, kUnpack>(isa, vnni, format, nb, sb); });
 }
 
 // The next block width down for the panels left at the end of a range: plain 4 (AVX-512), 2, then
@@ -635,14 +707,17 @@ void panel_range(Isa isa, const Activations& a, int64_t m, const Panels& w, cons
   const int P = lanes_of(isa);
   const int64_t k = w.k;
   const int* widths = is_coded ? (avx512 ? kCodedAvx512 : kCodedAvx2) : (avx512 ? kPlainAvx512 : kPlainAvx2);
-  const int64_t group = int8 ? kInt8Rows : !is_coded && !avx512 && m > kGroupRows ? kManyRowsAvx2 : kGroupRows;
+  const int64_t group = int8 ? kInt8Group : !is_coded && !avx512 && m > kGroupRows ? kManyRowsAvx2 : kGroupRows;
   const int64_t first = std::min(group, m);  // (GCC 12 miscompiles min() inside a[])
   const int nb = int8 ? (avx512 ? kInt8Avx512 : kInt8Avx2) : widths[first];
   const int64_t groups = (m + group - 1) / group;
   const bool decode_once = is_coded && !int8 && groups >= kDecodeOnceGroups;
   std::vector<float> decoded(decode_once ? nb * k * P : 0);
+  const bool stage_codes = int8 && groups >= kDecodeOnceGroups;
+  std::vector<uint8_t> staged_bytes(stage_codes ? nb * (k / std::max(w.block, 1)) * kStagedBytes + 64 : 0);
+  uint8_t* staged = stage_codes ? staged_bytes.data() + (64 - reinterpret_cast<uintptr_t>(staged_bytes.data()) % 64) % 64
+                                : nullptr;  // aligned for the vectors
   float out[kGroupRows * 4 * 16];  // one group's results for one block, [rows, nb * P]
-  std::vector<float> out8(int8 ? first * nb * P : 0);  // the same under 8-bit activations
   const int64_t ldo = nb * P;
   for (int64_t p = p_begin; p < p_end;) {
     int width = nb;
@@ -650,9 +725,10 @@ void panel_range(Isa isa, const Activations& a, int64_t m, const Panels& w, cons
     if (int8) {  // every row of the call against each block of codes, unpacked once
       for (int64_t r0 = 0; r0 < m; r0 += group) {
         const int64_t rows = std::min(group, m - r0);
-        pick_int8(isa, a.vnni, w.format, width, w.block)(*a.q8, r0, rows, w.at(p), w.scales.at(p), w.offsets.at(p), k,
-                                                         out8.data(), ldo);
-        specfree::store_block(out8.data(), ldo, rows, width * P, bias, p * P, n, y + r0 * n);
+        const Stage stage = !stage_codes ? kUnpack : r0 == 0 ? kWriteStaged : kReadStaged;
+        pick_int8(isa, a.vnni, w.format, width, w.block, rows, stage)(*a.q8, r0, w.at(p), w.scales.at(p),
+                                                                      w.offsets.at(p), k, out, ldo, staged);
+        specfree::store_block(out, ldo, rows, width * P, bias, p * P, n, y + r0 * n);
       }
       p += width;
       continue;
