@@ -92,8 +92,8 @@ def _build(folder: Path, progress: bool, sources: tuple[Path, ...] = SOURCES) ->
         raise RuntimeError("no C++ compiler found")
     folder.mkdir(parents=True, exist_ok=True)
     workers = min(len(sources), os.cpu_count() or 1)
-    # about 80 s of compiling in all, the longest source 20 s (2-core Intel VM)
-    status = building("specfree's CPU kernels", max(20, 80 // workers), show=progress)
+    # panel_linear.cpp (int8 kernels for each group of 1-8 rows) takes most of it: 178 s on a 2-core Zen 3 VM
+    status = building("specfree's CPU kernels", max(60, 300 // workers), show=progress)
 
     def run(command: list[str]) -> None:
         done = subprocess.run(command, capture_output=True, text=True)
