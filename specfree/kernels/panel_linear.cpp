@@ -428,7 +428,7 @@ constexpr int64_t kAhead = 1024;
 // Each ISA sums a block as it does best (``block_dot``); the sums are exact, so the same integers.
 // A block of NB panels is unpacked this way into registers, then a group of up to ``kInt8Group``
 // rows runs against it, their accumulators in registers across all of K; a call's further groups
-// unpack the panels again, from cache.
+// unpack the panels again from cache, or, in a prefill, read them as the first group staged them.
 struct Int8Rows {
   int8_t* q;     // [m, K] codes (affine4: each run of 8 inputs as 0, 2, 4, 6, 1, 3, 5, 7)
   float* d;      // [m, K/SB] scales
@@ -441,12 +441,14 @@ struct Int8Rows {
 // groups of 4, and 1-16 rows 4-20% faster than every row of the call against a block with its
 // results kept in memory between blocks.)
 constexpr int kInt8Group = 8;
+static_assert(kInt8Group <= kGroupRows, "a group's results fit the driver's block buffer");
 
 // A call of kDecodeOnceGroups groups of rows or more (a prefill) has its first group write each
 // block of panels as unpacked (codes as the sums take them, float32 scales) into a buffer that the
 // later groups read back, so the codes are unpacked once a call; fewer groups unpack as they go.
 enum Stage { kUnpack = 0, kWriteStaged = 1, kReadStaged = 2 };
 constexpr int64_t kStagedBytes = 8 * 64 + 2 * 64;  // one panel's block unpacked: Q <= 8 lanes, P <= 16
+static_assert(kStagedBytes % 64 == 0, "staged in whole cache lines");
 
 #define SPECFREE_INT8(ATTR, ISA)                                                                       \
   template <int MB, int NB, int FORMAT, int SB, int STAGE>                                             \
@@ -714,15 +716,15 @@ void panel_range(Isa isa, const Activations& a, int64_t m, const Panels& w, cons
   const bool decode_once = is_coded && !int8 && groups >= kDecodeOnceGroups;
   std::vector<float> decoded(decode_once ? nb * k * P : 0);
   const bool stage_codes = int8 && groups >= kDecodeOnceGroups;
-  std::vector<uint8_t> staged_bytes(stage_codes ? nb * (k / std::max(w.block, 1)) * kStagedBytes + 64 : 0);
-  uint8_t* staged = stage_codes ? staged_bytes.data() + (64 - reinterpret_cast<uintptr_t>(staged_bytes.data()) % 64) % 64
-                                : nullptr;  // aligned for the vectors
+  struct alignas(64) Line { uint8_t bytes[64]; };  // the staged vectors' alignment
+  std::vector<Line> staged_lines(stage_codes ? nb * (k / w.block) * kStagedBytes / 64 : 0);
+  uint8_t* staged = stage_codes ? staged_lines.data()->bytes : nullptr;
   float out[kGroupRows * 4 * 16];  // one group's results for one block, [rows, nb * P]
   const int64_t ldo = nb * P;
   for (int64_t p = p_begin; p < p_end;) {
     int width = nb;
     while (p + width > p_end) width = int8 ? 1 : narrower(isa, w.format, width);
-    if (int8) {  // every row of the call against each block of codes, unpacked once
+    if (int8) {  // each group of rows against the block of codes
       for (int64_t r0 = 0; r0 < m; r0 += group) {
         const int64_t rows = std::min(group, m - r0);
         const Stage stage = !stage_codes ? kUnpack : r0 == 0 ? kWriteStaged : kReadStaged;

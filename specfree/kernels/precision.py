@@ -3,13 +3,13 @@
 ``int8`` (8-bit activations, integer sums: llama.cpp's arithmetic) pays only where the CPU sums
 bytes cheaply. With AVX-512 VNNI (vpdpbusd) its rows are cheaper than ``exact`` (float32
 activations, transformers' arithmetic); with AVX2 alone (maddubs) a Zen 3 ran one row at exact's
-price and 4 or 8 rows dearer before AVX2 summed 4-bit blocks in 16 bits (issue 77; run CC). So ``auto`` runs a model read from a
-quantized GGUF file at int8 only where a probe finds it faster on this CPU: one pass over some of
-the model's coded layers at each precision and row count of ``PROBE_ROWS``, the kind of pass
-bench's linear cost curves time (``kernels/passes.py``). The probe's milliseconds are cached per
-CPU, thread count, kernel build, file type (the GGUF's quantized types) and the shapes probed, in
-the cost curves' folder, so later loads decide from the file; the decision is taken anew from the
-cached times.
+price and 4 or 8 rows dearer before AVX2 summed 4-bit blocks in 16 bits (issue 77; run CC). So
+``auto`` runs a model read from a quantized GGUF file at int8 only where a probe finds it faster on
+this CPU: one pass over some of the model's coded layers at each precision and row count of
+``PROBE_ROWS``, the kind of pass bench's linear cost curves time (``kernels/passes.py``). The
+probe's milliseconds are cached per CPU, thread count, kernel build, file type (the GGUF's quantized
+types) and the shapes probed, in the cost curves' folder, so later loads decide from the file; the
+decision is taken anew from the cached times.
 """
 
 from __future__ import annotations
