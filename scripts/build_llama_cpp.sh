@@ -20,7 +20,12 @@ tar xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
 src="$work/llama_cpp_python-$version/vendor/llama.cpp"
 # the CPU as it is (GGML_NATIVE), no CURL (no network at run time), release build
 # the binaries find their shared libraries beside them ($ORIGIN), wherever the folder is
+# Without AMX tiles: built native on the Intel Xeon VM (family 6 model 167, AMX listed and granted),
+# this llama.cpp's llama-server died at load with SIGILL on tilezero; it runs its AVX-512 VNNI code.
+flags=""
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >&2
 cmake --build "$work/build" --config Release -j "$(nproc)" --target "${tools[@]}" >&2
