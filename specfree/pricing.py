@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -79,15 +79,6 @@ class AcceptanceModel:
         self.window_steps[owner] += int(decoded)
 
 
-@dataclass(frozen=True)
-class Option:
-    """A tree as pricing scored it: the tokens it expects a step to emit (the model's own included)
-    and the forward's seconds on the curve."""
-
-    tokens: float
-    seconds: float
-
-
 @dataclass
 class Plan:
     """The rows one step verifies and decodes, out of those its proposal offered."""
@@ -107,10 +98,6 @@ class Plan:
     # The drafted nodes kept, each with the reach it was priced at and the reach its rates alone gave
     # (before ``Calibration``: what a calibration learns from).
     kept: list[tuple[Path, float, float]] | None = None
-    # The tree chosen as it was scored, and per drafter the proposal asked about
-    # (``Proposal.leave_out``), how the step would have been priced without that drafter's drafts.
-    option: Option | None = None
-    without: dict[str, Option] | None = None
 
     @property
     def aux(self) -> AuxBlock | None:
@@ -250,9 +237,7 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     """
     parts = proposal.aux_parts()
     if not proposal.candidates and not parts:  # nothing offered (every plain step): the root alone
-        seconds = None if cost is None else cost(1)
-        return Plan(DraftTree.root_only(root), [], [], 1, {}, seconds, 0.0, {},
-                    option=None if seconds is None else Option(1.0 + shared_tokens, seconds))
+        return Plan(DraftTree.root_only(root), [], [], 1, {}, None if cost is None else cost(1), 0.0, {})
     nodes = drafted_nodes(proposal, acceptance)  # kept in the plan: learn reads the same table
     rates = node_rates(proposal, acceptance, max_depth, nodes)
     offered = 1 + len(rates) + sum(len(block) for _, block in parts)
@@ -272,25 +257,8 @@ def price(root: int, proposal: Proposal, acceptance: AcceptanceModel, cost: Call
     for path, q, _ in best.nodes:
         node_of[path] = tree.add(node_of[path[:-1]], path[-1], rates[path][1])
         expected_by[rates[path][1]] += q
-    without = None
-    if proposal.leave_out and cost is not None:  # the same step priced as the others would have drafted it
-        without = {member: price(root, proposal_without(proposal, member), acceptance, cost, max_depth=max_depth,
-                                 chain=chain, rollback=rollback, shared_tokens=shared_tokens,
-                                 calibration=calibration, alone=alone).option
-                   for member in proposal.leave_out}
     return Plan(tree, parts, best.windows, offered, nodes, cost(best.rows) if cost is not None else None,
-                float(sum(q for _, q, _ in best.nodes)), dict(expected_by), best.nodes,
-                Option(best.tokens, best.tokens / best.score) if best.score > 0 else None, without)
-
-
-def proposal_without(proposal: Proposal, member: str) -> Proposal:
-    """``proposal`` less one drafter's candidates and aux blocks (nodes others draft too stay)."""
-    keep = [i for i, source in enumerate(proposal.candidate_sources()) if source != member]
-    labels = None if proposal.labels is None else [proposal.labels[i] for i in keep]
-    windows = [(owner, block) for owner, block in proposal.aux_parts() if owner != member]
-    return replace(proposal, candidates=[proposal.candidates[i] for i in keep], labels=labels,
-                   sources=[proposal.candidate_sources()[i] for i in keep], aux=None, windows=windows,
-                   leave_out=())
+                float(sum(q for _, q, _ in best.nodes)), dict(expected_by), best.nodes)
 
 
 class StepPrices:
@@ -376,7 +344,6 @@ class Candidate:
     windows: list[int]
     rows: int
     score: float  # expected tokens per second
-    tokens: float  # expected tokens (the model's own, windows' and other requests' included)
 
 
 @dataclass
@@ -436,5 +403,4 @@ class Choice:
                 rows += len(block)
                 tokens += value
                 score, k = with_window
-        return Candidate([(path, q, raw[path]) for path, q in ranked[:k]], kept_windows, k + 1 + rows, score,
-                         float(expected[k] + tokens))
+        return Candidate([(path, q, raw[path]) for path, q in ranked[:k]], kept_windows, k + 1 + rows, score)

@@ -165,7 +165,7 @@ class Decoding:
             self.logprobs += token_logprobs(logits, [0, *verdict.path][:emitted], verdict.tokens[:emitted],
                                             self.logprobs_k)
         self.strategy.observe(Outcome(tree, verdict, self.context, logits[layout.num_tree :] if aux is not None else None,
-                                      logits[: layout.num_tree], step.plan.aux_logits(logits), step.plan))
+                                      logits[: layout.num_tree], step.plan.aux_logits(logits)))
         self.planner.learn(step.proposal, step.plan, verdict.tokens, len(verdict.path))
         accepted = min(len(verdict.path), emitted)
         extra = self.strategy.stats()

@@ -52,9 +52,6 @@ class Proposal:
     # a drafter with one block sets ``aux`` instead.
     windows: list[tuple[str, AuxBlock]] | None = None
     max_rows: int | None = None  # the most rows (root, tree and aux) this step may take; None: any
-    # Drafters (sources) pricing also prices this step without, for a hybrid that chooses who drafts
-    # (``Plan.without``).
-    leave_out: tuple[str, ...] = ()
 
     def candidate_sources(self) -> list[str]:
         return self.sources if self.sources is not None else [self.source] * len(self.candidates)

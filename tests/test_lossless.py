@@ -51,7 +51,7 @@ def drafter_specs(draw) -> tuple[str, dict]:
     if name == "hybrid":
         drafters = draw(st.lists(st.sampled_from(["prompt_lookup", "trie", "recycling", "lookahead"]), min_size=1,
                                  max_size=4, unique=True))
-        return name, dict(drafters=drafters, max_rows=draw(st.integers(1, 40)), check_every=draw(st.integers(0, 3)))
+        return name, dict(drafters=drafters, max_rows=draw(st.integers(1, 40)))
     max_ngram = draw(st.integers(1, 4))
     return name, dict(
         max_ngram=max_ngram,

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from specfree.draft_tree import DraftTree
 from specfree.types import Proposal, Verdict
-
-if TYPE_CHECKING:
-    from specfree.pricing import Plan
 
 
 @dataclass
@@ -28,7 +24,6 @@ class Outcome:
     # Per aux block of the proposal (``Proposal.aux_parts()``): its rows' logits, None where pricing
     # left it out of the step (a hybrid hands each member its own).
     window_logits: list[torch.Tensor | None] | None = None
-    plan: Plan | None = None  # the step's plan as pricing made it (None: not priced here)
 
 
 class Strategy:

@@ -13,9 +13,8 @@ whose window was left out gets no aux logits, so it knows the window was not dec
 from __future__ import annotations
 
 import copy
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,6 @@ import numpy as np
 
 from specfree.errors import ConfigError, check_int
 from specfree.strategies.base import Outcome, Strategy
-from specfree.strategies.member_choice import MemberChoice
 from specfree.types import AuxBlock, Proposal
 
 if TYPE_CHECKING:
@@ -33,8 +31,7 @@ if TYPE_CHECKING:
 class Hybrid(Strategy):
     name = "hybrid"
 
-    def __init__(self, drafters: list[Strategy], max_rows: int = 32, labels: list[str] | None = None,
-                 check_every: int = 8, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, drafters: list[Strategy], max_rows: int = 32, labels: list[str] | None = None):
         if not drafters:
             raise ConfigError("hybrid needs at least one drafter")
         self.drafters = drafters
@@ -44,9 +41,6 @@ class Hybrid(Strategy):
             raise ConfigError(f"hybrid: member labels must be distinct, one per drafter; got {self.labels}")
         self.max_rows = check_int("hybrid.max_rows", max_rows, low=1)
         self._window_members: list[int] = []  # the member of each aux block of the last proposal
-        # Who drafts: all members at a check, then all but one where its drafting did not pay.
-        self.choice = MemberChoice(every=check_every_knob(check_every) if len(drafters) > 1 else 0, clock=clock)
-        self._drafts: dict[str, float] | None = None  # each member's drafting seconds at a check step
 
     def bind_tokenizer(self, tokenizer) -> None:
         for drafter in self.drafters:
@@ -57,7 +51,6 @@ class Hybrid(Strategy):
             drafter.setup(vocab_size, max_length)
 
     def begin(self, prompt: np.ndarray) -> None:
-        self.choice.begin()
         for drafter in self.drafters:
             drafter.begin(prompt)
 
@@ -70,8 +63,6 @@ class Hybrid(Strategy):
         twin = copy.copy(self)
         twin.drafters = [drafter.fork() for drafter in self.drafters]
         twin._window_members = []
-        twin.choice = replace(self.choice)
-        twin.choice.begin()
         return twin
 
     def propose(self, context: np.ndarray, max_depth: int) -> Proposal:
@@ -80,16 +71,8 @@ class Hybrid(Strategy):
         labels: list[str | None] = []
         windows: list[tuple[str, AuxBlock]] = []
         self._window_members = []
-        check = self.choice.step()
-        left_out = None if check else self.choice.left_out
-        self._drafts = {} if check else None
         for member, (drafter, source) in enumerate(zip(self.drafters, self.labels)):
-            if source == left_out:
-                continue
-            began = self.choice.clock()
             proposal = drafter.propose(context, max_depth)
-            if self._drafts is not None:
-                self._drafts[source] = self.choice.clock() - began
             candidates += proposal.candidates
             sources += [source] * len(proposal.candidates)
             labels += proposal.labels or [None] * len(proposal.candidates)
@@ -97,19 +80,17 @@ class Hybrid(Strategy):
                 windows.append((source, proposal.aux))
                 self._window_members.append(member)
         return Proposal(candidates, self.name, sources=sources, labels=labels, windows=windows,
-                        max_rows=self.max_rows, leave_out=tuple(self.labels) if check else ())
+                        max_rows=self.max_rows)
 
     def observe(self, outcome: Outcome) -> None:
         # Each member sees only its own aux rows' logits; None tells it its window was not decoded.
-        if self._drafts is not None:
-            self.choice.checked(outcome.plan, self._drafts)
         own = dict(zip(self._window_members, outcome.window_logits or []))
         for member, drafter in enumerate(self.drafters):
             drafter.observe(Outcome(outcome.tree, outcome.verdict, outcome.context, own.get(member),
                                     outcome.tree_logits))
 
     def stats(self) -> dict[str, float]:
-        out: dict[str, float] = {"members_drafting": float(len(self.drafters) - (self.choice.left_out is not None))}
+        out: dict[str, float] = {}
         for drafter, label in zip(self.drafters, self.labels):
             out.update({f"{label}.{k}": v for k, v in drafter.stats().items()})
         return out
@@ -157,11 +138,7 @@ MEMBER_DEFAULTS: dict[str, dict[str, Any]] = {
 DEFAULT_MEMBERS = ("prompt_lookup", "suffix")
 
 
-def check_every_knob(value: int) -> int:
-    return check_int("hybrid.check_every", value, low=0)
-
-
-def make_hybrid(drafters: list[Any] = DEFAULT_MEMBERS, max_rows: int = 32, check_every: int = 8,
+def make_hybrid(drafters: list[Any] = DEFAULT_MEMBERS, max_rows: int = 32,
                 datastore: str | None = None, registry: Registry | None = None) -> Hybrid:
     """Build the hybrid from member specs: registered strategy names or ``{name: ..., knobs...}``.
 
@@ -195,4 +172,4 @@ def make_hybrid(drafters: list[Any] = DEFAULT_MEMBERS, max_rows: int = 32, check
             members.append(registry.make("strategy", name, **knobs))
         except ValueError as exc:  # the member's own refusal (a knob's range, a missing file)
             raise ConfigError(f"{where} ({name}): {exc}") from exc
-    return Hybrid(members, max_rows=max_rows, check_every=check_every)
+    return Hybrid(members, max_rows=max_rows)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Run CD (2026-12-02): the session's quiet measurements, one after another, nothing else running.
+# Intel Xeon VM ("Intel(R) Xeon(R) Processor", family 6 model 167 as the VM reports it; AVX-512 with
+# VNNI, BF16 and AMX), 2 threads, SmolLM2-135M-Instruct Q4_1 at the default precision (int8).
+set -x
+cd /work/main
+PY=.venv/bin/python
+OUT=docs/bench/run_cd; mkdir -p $OUT
+lscpu | grep -E "Model name|CPU family|^Model:|^Flags" > $OUT/machine.txt
+rm -rf ~/.cache/specfree/costs ~/.cache/specfree/probes   # curves and probe verdicts measured under load
+date; uptime
+# 1. issue 81: the compiled forward at 1-16 rows after 256 tokens, and the roofline
+$PY docs/bench/run_cb/forward_rows.py now 2>/dev/null >> $OUT/forward_rows.jsonl
+$PY -m specfree roofline --out $OUT/roofline threads=2 > $OUT/roofline.log 2>&1
+date; uptime
+# 2. Spec-Bench, 24 prompts, compiled: the default and its members, llama-server beside
+$PY -m specfree bench bench.prompts=/work/shared/bench/spec_bench_questions.jsonl bench.per_category=4 threads=2 compile=true \
+    strategy=hybrid 'bench.strategies=[prompt_lookup, suffix]' \
+    'bench.baselines=[llama_server, {name: llama_server, spec_type: ngram-mod}]' bench.out=$OUT/spec_bench > $OUT/spec_bench.log 2>&1
+date; uptime
+# 3. the JSON-schema bench over the 56 tasks, with llama-server and transformers beside
+PYTHONPATH=. $PY benchmarks/json_schema_bench.py --tasks 56 --max-new 128 --threads 2 --out $OUT/json_schema.json > $OUT/json_schema.log 2>&1
+date; uptime
+# 4. the agent loop
+PYTHONPATH=. $PY benchmarks/agent_loop_bench.py --tasks 12 --turns 3 --max-new 96 --threads 2 --out $OUT/agent_loop_12.json > $OUT/agent_loop.log 2>&1
+date; uptime
+# 5. the quick start against import torch, three rounds
+for r in 1 2 3; do
+  /usr/bin/time -f "torch %e s" $PY -c "import torch" 2>> $OUT/startup.txt
+  /usr/bin/time -f "specfree_import %e s" $PY -c "import specfree" 2>> $OUT/startup.txt
+  /usr/bin/time -f "decode %e s" $PY -m specfree decode threads=2 output=$OUT/quick$r.json prompt="Rewrite in the past tense: The fox jumps over the dog." > $OUT/quick$r.txt 2>> $OUT/startup.txt
+done
+date; uptime
+echo DONE
