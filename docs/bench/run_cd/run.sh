@@ -32,3 +32,5 @@ for r in 1 2 3; do
 done
 date; uptime
 echo DONE
+# 6. (after the rest) issue 82: the code-edits workload, 4 prompts a kind
+$PY -m specfree bench bench=code_edits bench.per_category=4 threads=2 compile=true strategy=hybrid 'bench.strategies=[prompt_lookup, suffix]' bench.out=$OUT/code_edits > $OUT/code_edits.log 2>&1
