@@ -1,16 +1,17 @@
-"""Decode tok/s of a strategy on 24 Spec-Bench prompts with ``cost.Correction``'s ``optimism`` set as
-given, for an A/B of that default only (it sets the class's default arguments in this process):
+"""Decode tok/s of a strategy on 24 Spec-Bench prompts with the pricer's curve correction
+(``cost.Correction``) at the given ``optimism``, its other knobs at their defaults, for an A/B of that
+knob alone:
 
     python docs/bench/run_cd/optimism_ab.py OPTIMISM [STRATEGY]
 """
-import json, sys, time
-import specfree.cost as cost
+import json, sys
 from specfree import Engine
+from specfree.cost import Correction
 optimism = float(sys.argv[1]); strategy = sys.argv[2] if len(sys.argv) > 2 else "hybrid"
-cost.Correction.__init__.__defaults__ = (0.2, 3.0, 3, optimism)
 qs = [json.loads(l) for l in open("/work/shared/bench/spec_bench_questions.jsonl")]
 prompts = [q["turns"][0] for q in qs[::3][:24]]
 engine = Engine.from_config(overrides=[f"strategy={strategy}", "threads=2", "compile=true"])
+engine.pricer.correction = Correction(optimism=optimism)  # before any step has taught the engine's own
 engine.generate(prompts[0], max_new_tokens=32)
 tokens = decode = 0.0; rows = steps = 0; big = [0, 0.0, 0.0]
 for p in prompts:
