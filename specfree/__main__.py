@@ -1,5 +1,5 @@
 """``python -m specfree``: see specfree.cli."""
 
-from specfree.cli import main
+from specfree.cli import run
 
-raise SystemExit(main())
+run()

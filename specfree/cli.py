@@ -7,15 +7,18 @@ is reported as one line (exit code 2) before anything runs, instead of Hydra's m
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
 import itertools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from specfree.errors import ConfigError, SpecfreeError
 from specfree.files import user_path
@@ -88,6 +91,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     except KeyboardInterrupt:
         return INTERRUPTED
+
+
+def run() -> NoReturn:
+    """The command line's entry point (``specfree``, ``python -m specfree``): ``main``, then out
+    without the interpreter's teardown. Freeing a decode's objects one by one (torch's and
+    transformers' modules, the model) takes most of a second in a process that ends anyway; the exit
+    handlers still run, and the standard streams are flushed, first."""
+    try:
+        code = main()
+    except SystemExit as exc:  # Hydra's task ends a failed job this way
+        code = exc.code
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe has nothing left to flush
+            stream.flush()
+    os._exit(code or 0)
 
 
 def print_error(exc: BaseException) -> None:

@@ -112,10 +112,7 @@ def test_one_package_is_kept_and_loaded_by_the_next_adapter(compiled_adapters, t
     assert Engine(again, REG.make("strategy", "prompt_lookup")).generate(prompt, 30).tokens == \
         reference_greedy(model, prompt, 30)
     assert again.store.slots.capacity == 48 and (again.runner.package.built, again.runner.package.loaded) == (0, 1)  # grew 16 -> 48
-    assert again.compiled and again.runner.package.flat  # the steps above ran the loader's flat entry
-    again.runner.package._call = None  # a torch whose loaded packages offer no flat entry: called whole
-    assert Engine(again, REG.make("strategy", "prompt_lookup")).generate(prompt, 30).tokens == \
-        reference_greedy(model, prompt, 30)
+    assert again.compiled
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

@@ -104,3 +104,18 @@ def test_a_refusal_is_never_remembered_and_a_decoder_pass_does_not_admit_its_enc
         with pytest.raises(UnsupportedModelError, match="is not causal"):
             HFAdapter(roberta(is_decoder=False), cache_dir=tmp_path)
     assert len(list((tmp_path / "probes").glob("*.json"))) == 1
+
+
+def test_the_row_exactness_probe_runs_once_per_architecture_then_comes_from_the_cache(tmp_path, monkeypatch):
+    import copy
+
+    from specfree.adapters.hf import HFAdapter
+    from tests.tiny_models import tiny_model
+
+    calls = []
+    probe = HFAdapter._rows_probe
+    monkeypatch.setattr(HFAdapter, "_rows_probe", lambda self: calls.append(1) or probe(self))
+    verdicts = [HFAdapter(copy.deepcopy(tiny_model("llama")), cache_dir=tmp_path).rows_exact for _ in range(2)]
+    assert verdicts == [True, True] and len(calls) == 1
+    assert HFAdapter(copy.deepcopy(tiny_model("llama")), cache_dir=tmp_path / "elsewhere").rows_exact
+    assert len(calls) == 2  # another cache probes again

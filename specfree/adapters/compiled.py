@@ -43,7 +43,7 @@ import torch
 from specfree.adapters.capabilities import compile_blocker, model_device
 from specfree.adapters.hf import HFAdapter, grad_free, prepare_model
 from specfree.adapters.kv_buffers import StaticSlots, cache_argument, growing_cache
-from specfree.adapters.packaged import StepPackage
+from specfree.adapters.packaged import StepPackage, package_loader_class
 from specfree.adapters.runners import RUNNERS, PackageRunner
 from specfree.files import fingerprint
 from specfree.masks.bucketed import ROW_BUCKETS
@@ -83,7 +83,7 @@ def resolve_backend(backend: str | Callable, device: torch.device) -> str | Call
     """``"auto"``: packages on a CPU (torch 2.6+ has them), ``"inductor"`` elsewhere."""
     if backend != "auto":
         return backend
-    packaged = device.type == "cpu" and hasattr(torch._inductor, "aoti_load_package")
+    packaged = device.type == "cpu" and package_loader_class() is not None
     return "aoti" if packaged else "inductor"
 
 

@@ -84,7 +84,7 @@ class HFAdapter:
         self.model = model.eval()
         # Outside the mode: the weights the kernels repack stay the model's own, usable by any caller.
         settings = settings.changed(**given)
-        cache_dir = settings.cache_dir
+        self._cache_dir = cache_dir = settings.cache_dir
         self.kernel_linears = prepare_model(model, grouped_attention, settings)
         structure = dataclasses.replace(structure, attention=attention_path(model))  # fixed from here on
         self._device = model_device(model)
@@ -222,8 +222,17 @@ class HFAdapter:
             head = self.model.get_output_embeddings()
             self._rows_exact = (self.capabilities.attention == "tree_attention" and bool(self.kernel_linears)
                                 and not any(type(m) is torch.nn.Linear and m is not head for m in self.model.modules())
-                                and self._rows_probe())
+                                and self._rows_probed())
         return self._rows_exact
+
+    def _rows_probed(self) -> bool:
+        """``_rows_probe``'s verdict, from the probe cache where this architecture was probed before."""
+        linears = linear_path(self.model)
+        verdict = probe_cache.rows_verdict(self.model, self._cache_dir, linears)
+        if verdict is None:
+            verdict = self._rows_probe()
+            probe_cache.remember_rows(self.model, self._cache_dir, linears, verdict)
+        return verdict
 
     @grad_free()
     def _rows_probe(self, rows: int = 24, first: int = 8) -> bool:

@@ -118,36 +118,43 @@ def build_package(model: torch.nn.Module, example: tuple, path: Path, options: d
             inductor_configs={**options, "aot_inductor.package_constants_in_so": False})
 
 
+def package_loader_class():
+    """torch's C++ loader of AOTInductor packages, or None where this torch has none."""
+    return getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
+
+
+def cpu_features() -> str:
+    """The vector features this CPU has, as torch's own CPU checks report them (microseconds). A
+    package's kernels are compiled for the vector ISA its building CPU had, so its folder names them."""
+    checks = sorted(name for name in dir(torch.cpu) if name.startswith("_is_") and name.endswith("_supported"))
+    return ",".join(name[4:-10] for name in checks if getattr(torch.cpu, name)())
+
+
 def load_package(path: Path, model: torch.nn.Module):
-    """The callable in package ``path`` ((ids, positions, mask, slot_index, kv) -> logits), reading
-    ``model``'s own tensors as its weights (no copy)."""
-    runner = torch._inductor.aoti_load_package(str(path))
+    """The loader of package ``path`` (steps run through ``boxed_run`` on ``step_leaves``), reading
+    ``model``'s own tensors as its weights (no copy).
+
+    It is torch's C++ loader, made directly: ``torch._inductor.aoti_load_package`` first probes
+    the CPU's vector ISAs by compiling and running a program per ISA in subprocesses (over a second
+    in every new process), only to warn where they differ from the building CPU's; a package's
+    folder already names this CPU's features (``cpu_features``)."""
+    loader = package_loader_class()(str(path), "model", False, 1, -1)
+    from torch.utils import _pytree as pytree
+
+    if not pytree.treespec_loads(loader.get_call_spec()[1]).is_leaf():  # more than the logits
+        raise RuntimeError(f"{path} is not a package of SlotStep: its step returns more than the logits")
     tensors = model_tensors(SlotStep(model))
-    runner.load_constants({name: tensors[name].detach() for name in runner.get_constant_fqns()},
-                          check_full_update=True, user_managed=True)
-    return runner
+    loader.load_constants({name: tensors[name].detach() for name in loader.get_constant_fqns()},
+                          use_inactive=False, check_full_update=True, user_managed=True)
+    return loader
 
 
 def step_leaves(ids, positions, mask, slot_index, kv: list[torch.Tensor]) -> list[torch.Tensor]:
     """``SlotStep``'s inputs as the flat list a package runs on: pytree's order (a dict of masks
-    by insertion order), built without walking the tree each step."""
+    by insertion order), built without walking the tree each step (the flattening of 60-odd
+    tensors that torch's loaded-model ``__call__`` does would cost 27 us a step)."""
     masks = list(mask.values()) if isinstance(mask, dict) else [mask]
     return [ids, positions, *masks, slot_index, *kv]
-
-
-def flat_call(runner) -> Callable[[list[torch.Tensor]], torch.Tensor] | None:
-    """A loaded package's step taking ``step_leaves``: its loader's own flat entry, which skips the
-    pytree flattening of 60-odd tensors that the loaded model's ``__call__`` does every step (27 us
-    timed alone on the Intel VM, more between forwards). None where this torch's loaded packages
-    offer no such entry."""
-    loader = getattr(runner, "loader", None)
-    if loader is None or not hasattr(loader, "boxed_run") or not hasattr(loader, "get_call_spec"):
-        return None
-    from torch.utils import _pytree as pytree
-
-    if not pytree.treespec_loads(loader.get_call_spec()[1]).is_leaf():  # more than the logits
-        return None
-    return lambda leaves: loader.boxed_run(leaves)[0]
 
 
 def export_example(inputs: tuple) -> tuple:
@@ -180,16 +187,11 @@ class StepPackage:
 
         ops = kernel_dir().name
         setup = (f"{architecture_fingerprint(model)}-{linears}-{torch.get_num_threads()}t-torch{torch.__version__}"
-                 f"-ops{ops}")
+                 f"-ops{ops}-cpu{cpu_features()}")
         self.folder = Path(package_dir) / fingerprint(setup, sorted(options.items()))
         self.path = self.folder / "step.pt2"
         self.built = self.loaded = 0
-        self._runner = self._call = None
-
-    @property
-    def flat(self) -> bool:
-        """Whether steps run through the loaded package's flat entry (``flat_call``)."""
-        return self._call is not None
+        self._runner = None
 
     def ready(self) -> bool:
         """Whether the package is on disk (loading it takes a second or two)."""
@@ -205,11 +207,10 @@ class StepPackage:
             else:
                 self.loaded += 1
             self._runner = load_package(self.path, self.model)
-            self._call = flat_call(self._runner)
         return self._runner
 
     def run(self, ids, positions, mask, slot_index, kv: list[torch.Tensor]) -> torch.Tensor:
         """The step's logits [1, Q, V] (``SlotStep``'s arguments), building or loading the package first."""
         inputs = (ids, positions, mask, slot_index, kv)
         runner = self.get(lambda: export_example(inputs))
-        return runner(*inputs) if self._call is None else self._call(step_leaves(*inputs))
+        return runner.boxed_run(step_leaves(*inputs))[0]
