@@ -12,8 +12,10 @@ import contextlib
 import importlib
 import itertools
 import json
+import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -105,6 +107,10 @@ def run() -> NoReturn:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
+    if multiprocessing.active_children() or threading.active_count() > 1:
+        # Worker pools (Hydra's joblib launcher) shut down from threading's exit hook, which runs
+        # before the exit handlers only in the interpreter's own exit.
+        sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe has nothing left to flush

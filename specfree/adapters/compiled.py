@@ -18,7 +18,7 @@ compiled path holds no second copy of the weights.
 
 Two ways to compile the same static steps. On a CPU, one AOTInductor package (``packaged.py``)
 for every row count and KV tier: built once per model architecture (about a minute), kept on
-disk and loaded by a later process in a second or two, its weights the model's own tensors. On a
+disk and loaded by a later process in a fraction of a second, its weights the model's own tensors. On a
 GPU, ``torch.compile`` with the graphs run as CUDA graphs (``mode="reduce-overhead"``): written
 for, never run in this project so far; ``backend="inductor"`` also selects it on a CPU (each
 process compiles again). A compile that fails falls back, with one warning, to running the same

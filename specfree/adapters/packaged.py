@@ -1,5 +1,5 @@
 """Ahead-of-time compiled steps (AOTInductor packages): a compiled forward that a new process
-loads in about a second instead of compiling for minutes.
+loads in a fraction of a second instead of compiling for minutes.
 
 One package serves every step: it is exported with ``torch.export`` from a small module
 (``SlotStep``) whose inputs are the token ids, their positions, the additive mask, the slots the
@@ -194,7 +194,7 @@ class StepPackage:
         self._runner = None
 
     def ready(self) -> bool:
-        """Whether the package is on disk (loading it takes a second or two)."""
+        """Whether the package is on disk (loading it takes a fraction of a second)."""
         return self.path.is_file()
 
     def get(self, example: Callable[[], tuple]):

@@ -15,7 +15,7 @@ one warning, when its compiler fails: slower, never wrong.
 
 - ``PackageRunner``: one AOTInductor package (``packaged.py``) for every row count up to
   ``packaged.MAX_ROWS`` and every slot count; built once per model architecture, kept on disk,
-  loaded by a later process in a second or two, its weights the model's own tensors. The CPU path.
+  loaded by a later process in a fraction of a second, its weights the model's own tensors. The CPU path.
 - ``GraphRunner``: ``torch.compile``, a graph per row bucket and slot tier (rows are padded up to a
   bucket); run as CUDA graphs on a GPU (``mode="reduce-overhead"``).
 """
