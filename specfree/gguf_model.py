@@ -44,6 +44,7 @@ from specfree.kernels.codes import CodedEmbedding, CodedLinear, carries_embeddin
 from specfree.kernels.experts import EXPERT_PARAMETERS, ExpertCodes, carries_experts, row_routers, use_coded_experts
 from specfree.kernels.gguf_blocks import GGUF_TYPES, block_codes
 from specfree.kernels.panels import WidePanelLinear, is_conv1d
+from specfree.stored_codes import StoredCodes
 
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 TENSOR_TABLE = "tensors.json"  # the file's table of tensors, in its cache entry
@@ -287,7 +288,8 @@ def gguf_names(model: nn.Module, processor, architecture: str) -> dict[str, str]
 def load_coded(path: Path, config, lanes: int, attn_implementation: str | None = "sdpa", table: Path | None = None):
     """The causal LM of GGUF ``path`` (``config``: its transformers config), linear layers held as
     the file's codes in panels of ``lanes`` columns; with a ``GGUFHoldings`` at ``model.gguf_holdings``.
-    ``table``: where the file's table of tensors is cached (``GGUFWeights``)."""
+    ``table``: where the file's table of tensors is cached (``GGUFWeights``); the layers' repacked codes
+    are kept beside it (``StoredCodes``)."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
     weights = GGUFWeights(path, table)
@@ -316,6 +318,7 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     tied = head is not None and getattr(config, "tie_word_embeddings", False)
     embedding_codes = None
     head_if_tied = head if tied else None
+    stored = StoredCodes(None if table is None else table.parent, lanes)
     fused: dict = {"tensors": {}, "config": {}}  # parameters the processor builds from several tensors
     experts: dict[str, list] = {}  # an experts module -> its file tensors (gate, up, down)
     with torch.no_grad():
@@ -342,9 +345,9 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
                     _replace(model, module_name, WidePanelLinear(narrow, module.bias, lanes))
                     continue
             if key == "weight" and (carries_linear(module) or (module is embedding and carries_embedding(module))):
-                codes = _coded(weights, entry, processor, mapping, lanes)
+                codes = stored.get(name, lambda: _coded(weights, entry, processor, mapping, lanes))
             elif key == "weight" and is_conv1d(module):
-                codes = _coded(weights, entry, processor, mapping, lanes, transposed=True)
+                codes = stored.get(name, lambda: _coded(weights, entry, processor, mapping, lanes, transposed=True))
             if codes is not None:
                 holdings.add(name, qtype.name)
                 holdings.code_bytes += codes.nbytes()
@@ -390,6 +393,7 @@ def load_coded(path: Path, config, lanes: int, attn_implementation: str | None =
     if holdings.dequantized.keys() - holdings.kept.keys():
         warnings.warn(f"{path.name}: {holdings.summary().split('; run as float32: ')[1]} have no kernel "
                       "here and run dequantized as float32", stacklevel=3)
+    stored.save()
     model.gguf_holdings = holdings
     return model.eval()
 

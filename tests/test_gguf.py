@@ -165,10 +165,33 @@ def test_a_tiny_llama_of_every_type_holds_codes_and_decodes_as_transformers_does
         assert not coded and not holdings.coded
         wide = [m for m in model.modules() if isinstance(m, WidePanelLinear)]
         assert len(wide) == (7 * 2 if qtype != T.F32 else 0)  # 16-bit weights stay 16 bits
-    assert not any(p.is_file() and p.stat().st_size > 1 << 20 for p in tmp_path.rglob("*")  # no weights cached
-                   if "kernels" not in p.parts)
+    assert not any(p.is_file() and p.stat().st_size > 1 << 20 for p in tmp_path.rglob("*")  # no float weights
+                   if "kernels" not in p.parts and not p.name.startswith("codes-"))  # cached: codes are
     engine = Engine.from_model(model, None, "hybrid", precision="exact")  # transformers' arithmetic
     assert engine.generate(PROMPT, 16, ignore_eos=True).tokens == greedy(reference(path), PROMPT, 16)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q6_K], ids=lambda t: t.name)
+def test_a_warm_load_reads_the_stored_codes_and_a_damaged_entry_is_repacked(qtype, gguf_dir, tmp_path, monkeypatch):
+    import specfree.gguf_model
+
+    path = tiny_file(gguf_dir, qtype)
+    first, _ = load_model(str(path), cache_dir=tmp_path)
+    (stored,) = tmp_path.rglob("codes-*.pt")
+    repack = specfree.gguf_model._coded
+    monkeypatch.setattr(specfree.gguf_model, "_coded", lambda *args, **kwargs: pytest.fail("repacked"))
+    second, _ = load_model(str(path), cache_dir=tmp_path)
+    pairs = list(zip(first.named_buffers(), second.named_buffers(), strict=True))
+    assert pairs and all(a == b and torch.equal(x, y) for (a, x), (b, y) in pairs)
+    expected = greedy(reference(path), PROMPT, 12)
+    engine = Engine.from_model(second, None, "hybrid", precision="exact")
+    assert engine.generate(PROMPT, 12, ignore_eos=True).tokens == expected
+    stored.write_bytes(b"not a torch file")
+    monkeypatch.setattr(specfree.gguf_model, "_coded", repack)
+    with pytest.warns(UserWarning, match="could not be read"):
+        third, _ = load_model(str(path), cache_dir=tmp_path)
+    assert Engine.from_model(third, None, "hybrid", precision="exact").generate(PROMPT, 12, ignore_eos=True).tokens == expected
+    assert stored.stat().st_size > 1000  # written again
 
 
 @pytest.mark.parametrize("qtype,head", [(T.Q4_K, T.Q6_K), (T.Q5_K, T.Q8_0), (T.Q4_0, T.F16)], ids=str)
