@@ -5,6 +5,8 @@ The entry is named by what decides the codes: the folder is the file's own (its 
 transformers version, ``loading.gguf_to_folder``), and the file name adds the panel width, the torch
 version and the source of the code that repacks (``REPACKING_CODE``). Tensors read back are
 memory-mapped copy-on-write: nothing specfree does writes to codes, and the file stays as written.
+A file's digest vouches for these codes; codes found by search in float32 weights have no file to
+vouch for them and are checked against the weights on every load instead (``kernels.saved_codes``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ class StoredCodes:
         try:
             with atomic_path(self.path) as tmp:
                 torch.save(self.made, tmp)
+            for older in self.path.parent.glob("codes-*.pt"):  # an older specfree's or torch's: never read again
+                if older != self.path:
+                    older.unlink(missing_ok=True)
         except OSError as exc:  # a full or read-only cache costs the next start its repacking, nothing else
             warnings.warn(f"could not keep the repacked codes at {self.path} ({exc}): the next start repacks "
                           "them again", stacklevel=3)

@@ -192,6 +192,11 @@ def test_a_warm_load_reads_the_stored_codes_and_a_damaged_entry_is_repacked(qtyp
         third, _ = load_model(str(path), cache_dir=tmp_path)
     assert Engine.from_model(third, None, "hybrid", precision="exact").generate(PROMPT, 12, ignore_eos=True).tokens == expected
     assert stored.stat().st_size > 1000  # written again
+    older = stored.with_name("codes-0000000000000000.pt")  # an older specfree's entry
+    older.write_bytes(stored.read_bytes())
+    stored.unlink()
+    load_model(str(path), cache_dir=tmp_path)
+    assert stored.is_file() and not older.exists()
 
 
 @pytest.mark.parametrize("qtype,head", [(T.Q4_K, T.Q6_K), (T.Q5_K, T.Q8_0), (T.Q4_0, T.F16)], ids=str)
