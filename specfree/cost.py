@@ -417,11 +417,14 @@ class Correction:
     again to show otherwise. So, once one row's price is set, a count not yet set is priced at most
     ``optimism`` of a one-row forward per extra row, up to twice the most rows set so far (so trees
     grow into untried sizes step by step: a jump to 27 rows, tried three times, cost a loaded VM
-    several hundred milliseconds), and the planner tries it where drafts are offered, until its
-    own times set it. An average of ratios, not of logs: tokens a second divide
-    by the mean time."""
+    several hundred milliseconds), and the planner tries it where it pays at that price, until its
+    own times set it. Half a one-row forward a row is far below a stalled point's price and above
+    what a CPU's rows cost (a fifth to a quarter); at a sixteenth, a hybrid ran three steps at each
+    count up to twice its largest, each at twice its price
+    (docs/bench/history.md#the-price-of-a-row-count-not-yet-run-issue-82-intel-xeon-2026-12-03). An
+    average of ratios, not of logs: tokens a second divide by the mean time."""
 
-    def __init__(self, weight: float = 0.2, clip: float = 3.0, samples: int = 3, optimism: float = 1 / 16):
+    def __init__(self, weight: float = 0.2, clip: float = 3.0, samples: int = 3, optimism: float = 1 / 2):
         self.weight, self.clip, self.samples, self.optimism = weight, clip, samples, optimism
         self.ratio: dict[int, float] = {}  # the counts set
         self.trying: dict[int, list[float]] = defaultdict(list)  # the first ratios of the counts not yet set

@@ -97,14 +97,18 @@ def test_the_correction_follows_measured_forward_times_per_row_count():
     curve = Corrected(CPU, correction)
     assert curve(4) == CPU(4)  # nothing measured yet: the curve as it is
     for _ in range(40):
-        correction.observe(1, 2.0 * CPU(1), CPU(1))  # this machine: one row twice the curve's
+        correction.observe(1, 0.5 * CPU(1), CPU(1))  # this machine: one row half the curve's
         correction.observe(8, 3.0 * CPU(8), CPU(8))  # eight rows three times
         correction.observe(32, 3.0 * CPU(32), CPU(32))
-    assert curve(1) == pytest.approx(2 * CPU(1), rel=0.01)
+    assert curve(1) == pytest.approx(0.5 * CPU(1), rel=0.01)
     assert curve(8) == pytest.approx(3 * CPU(8), rel=0.01)
     # A count no step has run: between its neighbours' corrections, or the optimistic price if lower.
-    assert curve(16) == pytest.approx(min(3 * CPU(16), 2 * CPU(1) * (1 + 15 / 16)))
-    assert curve(4) == pytest.approx(min(2.5 * CPU(4), 2 * CPU(1) * (1 + 3 / 16)), rel=0.01)
+    one, optimism = 0.5 * CPU(1), correction.optimism
+    assert one * (1 + optimism * 15) < 3 * CPU(16)  # the cap binds here
+    assert curve(16) == pytest.approx(one * (1 + optimism * 15), rel=0.01)
+    factor_4 = 0.5 + (3.0 - 0.5) * 3 / 7  # between one row's and eight rows' corrections
+    assert curve(4) == pytest.approx(min(factor_4 * CPU(4), one * (1 + optimism * 3)), rel=0.01)
+    assert curve(64) == pytest.approx(3 * CPU(64))  # past twice the most rows set: not tried yet
     correction.observe(8, 100.0 * CPU(8), CPU(8))  # one stall moves a set count's price a bounded step
     assert curve(8) < 4.5 * CPU(8)
     assert curve.at(512)(8) == curve(8)  # a curve without growth is the same at any context
