@@ -14,7 +14,8 @@ import specfree
 # Each costs from tens of milliseconds (rich) to seconds (torch, transformers) to import.
 HEAVY = ("torch", "transformers", "hydra", "omegaconf", "rich", "fastapi", "uvicorn", "matplotlib", "numba",
          "specfree.bench", "specfree.serve")
-NOT_FOR_DECODE = ("fastapi", "uvicorn", "matplotlib", "specfree.bench", "specfree.serve")
+# numba: only a suffix array (a datastore, a long prompt's index) needs it, and the default drafters keep none.
+NOT_FOR_DECODE = ("fastapi", "uvicorn", "matplotlib", "numba", "specfree.bench", "specfree.serve")
 
 
 def imported_after(code: str, watched: tuple[str, ...]) -> list[str]:
@@ -43,3 +44,15 @@ def test_the_public_names_load_on_first_use():
     assert specfree.Engine is Engine and set(specfree.__all__) <= set(dir(specfree))
     with pytest.raises(AttributeError, match="no attribute 'Engin'"):
         specfree.Engin  # noqa: B018
+
+
+def test_the_pools_load_on_first_use():
+    assert imported_after("from specfree.pools import LRUNGramPool", ("numba", "specfree.pools.suffix_array")) == []
+    from specfree.pools import SuffixArrayPool
+    from specfree.pools.suffix_array import SuffixArrayPool as home
+
+    assert SuffixArrayPool is home
+    with pytest.raises(AttributeError, match="no attribute 'SuffixArray'"):
+        import specfree.pools
+
+        specfree.pools.SuffixArray  # noqa: B018

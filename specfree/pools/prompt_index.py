@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specfree.errors import ConfigError
-from specfree.pools.suffix_array import SuffixArrayPool
+
+if TYPE_CHECKING:  # imported where first used: it brings numba, which a decode without it need not load
+    from specfree.pools.suffix_array import SuffixArrayPool
 
 
 class PromptIndex:
@@ -25,6 +28,8 @@ class PromptIndex:
         self.prompt_len = 0
 
     def begin_request(self, prompt: Sequence[int]) -> None:
+        from specfree.pools.suffix_array import SuffixArrayPool
+
         ids = np.asarray(prompt, dtype=np.int64)
         self.prompt_len = len(ids)
         self.index = SuffixArrayPool.build([ids], min_query_length=1) if len(ids) else None
@@ -51,6 +56,8 @@ class PromptIndex:
 def suffix_array_pool(path: str | None = None, mmap: bool = True, verify: bool = True) -> SuffixArrayPool | PromptIndex:
     """``pool=suffix_array``: a saved datastore with ``path`` (strategy=retrieval), else an index of
     each request's prompt (strategy=prompt_lookup over long prompts)."""
+    from specfree.pools.suffix_array import SuffixArrayPool
+
     if path is None:
         return PromptIndex()
     if not Path(path).expanduser().is_file():

@@ -18,15 +18,18 @@ date as tokens are accepted.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specfree.errors import ConfigError, check_int
 from specfree.logits import top_ids
 from specfree.pools._common import as_tokens
-from specfree.pools.suffix_array import SuffixArrayPool
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal
+
+if TYPE_CHECKING:  # the suffix array brings numba: imported where a corpus is loaded
+    from specfree.pools.suffix_array import SuffixArrayPool
 
 
 class NGramTable:

@@ -7,15 +7,17 @@ yields the most frequent continuations as one draft tree.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from specfree.errors import ConfigError, check_int
 from specfree.pools.prompt_index import suffix_array_pool
-from specfree.pools.suffix_array import SuffixArrayPool
 from specfree.strategies.base import Strategy
 from specfree.types import Proposal
+
+if TYPE_CHECKING:
+    from specfree.pools.suffix_array import SuffixArrayPool
 
 
 class RetrievalDrafter(Strategy):
@@ -46,6 +48,8 @@ def make_retrieval(datastore: str | None = None, max_nodes: int = 12, max_depth:
                    max_query_length: int = 16, min_query_length: int = 2, pool: Any = None) -> RetrievalDrafter:
     """``pool`` (``pool=suffix_array pool.path=PATH`` in a config) is the datastore, instead of ``datastore``."""
     if pool is not None:
+        from specfree.pools.suffix_array import SuffixArrayPool  # numba: loaded where a retrieval is built
+
         if not isinstance(pool, SuffixArrayPool):
             raise ConfigError("retrieval drafts from a datastore: give strategy.datastore=PATH (or pool=suffix_array "
                               f"pool.path=PATH), got a {type(pool).__name__} pool")

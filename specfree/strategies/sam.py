@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specfree.errors import ConfigError, check_int
-from specfree.pools.suffix_array import SuffixArrayPool
 from specfree.pools.suffix_automaton import SuffixAutomatonPool
 from specfree.strategies.base import Outcome, Strategy
 from specfree.types import Proposal
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the suffix array brings numba: imported where a corpus is loaded
+    from specfree.pools.suffix_array import SuffixArrayPool
     from specfree.registry import Registry
 
 
