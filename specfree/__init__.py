@@ -5,8 +5,9 @@ none of them (``specfree compare``, ``specfree plugins``) do not pay for torch a
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from specfree.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from specfree.engine import Chunk, Engine
@@ -20,16 +21,4 @@ _HOMES = {"Chunk": "specfree.engine", "Engine": "specfree.engine", "ConfigError"
           "Generation": "specfree.types", "StepRecord": "specfree.types"}
 __all__ = sorted(_HOMES)
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'specfree' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
+__getattr__, __dir__ = lazy_names(globals(), _HOMES)

@@ -3,15 +3,19 @@
 The pools load on first use (PEP 562): the suffix array brings numba, about 0.1 s of start-up,
 which a decode whose drafters keep no suffix array should not pay."""
 
-from importlib import import_module
+from __future__ import annotations
 
-_HOMES = {"Pool": "base", "PoolFileError": "base", "LRUNGramPool": "lru", "SuffixArrayPool": "suffix_array",
-          "TriePool": "trie"}
+from typing import TYPE_CHECKING
 
+from specfree.lazy_names import lazy_names
+
+if TYPE_CHECKING:
+    from specfree.pools.base import Pool, PoolFileError
+    from specfree.pools.lru import LRUNGramPool
+    from specfree.pools.suffix_array import SuffixArrayPool
+    from specfree.pools.trie import TriePool
+
+_HOMES = {"Pool": "specfree.pools.base", "PoolFileError": "specfree.pools.base", "LRUNGramPool": "specfree.pools.lru",
+          "SuffixArrayPool": "specfree.pools.suffix_array", "TriePool": "specfree.pools.trie"}
 __all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
+__getattr__, __dir__ = lazy_names(globals(), _HOMES)

@@ -56,11 +56,11 @@ class PromptIndex:
 def suffix_array_pool(path: str | None = None, mmap: bool = True, verify: bool = True) -> SuffixArrayPool | PromptIndex:
     """``pool=suffix_array``: a saved datastore with ``path`` (strategy=retrieval), else an index of
     each request's prompt (strategy=prompt_lookup over long prompts)."""
-    from specfree.pools.suffix_array import SuffixArrayPool
-
     if path is None:
         return PromptIndex()
     if not Path(path).expanduser().is_file():
         raise ConfigError(f"datastore file not found: {path} "
                           "(build one with: python -m specfree datastore build input=CORPUS out=PATH)")
+    from specfree.pools.suffix_array import SuffixArrayPool
+
     return SuffixArrayPool.load(Path(path).expanduser(), mmap=mmap, verify=verify)
