@@ -160,6 +160,27 @@ def test_an_answer_matches_its_schema_and_ends_where_the_grammar_is_complete():
     assert ", " in result.text  # the fixed layout: one space after ',' and ':'
 
 
+@pytest.mark.parametrize("fill", ["ties", "nan", "random"])
+def test_the_masks_argmax_is_the_masked_rows_argmax(fill):
+    """``ConstraintMask.argmax`` (greedy's pick, off the allowed ids) against the masked row's
+    ``argmax``, state after state of a JSON answer, ties and NaN included."""
+    from specfree.constraints import ConstraintMask
+
+    tokenizer = tiny_json_tokenizer()
+    matcher = Grammars(tokenizer, VOCAB, {EOS}).matcher(Constraint.from_options(json_object=True))
+    mask = ConstraintMask(matcher, prompt_len=0)
+    answer = tokenizer('{"a": true, "abc": [12, null]}').input_ids
+    generator = torch.Generator().manual_seed(1)
+    for end in range(len(answer)):
+        ids = torch.tensor([answer[:end]])
+        scores = torch.randn(1, VOCAB, generator=generator)
+        if fill == "ties":
+            scores = scores.round()
+        elif fill == "nan":
+            scores[0, torch.randint(0, VOCAB, (3,), generator=generator)] = float("nan")
+        assert mask.argmax(ids, scores[0].numpy()) == int(mask(ids, scores)[0].argmax())
+
+
 def test_the_grammar_drafter_proposes_the_forced_text_and_it_is_accepted():
     schema = {"type": "object", "properties": {"name": {"type": "boolean"}, "abc": {"type": "null"}},
               "required": ["name", "abc"], "additionalProperties": False}

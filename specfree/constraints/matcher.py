@@ -27,8 +27,8 @@ class ConstraintError(RuntimeError):
 
 
 class Matcher:
-    """llguidance's matcher for one request, with the tokens it has consumed (``consumed``) and the
-    time spent in it (``spent_s``)."""
+    """llguidance's matcher for one request, with the tokens it has consumed (``consumed``), the
+    time spent in it (``spent_s``) and the masks it computed (``masks``)."""
 
     def __init__(self, matcher, vocab_size: int, constraint):
         self._matcher, self.vocab_size, self.constraint = matcher, vocab_size, constraint
@@ -38,7 +38,9 @@ class Matcher:
         self._past_stop = 0
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._allowed: torch.Tensor | None = None  # the mask at ``consumed``, until it moves
+        self._allowed_ids: np.ndarray | None = None  # its allowed ids, ascending
         self.spent_s = 0.0  # time in the grammar so far (following, masks, checks of drafts)
+        self.masks = 0  # masks computed so far (one per state asked about)
 
     def follow(self, tokens: Sequence[int]) -> None:
         """Move to the state after ``tokens`` (the answer so far), from wherever it is."""
@@ -56,7 +58,7 @@ class Matcher:
             common += 1
         if common == len(self.consumed) == len(tokens):
             return
-        self._allowed = None
+        self._allowed = self._allowed_ids = None
         if common < len(self.consumed):
             undo = len(self.consumed) - common
             past_stop = min(undo, self._past_stop)
@@ -81,8 +83,15 @@ class Matcher:
             self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
             bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
             self._allowed = torch.from_numpy(bits.astype(bool))
+            self.masks += 1
             self.spent_s += time.perf_counter() - start
         return self._allowed
+
+    def allowed_ids(self) -> np.ndarray:
+        """The ids ``allowed()`` allows, ascending."""
+        if self._allowed_ids is None:
+            self._allowed_ids = np.flatnonzero(self.allowed().numpy())
+        return self._allowed_ids
 
     def allows(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar accepts from here (without moving)."""
@@ -114,10 +123,21 @@ class ConstraintMask(LogitsProcessor):
         self.matcher, self.prompt_len = matcher, prompt_len
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._follow(input_ids)
+        return scores.masked_fill(~self.matcher.allowed().to(scores.device), float("-inf"))
+
+    def argmax(self, input_ids: torch.Tensor, scores: np.ndarray) -> int:
+        """The argmax of ``scores`` [V] (float32) under the mask after ``input_ids``: the first maximal
+        allowed entry, as ``self(input_ids, scores).argmax()`` finds it, read off the allowed ids
+        alone (a fill of the whole row and an argmax over it cost several times the grammar's mask)."""
+        self._follow(input_ids)
+        ids = self.matcher.allowed_ids()
+        return int(ids[scores[ids].argmax()]) if len(ids) else 0  # none allowed: the masked row's argmax, 0
+
+    def _follow(self, input_ids: torch.Tensor) -> None:
         if input_ids.shape[0] != 1:
             raise ValueError("ConstraintMask follows one request: pass one row of ids")
         self.matcher.follow(input_ids[0, self.prompt_len :].tolist())
-        return scores.masked_fill(~self.matcher.allowed().to(scores.device), float("-inf"))
 
 
 def prune(proposal: Proposal, matcher: Matcher) -> Proposal:

@@ -23,6 +23,9 @@ class GreedyVerifier:
         if not self.processors:
             preds = greedy_ids(logits)  # one pass over the whole tree
             pick = lambda node, prefix: preds[node]  # noqa: E731
+        elif len(self.processors) == 1 and hasattr(self.processors[0], "argmax") and logits.device.type == "cpu":
+            mask, rows = self.processors[0], logits.detach().float().numpy()  # a constraint's mask alone
+            pick = lambda node, prefix: mask.argmax(prefix[None], rows[node])  # noqa: E731
         else:
             context = context.to(logits.device)  # processors index the scores with these ids
             pick = lambda node, prefix: int(  # noqa: E731
