@@ -185,7 +185,11 @@ class Batch:
                 self._guarded(member, events, self._begin, member)
 
     def _begin(self, member: Member) -> None:
+        """The drafter's index of the prompt: work on the prompt before the first step, so counted
+        in the member's ``prefill_s`` with the prompt's forward (decode time is the steps')."""
+        start = time.perf_counter()
         member.decoding.strategy.begin(member.decoding.context.copy())
+        member.prefill_s += time.perf_counter() - start
 
     def _decode(self, members: list[Member], events: list[Event]) -> None:
         steps: dict[Member, Step] = {}

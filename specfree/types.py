@@ -110,7 +110,7 @@ class Generation:
     text: str
     prompt_tokens: int
     steps: list[StepRecord]
-    prefill_s: float
+    prefill_s: float  # before the first step: the prompt's forward and the drafter's index of the prompt
     wall_s: float  # prefill + all steps
     stop_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "context_length"
     drafted_mask: list[bool] = field(default_factory=list)  # per token: came from an accepted draft

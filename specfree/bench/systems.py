@@ -42,7 +42,8 @@ class Turn:
     wall_s: float
     prompt_tokens: int
     stop_reason: str | None = None
-    prefill_s: float | None = None  # seconds before the decode loop: the prompt's forward; None if unknown
+    # seconds before the decode loop (the prompt's forward; specfree's drafter index of it too); None if unknown
+    prefill_s: float | None = None
     prefill_emitted: int = 0  # new tokens the prefill itself made (transformers: the first one)
     steps: int | None = None  # forwards that emitted tokens (specfree: after its prefill; transformers: all)
     emitted: list[int] | None = None  # tokens emitted by each step

@@ -90,3 +90,12 @@ def test_a_bad_constraint_is_a_400_naming_its_field(server, body, param, words):
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"]
     assert post(server, {"json_schema": SCHEMA}).status_code == 200  # the next request is served
+
+
+def test_the_warm_up_converts_the_tokenizer_for_constraints_on_the_served_engine():
+    from specfree.serve.cli import warm_up
+
+    engine = json_engine()
+    assert engine._grammars is None
+    warm_up(engine)
+    assert engine._grammars is not None  # the first request with a schema or tools converts nothing
