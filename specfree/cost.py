@@ -266,6 +266,12 @@ class CostModel:
         return cls(sizes, times)
 
 
+def prices(curve, rows: np.ndarray) -> np.ndarray:
+    """``curve`` (any function of a row count) at each of ``rows``, at once where it can (``many``)."""
+    many = getattr(curve, "many", None)
+    return many(rows) if many is not None else np.array([curve(int(r)) for r in rows], dtype=np.float64)
+
+
 def never_falls(seconds: np.ndarray) -> np.ndarray:
     """A forward never gets cheaper with more rows: each point (by rows) at most the cheapest one
     above it. Points are best-of timings, so noise makes one too dear (a stall), rarely too cheap;
@@ -418,7 +424,9 @@ class Correction:
     ``optimism`` of a one-row forward per extra row, up to twice the most rows set so far (so trees
     grow into untried sizes step by step: a jump to 27 rows, tried three times, cost a loaded VM
     several hundred milliseconds), and the planner tries it where it pays at that price, until its
-    own times set it. Half a one-row forward a row is far below a stalled point's price and above
+    own times set it; nor dearer than the counts set cost along their slope (``Corrected._run``:
+    a stalled point, or one learned at a longer context, would otherwise price every count past it
+    out of reach). Half a one-row forward a row is far below a stalled point's price and above
     what a CPU's rows cost (a fifth to a quarter); at a sixteenth, a hybrid ran three steps at each
     count up to twice its largest, each at twice its price
     (docs/bench/history.md#the-price-of-a-row-count-not-yet-run-issue-82-intel-xeon-2026-12-03). An
@@ -447,6 +455,22 @@ class Correction:
             del self.trying[rows]
         self._table = None
 
+    def counts(self) -> np.ndarray:
+        """The row counts with a ratio, set or being set."""
+        return np.asarray(sorted({*self.ratio, *self.trying}), dtype=np.float64)
+
+    def rebase(self, counts: np.ndarray, factors: np.ndarray) -> None:
+        """Each count's ratio (and first ratios) times its factor: the curve under it moved by
+        1 / factor there."""
+        for count, factor in zip(counts.astype(int).tolist(), factors.tolist()):
+            if factor == 1.0 or not np.isfinite(factor) or factor <= 0:
+                continue
+            if count in self.ratio:
+                self.ratio[count] *= factor
+            if count in self.trying:
+                self.trying[count] = [r * factor for r in self.trying[count]]
+        self._table = None
+
     def factors(self, rows: np.ndarray) -> np.ndarray:
         if not self.ratio:
             return np.ones(len(rows))
@@ -469,8 +493,7 @@ class Corrected:
         return float(self.many(np.array([rows]))[0])
 
     def _raw(self, rows: np.ndarray) -> np.ndarray:
-        many = getattr(self.curve, "many", None)
-        return many(rows) if many is not None else np.array([self.curve(int(r)) for r in rows], dtype=np.float64)
+        return prices(self.curve, rows)
 
     def many(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows)
@@ -479,8 +502,24 @@ class Corrected:
         if 1 in correction.ratio:  # counts not yet set: never dearer than the optimistic price
             one = float(self._raw(np.array([1]))[0]) * correction.ratio[1]
             untried = ~correction.settled(rows) & (rows <= 2 * max(correction.ratio))
-            seconds[untried] = np.minimum(seconds[untried], one * (1 + correction.optimism * (rows[untried] - 1)))
+            cap = np.minimum(one * (1 + correction.optimism * (rows[untried] - 1)), self._run(rows[untried]))
+            seconds[untried] = np.minimum(seconds[untried], cap)
         return seconds
+
+    def _run(self, rows: np.ndarray) -> np.ndarray:
+        """What the counts set so far cost as run: their corrected prices, between them, and beyond
+        the largest along their average slope (at least ``MIN_SLOPE`` of one row a row). A curve
+        point taken in a slow spell, or at a shorter context than the steps run at, prices the
+        counts past it far above what the counts run cost; no step then runs them to say so."""
+        counts = np.asarray(sorted(self.correction.ratio), dtype=np.float64)
+        if len(counts) < 2:
+            return np.full(len(rows), np.inf)
+        prices = self._raw(counts) * self.correction.factors(counts)
+        slope = max((prices[-1] - prices[0]) / (counts[-1] - counts[0]), MIN_SLOPE * prices[0])
+        out = np.interp(np.asarray(rows, dtype=np.float64), counts, prices)
+        beyond = rows > counts[-1]
+        out[beyond] = prices[-1] + slope * (rows[beyond] - counts[-1])
+        return out
 
     def at(self, context: int) -> "Corrected":
         at = getattr(self.curve, "at", None)

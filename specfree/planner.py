@@ -10,6 +10,8 @@ replayed, and whether each step is priced at its own context.
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -82,7 +84,8 @@ class StepPlanner:
         if self.pricer is not None:  # before the curve learns a new point from it: the price this step had
             self.pricer.timed(rows, seconds, context)
         if self.timing is not None:
-            self.timing.observe(rows, seconds, context=context)
+            with self.pricer.rebasing(context) if self.pricer is not None else contextlib.nullcontext():
+                self.timing.observe(rows, seconds, context=context)
 
     def learn(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
         """The step emitted ``emitted`` tokens, the first ``accepted`` of them drafted."""

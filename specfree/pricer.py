@@ -6,13 +6,15 @@ its knobs, as its paper ran it.
 
 from __future__ import annotations
 
+import contextlib
+
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from specfree.cost import Corrected, Correction
+from specfree.cost import Corrected, Correction, prices
 from specfree.draft_tree import merge
 from specfree.pricing import (AGREED, AcceptanceModel, Calibration, Path, Plan, agreed_label, drafted_nodes,
                               price)
@@ -47,9 +49,7 @@ class Shifted:
         return self.curve(rows + self.others)
 
     def many(self, rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows) + self.others
-        many = getattr(self.curve, "many", None)
-        return many(rows) if many is not None else np.array([self.curve(int(r)) for r in rows])
+        return prices(self.curve, np.asarray(rows) + self.others)
 
     def at(self, context: int) -> "Shifted":
         """The same shift on the curve at ``context`` tokens (where the curve knows contexts)."""
@@ -104,6 +104,21 @@ class Pricer:
         """A forward of ``rows`` rows took ``seconds`` at ``context``: the correction follows it."""
         if self.correction is not None and self.cost is not None:
             self.correction.observe(rows, seconds, at_context(self.cost, context)(rows))
+
+    @contextlib.contextmanager
+    def rebasing(self, context: int | None):
+        """Inside the block the curve may learn from a step (a new point, or points moved): the
+        correction's ratios are then re-based onto the curve as it is after, so that each count's
+        corrected price stays what its steps measured (else a count learned from its first steps
+        is priced at its measured time times the ratio of that time to the old guess: twice)."""
+        if self.correction is None or self.cost is None:
+            yield
+            return
+        counts = self.correction.counts()
+        before = prices(at_context(self.cost, context), counts)
+        yield
+        if len(counts):
+            self.correction.rebase(counts, before / prices(at_context(self.cost, context), counts))
 
     def observe(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
         """Learn from a step: ``emitted`` tokens (accepted drafts, then the model's own), the first

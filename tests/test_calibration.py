@@ -114,6 +114,37 @@ def test_the_correction_follows_measured_forward_times_per_row_count():
     assert curve.at(512)(8) == curve(8)  # a curve without growth is the same at any context
 
 
+def test_a_count_the_curve_learns_from_its_steps_is_priced_at_what_they_measured():
+    """The correction's ratio for a count is taken against the curve's guess; once the curve learns
+    the count from the same steps, the ratio is re-based onto it (not applied to the learned time again)."""
+    from specfree.planner import StepPlanner
+
+    curve = CostModel([1, 2, 4], [1.0, 1.2, 1.5])  # 6 rows: 1.95 by the last two points' slope
+    pricer = Pricer(curve, correction=Correction())
+    planner = StepPlanner(pricer, price_context=False, timing=curve.learner())
+    for _ in range(3):
+        planner.timed(1, 1.0)
+        planner.timed(6, 3.0)  # the machine's six rows: dearer than the guess
+    assert 6 in curve.rows and curve(6) == pytest.approx(3.0)
+    assert pricer.curve_at(None)(6) == pytest.approx(3.0)  # not 3.0 * (3.0 / 1.95)
+
+
+def test_counts_past_a_point_taken_too_dear_are_priced_along_the_counts_run():
+    """A curve point far above what the machine's counts cost (a slow spell, a shorter context than
+    the steps') priced every count past it out of reach; untried counts now cost at most what the
+    counts run cost, along their slope."""
+    stale = CostModel([1, 2, 3, 4, 6], [1.0, 1.1, 1.2, 1.3, 3.0])  # six rows timed in a stall
+    correction = Correction()
+    for _ in range(3):
+        for rows in (1, 2, 3, 4):
+            correction.observe(rows, stale(rows), stale(rows))
+    curve = Corrected(stale, correction)
+    run_slope = (1.3 - 1.0) / 3
+    assert curve(6) == pytest.approx(1.3 + 2 * run_slope)  # not 3.0: no step ran six rows yet
+    assert curve(8) == pytest.approx(1.3 + 4 * run_slope)  # up to twice the most rows set
+    assert curve(9) > 3.0  # past it: the curve's own price, until the steps get there
+
+
 def test_a_count_priced_far_too_dear_at_start_up_is_tried_and_then_priced_as_measured():
     stalled = CostModel([1, 2, 4], [1.0, 30.0, 31.0])  # two rows timed during a stall
     correction = Correction()
