@@ -78,6 +78,18 @@ class CostModel:
     def __call__(self, rows: int) -> float:
         return float(self.many(np.array([rows]))[0])
 
+    def snapshot(self) -> "CostModel":
+        """A copy of the curve as it is now (what learning moves: its points and growth)."""
+        return CostModel(self.rows.copy(), self.seconds.copy(), self.context,
+                         None if self.growth is None else self.growth.copy())
+
+    def same_as(self, other: "CostModel") -> bool:
+        """Whether ``other`` has this curve's points, context and growth."""
+        same_growth = (self.growth is None and other.growth is None) or (
+            self.growth is not None and other.growth is not None and np.array_equal(self.growth, other.growth))
+        return (self.context == other.context and same_growth and np.array_equal(self.rows, other.rows)
+                and np.array_equal(self.seconds, other.seconds))
+
     def many(self, rows: np.ndarray) -> np.ndarray:
         """``self(r)`` for every r of ``rows`` at once (pricing asks for a whole range each step)."""
         rows = np.asarray(rows, dtype=np.float64)

@@ -111,14 +111,16 @@ class Pricer:
         correction's ratios are then re-based onto the curve as it is after, so that each count's
         corrected price stays what its steps measured (else a count learned from its first steps
         is priced at its measured time times the ratio of that time to the old guess: twice)."""
-        if self.correction is None or self.cost is None:
+        snapshot = getattr(self.cost, "snapshot", None)
+        if self.correction is None or snapshot is None:  # a curve that does not learn
             yield
             return
-        counts = self.correction.counts()
-        before = prices(at_context(self.cost, context), counts)
+        before = snapshot()
         yield
-        if len(counts):
-            self.correction.rebase(counts, before / prices(at_context(self.cost, context), counts))
+        counts = self.correction.counts()
+        if len(counts) and not before.same_as(self.cost):
+            self.correction.rebase(counts, prices(at_context(before, context), counts)
+                                   / prices(at_context(self.cost, context), counts))
 
     def observe(self, proposal: Proposal, plan: Plan, emitted: Sequence[int], accepted: int) -> None:
         """Learn from a step: ``emitted`` tokens (accepted drafts, then the model's own), the first
