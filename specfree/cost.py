@@ -514,8 +514,9 @@ class Corrected:
         if 1 in correction.ratio:  # counts not yet set: never dearer than the optimistic price
             one = float(self._raw(np.array([1]))[0]) * correction.ratio[1]
             untried = ~correction.settled(rows) & (rows <= 2 * max(correction.ratio))
-            cap = np.minimum(one * (1 + correction.optimism * (rows[untried] - 1)), self._run(rows[untried]))
-            seconds[untried] = np.minimum(seconds[untried], cap)
+            if untried.any():
+                cap = np.minimum(one * (1 + correction.optimism * (rows[untried] - 1)), self._run(rows[untried]))
+                seconds[untried] = np.minimum(seconds[untried], cap)
         return seconds
 
     def _run(self, rows: np.ndarray) -> np.ndarray:
@@ -526,11 +527,11 @@ class Corrected:
         counts = np.asarray(sorted(self.correction.ratio), dtype=np.float64)
         if len(counts) < 2:
             return np.full(len(rows), np.inf)
-        prices = self._raw(counts) * self.correction.factors(counts)
-        slope = max((prices[-1] - prices[0]) / (counts[-1] - counts[0]), MIN_SLOPE * prices[0])
-        out = np.interp(np.asarray(rows, dtype=np.float64), counts, prices)
+        run = self._raw(counts) * self.correction.factors(counts)
+        slope = max((run[-1] - run[0]) / (counts[-1] - counts[0]), MIN_SLOPE * run[0])
+        out = np.interp(np.asarray(rows, dtype=np.float64), counts, run)
         beyond = rows > counts[-1]
-        out[beyond] = prices[-1] + slope * (rows[beyond] - counts[-1])
+        out[beyond] = run[-1] + slope * (rows[beyond] - counts[-1])
         return out
 
     def at(self, context: int) -> "Corrected":

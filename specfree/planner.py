@@ -11,7 +11,6 @@ replayed, and whether each step is priced at its own context.
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol

@@ -7,7 +7,6 @@ its knobs, as its paper ran it.
 from __future__ import annotations
 
 import contextlib
-
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass

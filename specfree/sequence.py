@@ -172,8 +172,7 @@ class Decoding:
         if self.rollback_s is not None:
             extra = {**extra, "rollback_s": self.rollback_s()}
         if self.constraint is not None:  # the grammar's time so far (masks, drafts checked): a bench's mask cost
-            extra = {**extra, "constraint_s": self.constraint.spent_s,
-                     "constraint_masks": float(self.constraint.masks)}
+            extra = {**extra, "constraint_s": self.constraint.spent_s}
         if shared:
             extra = {**extra, **shared}
         self.steps.append(StepRecord(

@@ -27,8 +27,8 @@ class ConstraintError(RuntimeError):
 
 
 class Matcher:
-    """llguidance's matcher for one request, with the tokens it has consumed (``consumed``), the
-    time spent in it (``spent_s``) and the masks it computed (``masks``)."""
+    """llguidance's matcher for one request, with the tokens it has consumed (``consumed``) and the
+    time spent in it (``spent_s``)."""
 
     def __init__(self, matcher, vocab_size: int, constraint):
         self._matcher, self.vocab_size, self.constraint = matcher, vocab_size, constraint
@@ -40,7 +40,6 @@ class Matcher:
         self._allowed: torch.Tensor | None = None  # the mask at ``consumed``, until it moves
         self._allowed_ids: np.ndarray | None = None  # its allowed ids, ascending
         self.spent_s = 0.0  # time in the grammar so far (following, masks, checks of drafts)
-        self.masks = 0  # masks computed so far (one per state asked about)
 
     def follow(self, tokens: Sequence[int]) -> None:
         """Move to the state after ``tokens`` (the answer so far), from wherever it is."""
@@ -83,7 +82,6 @@ class Matcher:
             self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
             bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
             self._allowed = torch.from_numpy(bits.astype(bool))
-            self.masks += 1
             self.spent_s += time.perf_counter() - start
         return self._allowed
 
