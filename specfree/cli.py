@@ -143,12 +143,7 @@ def hydra_command(command: str, args: list[str], split: StartupSplit | None = No
         get_args_parser,  # Hydra's own flags: -m, --cfg, --help...
     )
 
-    from specfree.config import (
-        CONFIG_MODULE,
-        CONFIG_NAME,
-        compose,
-        register_config_nodes,
-    )
+    from specfree.config import CONFIG_MODULE, CONFIG_NAME, compose
     from specfree.plugins import build_plugin_manager, registry
 
     parser = get_args_parser()
@@ -169,8 +164,8 @@ def hydra_command(command: str, args: list[str], split: StartupSplit | None = No
             raise ConfigError("serve runs one server: drop -m")
         if not any(o.lstrip("+").startswith("serve=") for o in overrides):
             overrides.insert(0, "serve=default")
-    register_config_nodes(reg)
     runs = not (parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion)
+    # composing registers the config nodes Hydra's run below reads
     jobs = [compose(job, reg) for job in (sweep_jobs(overrides) if parsed.multirun else [overrides])]
     piped = None
     for cfg in jobs if runs else []:
@@ -281,7 +276,7 @@ def decode(cfg: DictConfig, reg: Registry, out: Console | None = None, err: Cons
     prompt = read_prompt(cfg, piped)
     use_threads(cfg.threads)
     hf_logging.disable_progress_bar()  # a weight-loading bar would land between prompt and answer
-    parts = engine_parts(cfg, reg, split)
+    parts = engine_parts(cfg, reg, split, warm=True)
     with split.phase("engine"):  # the cost curve, read from its cache and checked
         engine = Engine(**parts)
     settings = engine.model_settings.line()  # what the model's generation_config changed, said once

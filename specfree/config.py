@@ -236,10 +236,13 @@ def build_strategy(cfg: DictConfig, reg: Registry):
     return build(reg, "strategy", cfg.strategy, **extra)
 
 
-def engine_parts(cfg: DictConfig, reg: Registry, split: StartupSplit | None = None) -> dict[str, Any]:
+def engine_parts(cfg: DictConfig, reg: Registry, split: StartupSplit | None = None,
+                 warm: bool = False) -> dict[str, Any]:
     """``Engine(**engine_parts(cfg, reg))``: the parts a checked config names. Strategy, verifier
     and mask builder are built first, so their mistakes show before the model spends seconds loading.
-    ``split``: times loading the model (``model``) and building its adapter (``adapter``)."""
+    ``split``: times loading the model (``model``) and building its adapter (``adapter``). ``warm``:
+    a GGUF model's compiled step comes from a warm start where one was kept (``adapters.warm``;
+    its adapter's ``model`` is then no transformers model), and one is kept after a start without."""
     from specfree.loading import check_hub_reachable, load_model
     from specfree.parts import build_parts
     from specfree.startup import phase_of
@@ -253,17 +256,47 @@ def engine_parts(cfg: DictConfig, reg: Registry, split: StartupSplit | None = No
     model_cfg = cfg.model
     if model_cfg.path is not None and not Path(model_cfg.path).expanduser().exists():
         raise ModelLoadError(f"model.path not found: {model_cfg.path} (give a model folder or a .gguf file)")
+    chosen = cfg.get("verifier")
+    verifier = {"verifier_knobs": knobs(chosen) if chosen is not None else {},
+                "verifier": chosen.name if chosen is not None else None}
+    source = warm_source(cfg, reg, settings) if warm else None
+    if source is not None:
+        from specfree.adapters.warm import remember, warm_start
+    with phase_of(split, "model"):
+        started = None if source is None else warm_start(source[0], settings.cache_dir)
+    if started is not None:
+        adapter, tokenizer = started
+        with phase_of(split, "adapter"):
+            parts = build_parts(adapter.model, reg, strategy, settings, adapter=adapter, **verifier)
+        return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, "settings": settings}
     check_hub_reachable(model_cfg.path or model_cfg.name, model_cfg.revision)
     with phase_of(split, "model"):
         model, tokenizer = load_model(model_cfg.path or model_cfg.name, device=cfg.device, dtype=cfg.dtype,
                                       cache_dir=settings.cache_dir, attn_implementation=model_cfg.attn_implementation,
                                       revision=model_cfg.revision)
     # The verifier's knobs the config leaves unset (null) follow the model's generation_config.
-    chosen = cfg.get("verifier")
     with phase_of(split, "adapter"):
-        parts = build_parts(model, reg, strategy, settings, verifier_knobs=knobs(chosen) if chosen is not None else {},
-                            verifier=chosen.name if chosen is not None else None)
+        parts = build_parts(model, reg, strategy, settings, **verifier)
+    if source is not None:
+        remember(parts["adapter"], *source)
     # cache_dir: the cost curve is kept beside the kernels and packages, where the config says
     return {**parts, "tokenizer": tokenizer, "mask_builder": mask_builder, "settings": settings}
 
 
+def warm_source(cfg: DictConfig, reg: Registry, settings: EngineSettings) -> tuple[Path, Path] | None:
+    """Where a warm start of this config's model is kept, and its tokenizer's folder: a GGUF file on
+    the built-in adapter's compiled path on a CPU in float32; None for any other model or setup."""
+    from specfree.adapters.compiled import make_adapter
+    from specfree.adapters.warm import record_folder, warm_key
+    from specfree.files import cache_folder
+    from specfree.loading import gguf_path, gguf_to_folder
+
+    if (settings.compile == "false" or str(cfg.device) != "cpu" or str(cfg.dtype) not in ("float32", "fp32")
+            or reg.get("adapter", settings.adapter_name).factory is not make_adapter):
+        return None
+    path = gguf_path(cfg.model.path or cfg.model.name)
+    if path is None:
+        return None
+    cache = cache_folder(settings.cache_dir)
+    folder = gguf_to_folder(path, cache)  # the file's digest, remembered: a stat and a small read
+    return record_folder(cache, warm_key(folder, settings, cfg.model.attn_implementation)), folder

@@ -193,16 +193,8 @@ class CostModel:
         later engines read the file, after a check that its shape still holds here (``holds``), and
         measure again if not; the next one measures the growth a quick curve lacks (``grow``). What
         the engine's steps teach the curve (``learner``) goes to the file too."""
-        model = adapter.model
-        params = sum(p.numel() for p in model.parameters())
-        # The layer classes name the kernels (few-row linears, fused norms, ...), whichever were swapped in.
-        classes = {type(m) for m in model.modules()}
-        layers = sorted(f"{c.__module__}.{c.__qualname__}" for c in classes)
-        # The KV layers, and the compiled path's own curve: padded buckets, Inductor's kernels; and
-        # the build of specfree's ops (a faster kernel is a new curve, or pricing keeps the old one).
-        setup = [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
-                 torch.__version__, model.config._attn_implementation, layers, linear_path(model),
-                 kernel_dir().name, CONTEXTS, *adapter.cost_setup()]
+        identity = adapter.cost_identity() if hasattr(adapter, "cost_identity") else model_cost_identity(adapter)
+        setup = [*identity, *adapter.cost_setup()]
         path = Path(cache_dir) / "costs" / f"{fingerprint(setup)}.json"
         if path.is_file():
             try:
@@ -537,3 +529,17 @@ class Corrected:
     def at(self, context: int) -> "Corrected":
         at = getattr(self.curve, "at", None)
         return Corrected(at(context), self.correction) if at is not None else self
+
+
+def model_cost_identity(adapter) -> list:
+    """What of the adapter's model and this process sets a forward's cost (with ``adapter.cost_setup()``,
+    the cost curve's cache key; a warm start reads its model's from its record)."""
+    model = adapter.model
+    params = sum(p.numel() for p in model.parameters())
+    # The layer classes name the kernels (few-row linears, fused norms, ...), whichever were swapped in.
+    layers = sorted(f"{c.__module__}.{c.__qualname__}" for c in {type(m) for m in model.modules()})
+    # The KV layers, and the compiled path's own curve: padded buckets, Inductor's kernels; and
+    # the build of specfree's ops (a faster kernel is a new curve, or pricing keeps the old one).
+    return [model.config.model_type, params, str(adapter.device), str(adapter.dtype), torch.get_num_threads(),
+            torch.__version__, model.config._attn_implementation, layers, linear_path(model), kernel_dir().name,
+            CONTEXTS]

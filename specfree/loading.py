@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specfree.building import with_supported_attention
 from specfree.errors import ConfigError, ModelLoadError, SpecfreeError, cause
@@ -100,6 +99,7 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | torch.dtype 
                cache_dir: str | Path | None = None, attn_implementation: str | None = "sdpa",
                revision: str | None = None):
     """Return (model, tokenizer). ``name_or_path``: 'smollm2', a .gguf file, a folder or a hub id."""
+    from transformers import AutoConfig, AutoTokenizer
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
     if ignores_custom_masks(attn_implementation):
         warnings.warn(f"attn_implementation={attn_implementation!r} cannot take specfree's tree attention "
@@ -165,11 +165,13 @@ def _has_config(folder) -> bool:
 
 
 def _read_config(folder, revision=None):
+    from transformers import AutoConfig
     with boundary(f"read the model config {Path(folder) / 'config.json'}", CONFIG_FIX):
         return AutoConfig.from_pretrained(folder, revision=revision)
 
 
 def _local_tokenizer(folder, revision=None):
+    from transformers import AutoTokenizer
     with boundary(f"load the tokenizer in {folder}", TOKENIZER_FIX):
         return AutoTokenizer.from_pretrained(folder, revision=revision)
 
@@ -192,6 +194,7 @@ def _from_pretrained(folder, config, dtype, attn_implementation, revision):
     """The model, or one ``ModelLoadError`` line when its weights lack tensors or hold tensors of other
     shapes (transformers would fill or refuse them after logging a table of its own, which the line
     replaces: transformers logs only errors meanwhile)."""
+    from transformers import AutoModelForCausalLM
     kwargs = dict(dtype=dtype, revision=revision, output_loading_info=True, ignore_mismatched_sizes=True,
                   **({"config": config} if config is not None else {}))
     with transformers_errors_only():
@@ -247,6 +250,8 @@ def gguf_to_folder(path: Path, cache_dir: Path) -> Path:
         if all((folder / name).is_file() for name in ("config.json", "tokenizer_config.json", TENSOR_TABLE)):
             remember_digest(path, memo, digest)
             return folder
+        from transformers import AutoConfig, AutoTokenizer  # here: a quarter second to import, once per file
+
         weights = GGUFWeights(path)  # the table of tensors first: a truncated file stops here
         refuse_architecture(weights.architecture, path)
         # transformers reads the tokenizer from the file's metadata: seconds for SmolLM2 on 2 cores
@@ -289,6 +294,8 @@ def load_gguf(path: Path, cache_dir: str | Path | None, device: torch.device, dt
               attn_implementation: str | None):
     """(model, tokenizer) of a GGUF file: its linear layers held as the file's codes on a CPU in
     float32 where specfree's kernels run; else dequantized by transformers, in memory."""
+    from transformers import AutoModelForCausalLM
+
     from specfree.gguf_model import load_coded
     from specfree.kernels import load_kernels
     from specfree.kernels.panels import LANES
@@ -325,6 +332,7 @@ def write_atomically(folder: Path, write) -> None:
 
 def load_tokenizer(name_or_path: str, cache_dir: str | Path | None = None):
     """Just the tokenizer of ``name_or_path`` (same resolution as ``load_model``)."""
+    from transformers import AutoTokenizer
     source = resolve_source(name_or_path, cache_dir)
     if _is_folder(source):
         if _has_config(source):  # AutoTokenizer reads it too: a broken one is named as such

@@ -25,9 +25,7 @@ import contextlib
 import warnings
 
 import torch
-from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specfree.errors import UnsupportedModelError
 from specfree.loading import ignores_custom_masks
@@ -152,6 +150,10 @@ def use_grouped_sdpa(model) -> bool:
 def _switch(model, name: str, function) -> bool:
     """Register ``function`` under ``name`` through transformers' own extension points (with SDPA's
     mask) and switch ``model`` to it; False where the family refuses custom attention."""
+    # here, not at the top: they load transformers' modeling code, which a warm start never needs
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     AttentionInterface.register(name, function)
     AttentionMaskInterface.register(name, sdpa_mask)
     try:

@@ -15,10 +15,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
 
 from specfree.adapters import probe_cache, probes
 from specfree.adapters.attention import attention_path, use_grouped_sdpa, use_maskable_attention, use_tree_attention
@@ -31,6 +30,9 @@ from specfree.adapters.stores import STORES, KVStore, SlotStore
 from specfree.kernels import int8_layers, linear_kind, linear_path, prepare_linears
 from specfree.progress import StepsShown
 from specfree.settings import DEFAULTS, EngineSettings
+
+if TYPE_CHECKING:  # transformers' modeling code: a warm start never loads it
+    from transformers import PreTrainedModel
 
 # The one mode every forward specfree runs is under: probes, the cost curve, prompts, steps and
 # replays alike, whatever the model's parameters' ``requires_grad`` (after ``from_pretrained`` they

@@ -112,6 +112,22 @@ class GrowingBuffers:
         self.cache = growing_cache()
 
 
+class PackageLayer(StaticLayer):
+    """transformers' static layer, its buffers left unmarked as dynamo's static addresses: a package
+    takes them as plain inputs, and marking them imports dynamo, most of a second, in a process that
+    never compiles (a warm start)."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.batch_size, self.num_heads = key_states.shape[:2]
+        self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
+        self.keys = key_states.new_zeros(self.batch_size, self.num_heads, self.max_cache_len, self.k_head_dim)
+        self.values = value_states.new_zeros(self.batch_size, self.num_heads, self.max_cache_len, self.v_head_dim)
+        with torch.inference_mode(False):  # a plain tensor: the length is set inside inference mode and out
+            self.cumulative_length = self.cumulative_length.clone().to(self.device)
+        self.is_initialized = True
+
+
 class StaticSlots:
     """The KV store of compiled steps: preallocated slots (transformers' ``StaticLayer``) that never
     move, so a graph or a package compiled against them stays valid.
@@ -151,8 +167,10 @@ class StaticSlots:
         if needed <= self.capacity:
             return self.capacity
         slots, layers = self.tier(needed), []
+        # torch.compile's graphs (tier_step None) need the static addresses; a package does not
+        layer_class = StaticLayer if self.tier_step is None else PackageLayer
         for index, (key_shape, value_shape) in enumerate(self.layer_shapes):
-            layer = StaticLayer(max_cache_len=slots)
+            layer = layer_class(max_cache_len=slots)
             # lazy_initialization allocates [B, H, slots, D] buffers from the shapes of one token's states
             layer.lazy_initialization(torch.empty(key_shape, dtype=self.dtype, device=self.device),
                                       torch.empty(value_shape, dtype=self.dtype, device=self.device))

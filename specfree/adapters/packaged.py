@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -130,9 +130,10 @@ def cpu_features() -> str:
     return ",".join(name[4:-10] for name in checks if getattr(torch.cpu, name)())
 
 
-def load_package(path: Path, model: torch.nn.Module):
+def load_package(path: Path, tensors: Mapping[str, torch.Tensor]):
     """The loader of package ``path`` (steps run through ``boxed_run`` on ``step_leaves``), reading
-    ``model``'s own tensors as its weights (no copy).
+    ``tensors`` (its constants by name: ``model_tensors(SlotStep(model))``, or a warm start's) as its
+    weights (no copy).
 
     It is torch's C++ loader, made directly: ``torch._inductor.aoti_load_package`` first probes
     the CPU's vector ISAs by compiling and running a program per ISA in subprocesses (over a second
@@ -143,10 +144,17 @@ def load_package(path: Path, model: torch.nn.Module):
 
     if not pytree.treespec_loads(loader.get_call_spec()[1]).is_leaf():  # more than the logits
         raise RuntimeError(f"{path} is not a package of SlotStep: its step returns more than the logits")
-    tensors = model_tensors(SlotStep(model))
-    loader.load_constants({name: tensors[name].detach() for name in loader.get_constant_fqns()},
-                          use_inactive=False, check_full_update=True, user_managed=True)
+    missing = [name for name in loader.get_constant_fqns() if name not in tensors]
+    if missing:
+        raise RuntimeError(f"{path} reads {len(missing)} tensor(s) not given, {', '.join(missing[:3])}")
+    loader.load_constants(package_constants(loader, tensors), use_inactive=False, check_full_update=True,
+                          user_managed=True)
     return loader
+
+
+def package_constants(loader, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Of ``tensors``, those the package of ``loader`` reads, by name."""
+    return {name: tensors[name].detach() for name in loader.get_constant_fqns()}
 
 
 def step_leaves(ids, positions, mask, slot_index, kv: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -206,7 +214,7 @@ class StepPackage:
                 self.built += 1
             else:
                 self.loaded += 1
-            self._runner = load_package(self.path, self.model)
+            self._runner = load_package(self.path, model_tensors(SlotStep(self.model)))
         return self._runner
 
     def run(self, ids, positions, mask, slot_index, kv: list[torch.Tensor]) -> torch.Tensor:

@@ -75,6 +75,7 @@ class StepRunner:
     """What the compiled runners share: the eager fallback, compile time and failure bookkeeping."""
 
     exact_rows = min(LONG_ROWS, PACKAGE_MAX_ROWS)  # more rows would leave the package for eager code
+    eager_prompts = True  # prompts run on the model's eager forward (a warm start's runner has none)
 
     def __init__(self, model: torch.nn.Module):
         self.model = model

@@ -268,7 +268,8 @@ class SlotStore(SequenceStore):
     def prefill(self, ids: torch.Tensor) -> None:
         past, q = self.past, ids.numel()
         positions = torch.arange(past, past + q)
-        first = past == 0 and self.caps.cache_kind == "growing" and self.caps.windows.narrowest is None
+        first = (past == 0 and self.caps.cache_kind == "growing" and self.caps.windows.narrowest is None
+                 and self.runner.eager_prompts)
         mask = None if first else self._mask(causal(q), past, positions, self.kv.columns(q))
         self.kv.forward([(self.seq, q)], ids, positions, mask, prompt=True)
 

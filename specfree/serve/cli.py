@@ -118,7 +118,7 @@ def run(cfg, reg=None) -> int:
         from specfree.engine import Engine
 
         hf_logging.disable_progress_bar()
-        engine = Engine(**engine_parts(cfg, reg))
+        engine = Engine(**engine_parts(cfg, reg, warm=True))
         start = time.perf_counter()
         warm_up(engine)
         log.info("model %s ready (strategy %s; warmed up in %.2f s)", served_name(cfg), cfg.strategy.name,
