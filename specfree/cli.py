@@ -48,6 +48,8 @@ COMMANDS = {
     "datastore": "build a retrieval datastore from corpora or from the model's own answers",
     "serve": "an OpenAI-compatible server (/v1/chat/completions...) over one engine: serve serve.port=8000",
     "build-kernels": "build specfree's C++ kernels now, once (the set-up line runs it): build-kernels [cache_dir=PATH]",
+    "warm-up": "build a model's compiled forward, cost curve and warm start now, once (the set-up line runs it "
+               "for the embedded model): warm-up [threads=N] [model=...]",
 }
 EXAMPLES = """\
 examples:
@@ -164,6 +166,8 @@ def hydra_command(command: str, args: list[str], split: StartupSplit | None = No
             raise ConfigError("serve runs one server: drop -m")
         if not any(o.lstrip("+").startswith("serve=") for o in overrides):
             overrides.insert(0, "serve=default")
+    if command == "warm-up" and not any(o.lstrip("+").startswith("compile=") for o in overrides):
+        overrides.append("compile=true")  # what it is for: the compiled forward, built now
     runs = not (parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion)
     # composing registers the config nodes Hydra's run below reads
     jobs = [compose(job, reg) for job in (sweep_jobs(overrides) if parsed.multirun else [overrides])]
@@ -177,6 +181,8 @@ def hydra_command(command: str, args: list[str], split: StartupSplit | None = No
     if command == "serve":
         serve = _delegate("specfree.serve.cli", "run", "serve")
         runner = lambda cfg: serve(cfg, reg)  # noqa: E731
+    elif command == "warm-up":
+        runner = lambda cfg: warm_up(cfg, reg)  # noqa: E731
     else:
         runner = ((lambda cfg: decode(cfg, reg, piped=piped, split=split if len(jobs) == 1 else None))
                   if command == "decode"
@@ -249,6 +255,26 @@ def _delegate(module: str, function: str, command: str) -> Callable[..., int]:
         return getattr(importlib.import_module(module), function)
     except (ImportError, AttributeError):
         raise ConfigError(f"{command} is not available in this install ({module}.{function} is missing)") from None
+
+
+# ---- warm-up ------------------------------------------------------------------------------
+def warm_up(cfg: DictConfig, reg: Registry) -> int:
+    """Build what a later ``decode`` or ``serve`` of this config reads from the cache: the model's
+    config, codes and compiled forward (each build shown with its progress), the cost curve, and the
+    warm start that lets them skip building the model (``adapters/warm.py``)."""
+    from transformers.utils import logging as hf_logging
+
+    from specfree.config import engine_parts
+    from specfree.engine import Engine
+
+    start = time.perf_counter()
+    use_threads(cfg.threads)
+    hf_logging.disable_progress_bar()
+    engine = Engine(**engine_parts(cfg, reg, warm=True))
+    kept = "kept for the next start" if engine.adapter.compiled else "eager: no warm start (compile=true builds one)"
+    print(f"warmed up in {time.perf_counter() - start:.1f} s: {engine.adapter.path()['forward']} ({kept})",
+          file=sys.stderr)
+    return 0
 
 
 # ---- decode -------------------------------------------------------------------------------

@@ -137,3 +137,12 @@ def test_a_warm_start_decodes_under_a_constraint_what_the_first_did(setup):
     constrained = dict(json_schema={"type": "object", "properties": {"a": {"type": "integer"}}})
     assert b.generate(LONG_PROMPT[:12], 16, **constrained).tokens == a.generate(LONG_PROMPT[:12], 16,
                                                                                  **constrained).tokens
+
+
+def test_the_warm_up_command_keeps_a_warm_start(setup, tmp_path, capsys):
+    """``specfree warm-up`` (the README's set-up line runs it): a record for the setup it is given."""
+    from specfree import cli
+
+    code = cli.main(["warm-up", *setup[1], "precision=int8", f"hydra.run.dir={tmp_path}"])
+    assert code == 0 and "aoti package" in capsys.readouterr().err
+    assert isinstance(parts(setup, "precision=int8")["adapter"], WarmAdapter)

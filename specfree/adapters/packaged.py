@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -111,7 +112,9 @@ def build_package(model: torch.nn.Module, example: tuple, path: Path, options: d
     with Inductor ``options``, the weights left out, into the package ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # a package on disk is always whole: an interrupted build leaves nothing at ``path``
-    with torch.no_grad(), atomic_path(path) as partial:
+    with torch.no_grad(), atomic_path(path) as partial, warnings.catch_warnings():
+        # torch's export warns of its own use of a deprecated pytree check: nothing a user can act on
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         program = torch.export.export(SlotStep(model), example, dynamic_shapes=dynamic_shapes(example), strict=False)
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(partial),
