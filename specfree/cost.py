@@ -193,8 +193,7 @@ class CostModel:
         later engines read the file, after a check that its shape still holds here (``holds``), and
         measure again if not; the next one measures the growth a quick curve lacks (``grow``). What
         the engine's steps teach the curve (``learner``) goes to the file too."""
-        identity = adapter.cost_identity() if hasattr(adapter, "cost_identity") else model_cost_identity(adapter)
-        setup = [*identity, *adapter.cost_setup()]
+        setup = [*adapter.cost_identity(), *adapter.cost_setup()]
         path = Path(cache_dir) / "costs" / f"{fingerprint(setup)}.json"
         if path.is_file():
             try:

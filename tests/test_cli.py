@@ -38,7 +38,7 @@ def local(tiny_llama_dir) -> list[str]:
 def test_help_lists_commands_and_config_groups(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    for word in ("decode", "bench", "compare", "plugins", "datastore", "build-kernels"):
+    for word in ("decode", "bench", "compare", "plugins", "datastore", "build-kernels", "warm-up"):
         assert re.search(rf"^  {word} ", out, re.M), word
     assert re.search(r"^  model +llama2, local, mistral, qwen2, smollm2, tinyllama$", out, re.M)
     assert re.search(r"^  strategy +autoregressive, .*prompt_lookup", out, re.M)
@@ -46,7 +46,7 @@ def test_help_lists_commands_and_config_groups(capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["nope"], "error: unknown command 'nope'; commands: decode, bench, compare, ceiling, roofline, replay, plugins, "
-              "datastore, serve, build-kernels (see --help)"),
+              "datastore, serve, build-kernels, warm-up (see --help)"),
     (["decode", "strategy=prompt_lookup", "strategy.max_ngramm=3"],
      "error: strategy.max_ngramm: strategy 'prompt_lookup' has no knob 'max_ngramm'; its knobs: max_ngram, "
      "min_ngram, draft_len, num_candidates, match, priced, adapt_costs, price_context (did you mean max_ngram?)"),

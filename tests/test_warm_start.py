@@ -140,7 +140,7 @@ def test_a_warm_start_decodes_under_a_constraint_what_the_first_did(setup):
 
 
 def test_the_warm_up_command_keeps_a_warm_start(setup, tmp_path, capsys):
-    """``specfree warm-up`` (the README's set-up line runs it): a record for the setup it is given."""
+    """``specfree warm-up`` (README.md#set-up-and-test runs it): a record for the setup it is given."""
     from specfree import cli
 
     code = cli.main(["warm-up", *setup[1], "precision=int8", f"hydra.run.dir={tmp_path}"])

@@ -319,6 +319,12 @@ class HFAdapter:
                 steps.advance()
         return time.perf_counter() - start
 
+    def cost_identity(self) -> list:
+        """What of the model and this process sets a forward's cost (``cost.model_cost_identity``)."""
+        from specfree.cost import model_cost_identity
+
+        return model_cost_identity(self)
+
     def cost_setup(self) -> list:
         """What besides the model's shapes sets a forward's cost (part of the cost curve's cache key):
         the KV layers the cache grows, and the compiled runner's row buckets and options."""

@@ -111,6 +111,10 @@ class Adapter(Protocol):
     def warm_up(self, slots: int | None = None, progress: bool = True) -> float:
         """Compile (or load) the compiled steps before the first request; seconds spent (0 on the eager path)."""
 
+    def cost_identity(self) -> list:
+        """What of the model and this process sets a forward's cost (JSON-able; with ``cost_setup``,
+        the cost curve's cache key)."""
+
     def cost_setup(self) -> list:
         """What besides the model's shapes sets a forward's cost (JSON-able; part of a cache key)."""
 

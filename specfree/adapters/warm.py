@@ -181,8 +181,6 @@ def remember(adapter, folder: Path, tokenizer_folder: Path) -> None:
     """Keep what a warm start needs of ``adapter`` (an ``HFAdapter`` whose steps run a package already
     loaded) in ``folder``; anything else is not kept. A failure to write costs the next start its
     warmth, nothing else."""
-    from specfree.cost import model_cost_identity
-
     runner = getattr(adapter, "runner", None)
     if not isinstance(runner, PackageRunner) or not adapter.compiled or runner.package._runner is None:
         return
@@ -197,7 +195,7 @@ def remember(adapter, folder: Path, tokenizer_folder: Path) -> None:
              "dtype": str(adapter.dtype).removeprefix("torch."), "device": str(adapter.device),
              "kernel_linears": adapter.kernel_linears, "linears": adapter.linears, "rows_exact": adapter.rows_exact,
              "buckets": list(runner.buckets), "options": runner.options,
-             "cost_identity": model_cost_identity(adapter), "describe": adapter.describe(),
+             "cost_identity": adapter.cost_identity(), "describe": adapter.describe(),
              "runner_described": runner.describe(), "path": adapter.path(),
              "config": _json_config(model.config), "generation_config": model.generation_config.to_dict()}
     constants = package_constants(runner.package._runner, model_tensors(SlotStep(runner.model)))
