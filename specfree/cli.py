@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from specfree.errors import ConfigError, SpecfreeError
 from specfree.files import user_path
@@ -145,7 +145,7 @@ def hydra_command(command: str, args: list[str], split: StartupSplit | None = No
         get_args_parser,  # Hydra's own flags: -m, --cfg, --help...
     )
 
-    from specfree.config import CONFIG_MODULE, CONFIG_NAME, compose
+    from specfree.config import CONFIG_MODULE, CONFIG_NAME, compose, compose_here, packaged_configs, register_config_nodes
     from specfree.plugins import build_plugin_manager, registry
 
     parser = get_args_parser()
@@ -169,36 +169,17 @@ def hydra_command(command: str, args: list[str], split: StartupSplit | None = No
     if command == "warm-up" and not any(o.lstrip("+").startswith("compile=") for o in overrides):
         overrides.append("compile=true")  # what it is for: the compiled forward, built now
     runs = not (parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion)
+    flags = [a for a in args if a not in parsed.overrides]
+    if runs and not flags:  # one run, no Hydra flags: composed once, here, and run from that config
+        register_config_nodes(reg)
+        with packaged_configs(job_name=command):
+            run = compose_here(overrides, reg, job=command)
+            task = job_task(command, reg, [job_config(run)], CoreShares(1), split)
+            return run_composed(task, run)
     # composing registers the config nodes Hydra's run below reads
     jobs = [compose(job, reg) for job in (sweep_jobs(overrides) if parsed.multirun else [overrides])]
-    piped = None
-    for cfg in jobs if runs else []:
-        _require_values(cfg)
-        if command == "decode" and piped is None and cfg.prompt is None and cfg.prompt_file is None:
-            piped = read_stdin()  # once: every job of a sweep decodes the same piped prompt
-            read_prompt(cfg, piped)  # no prompt at all: say so before anything runs
-    flags = [a for a in args if a not in parsed.overrides]
-    if command == "serve":
-        serve = _delegate("specfree.serve.cli", "run", "serve")
-        runner = lambda cfg: serve(cfg, reg)  # noqa: E731
-    elif command == "warm-up":
-        runner = lambda cfg: warm_up(cfg, reg)  # noqa: E731
-    else:
-        runner = ((lambda cfg: decode(cfg, reg, piped=piped, split=split if len(jobs) == 1 else None))
-                  if command == "decode"
-                  else _delegate("specfree.bench.cli", "run", "bench"))
     shares = CoreShares(len(jobs))  # jobs run at once by a local launcher (joblib) split the cores
-
-    def task(cfg) -> None:
-        try:
-            with shares.claim(cfg):
-                code = runner(cfg)
-        except SpecfreeError as exc:
-            print_error(exc)
-            raise SystemExit(USAGE_ERROR) from None
-        if code:
-            raise SystemExit(code)  # also stops a sweep: the later jobs would fail the same way
-
+    task = job_task(command, reg, jobs if runs else [], shares, split)
     app = hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base="1.3")(task)
     # hydra.main reads its arguments from sys.argv; hand it this command's, then put them back.
     saved = sys.argv
@@ -210,6 +191,74 @@ def hydra_command(command: str, args: list[str], split: StartupSplit | None = No
         return done.code if isinstance(done.code, int) else USAGE_ERROR
     finally:
         sys.argv = saved
+    return 0
+
+
+def job_task(command: str, reg, jobs: list, shares: CoreShares, split: StartupSplit | None) -> Callable[[Any], None]:
+    """The function Hydra runs for each job of ``command``, once ``jobs`` (the composed configs that
+    will run) are checked: a missing value, or no prompt at all, is reported before anything runs."""
+    piped = None
+    for cfg in jobs:
+        _require_values(cfg)
+        if command == "decode" and piped is None and cfg.prompt is None and cfg.prompt_file is None:
+            piped = read_stdin()  # once: every job of a sweep decodes the same piped prompt
+            read_prompt(cfg, piped)
+    if command == "serve":
+        serve = _delegate("specfree.serve.cli", "run", "serve")
+        runner = lambda cfg: serve(cfg, reg)  # noqa: E731
+    elif command == "warm-up":
+        runner = lambda cfg: warm_up(cfg, reg)  # noqa: E731
+    else:
+        runner = ((lambda cfg: decode(cfg, reg, piped=piped, split=split if len(jobs) == 1 else None))
+                  if command == "decode"
+                  else _delegate("specfree.bench.cli", "run", "bench"))
+    def task(cfg) -> None:
+        try:
+            with shares.claim(cfg):
+                code = runner(cfg)
+        except SpecfreeError as exc:
+            print_error(exc)
+            raise SystemExit(USAGE_ERROR) from None
+        if code:
+            raise SystemExit(code)  # also stops a sweep: the later jobs would fail the same way
+
+    return task
+
+
+def job_config(run):
+    """A run's config as its job sees it: without Hydra's own node."""
+    import copy
+
+    from omegaconf import open_dict, read_write
+
+    cfg = copy.deepcopy(run)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def run_composed(task: Callable[[Any], None], run) -> int:
+    """One job run as ``hydra.main`` runs it (output folder, saved configs, logging, callbacks), from
+    ``run``, a config composed with its ``hydra`` node: ``hydra.main`` would compose it twice more."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.utils import run_and_report
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext
+
+    from specfree.config import CONFIG_NAME
+
+    configure_log(run.hydra.hydra_logging, run.hydra.verbose)
+    callbacks = Callbacks(run)
+    callbacks.on_run_start(config=run, config_name=CONFIG_NAME)
+    context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+    try:
+        done = run_and_report(lambda: run_job(task_function=task, config=run, job_dir_key="hydra.run.dir",
+                                              job_subdir_key=None, hydra_context=context))
+        callbacks.on_run_end(config=run, config_name=CONFIG_NAME, job_return=done)
+        run_and_report(lambda: done.return_value)  # a failed job's exception, reported as Hydra does
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else USAGE_ERROR
     return 0
 
 

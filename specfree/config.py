@@ -52,7 +52,7 @@ def register_config_nodes(reg: Registry) -> None:
 
 # ---- composing ----------------------------------------------------------------------------
 @contextmanager
-def packaged_configs() -> Iterator[None]:
+def packaged_configs(job_name: str = "app") -> Iterator[None]:
     """Hydra initialized on the packaged configs, even from inside another Hydra app."""
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -62,7 +62,7 @@ def packaged_configs() -> Iterator[None]:
     if backup is not None:
         GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        with initialize_config_module(CONFIG_MODULE, job_name=job_name, version_base="1.3"):
             yield
     finally:
         if backup is not None:
@@ -71,15 +71,23 @@ def packaged_configs() -> Iterator[None]:
 
 def compose(overrides: Sequence[str] = (), reg: Registry | None = None) -> DictConfig:
     """The packaged config with command-line style ``overrides``; mistakes raise ConfigError."""
-    from hydra import compose as hydra_compose
-
     reg = reg if reg is not None else _default_registry()
     register_config_nodes(reg)
     with packaged_configs():
-        try:
-            cfg = hydra_compose(CONFIG_NAME, overrides=list(overrides))
-        except Exception as exc:
-            raise config_error(exc) from None
+        return compose_here(overrides, reg)
+
+
+def compose_here(overrides: Sequence[str], reg: Registry, job: str | None = None) -> DictConfig:
+    """``compose`` inside ``packaged_configs`` with the config nodes registered. With ``job`` (a
+    command's name), the config keeps its ``hydra`` node, composed as ``hydra.main`` composes one run
+    of that job, so the run can start from it."""
+    from hydra import compose as hydra_compose
+
+    hydra_overrides = [f"hydra.job.name={job}", "hydra.mode=RUN"] if job else []
+    try:
+        cfg = hydra_compose(CONFIG_NAME, overrides=[*hydra_overrides, *overrides], return_hydra_config=bool(job))
+    except Exception as exc:
+        raise config_error(exc) from None
     check(cfg, reg)
     return cfg
 

@@ -220,6 +220,11 @@ class StepPackage:
             self._runner = load_package(self.path, model_tensors(SlotStep(self.model)))
         return self._runner
 
+    @property
+    def loaded_runner(self):
+        """The package's runner where it has been built or loaded already, else None."""
+        return self._runner
+
     def run(self, ids, positions, mask, slot_index, kv: list[torch.Tensor]) -> torch.Tensor:
         """The step's logits [1, Q, V] (``SlotStep``'s arguments), building or loading the package first."""
         inputs = (ids, positions, mask, slot_index, kv)

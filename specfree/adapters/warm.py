@@ -182,7 +182,7 @@ def remember(adapter, folder: Path, tokenizer_folder: Path) -> None:
     loaded) in ``folder``; anything else is not kept. A failure to write costs the next start its
     warmth, nothing else."""
     runner = getattr(adapter, "runner", None)
-    if not isinstance(runner, PackageRunner) or not adapter.compiled or runner.package._runner is None:
+    if not isinstance(runner, PackageRunner) or not adapter.compiled or runner.package.loaded_runner is None:
         return
     if (folder / FACTS).is_file():
         return
@@ -198,7 +198,7 @@ def remember(adapter, folder: Path, tokenizer_folder: Path) -> None:
              "cost_identity": adapter.cost_identity(), "describe": adapter.describe(),
              "runner_described": runner.describe(), "path": adapter.path(),
              "config": _json_config(model.config), "generation_config": model.generation_config.to_dict()}
-    constants = package_constants(runner.package._runner, model_tensors(SlotStep(runner.model)))
+    constants = package_constants(runner.package.loaded_runner, model_tensors(SlotStep(runner.model)))
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(folder) as partial:
