@@ -9,8 +9,10 @@ outputs token for token for several strategies, greedy and seeded sampling.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from specfree.adapters.capabilities import causal
 from specfree.adapters.packaged import MAX_ROWS
 from specfree.adapters.warm import CONSTANTS, FACTS, WarmAdapter
 from specfree.config import engine_parts, load_config
+from specfree.kernels.c_shims import ENTRIES, declaration
 from specfree.plugins import build_plugin_manager, registry
 from tests.test_gguf import tiny_file
 
@@ -58,6 +61,25 @@ def test_the_second_start_is_warm_and_runs_the_package_alone(setup):
     assert (second.vocab_size, second.max_length, second.rows_exact) == (first.vocab_size, first.max_length,
                                                                        first.rows_exact)
     assert second.linears == first.linears
+
+
+def test_the_package_calls_the_ops_c_entries_not_its_proxy_executor(setup):
+    """The ops with a C entry (``c_shims.py``) are plain calls of the package's wrapper: none is among
+    the nodes its proxy executor dispatches by name."""
+    with zipfile.ZipFile(setup[2]["adapter"].runner.package.path) as archive:
+        wrapper = next(name for name in archive.namelist() if name.endswith(".wrapper.cpp"))
+        source = archive.read(wrapper).decode()
+        boxed = {node["node"]["target"] for node in json.loads(archive.read(wrapper[:-3] + "json"))["nodes"]}
+    assert "aoti_torch_cpu_coded_linear(" in source
+    assert not boxed & {f"specfree::{name}" for name in ENTRIES}, boxed
+
+
+def test_an_op_whose_arguments_have_no_c_form_gets_no_entry():
+    from specfree.kernels import load_kernels
+
+    assert load_kernels() is not None
+    with pytest.raises(TypeError, match="dtype"):  # rotary's ScalarType argument
+        declaration(torch.ops.specfree.rotary.default)
 
 
 def test_a_warm_adapters_logits_are_the_first_starts_bit_for_bit(setup):
@@ -118,6 +140,7 @@ def test_a_warm_start_loads_no_transformers_modeling_code(setup):
 import sys, torch
 torch.set_num_threads(1)
 from specfree.config import engine_parts, load_config
+from specfree.kernels.c_shims import ENTRIES, declaration
 from specfree.plugins import build_plugin_manager, registry
 from specfree import Engine
 reg = registry(build_plugin_manager())

@@ -28,6 +28,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from specfree.adapters.kv_buffers import cache_argument
 from specfree.files import atomic_path, fingerprint
+from specfree.kernels.c_shims import c_shims
 from specfree.kernels.panels import stock_tensor_specs
 
 
@@ -116,9 +117,10 @@ def build_package(model: torch.nn.Module, example: tuple, path: Path, options: d
         # torch's export warns of its own use of a deprecated pytree check: nothing a user can act on
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         program = torch.export.export(SlotStep(model), example, dynamic_shapes=dynamic_shapes(example), strict=False)
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=str(partial),
-            inductor_configs={**options, "aot_inductor.package_constants_in_so": False})
+        with torch._inductor.config.patch({"aot_inductor.custom_ops_to_c_shims": c_shims()}):
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(partial),
+                inductor_configs={**options, "aot_inductor.package_constants_in_so": False})
 
 
 def package_loader_class():
@@ -198,7 +200,7 @@ class StepPackage:
 
         ops = kernel_dir().name
         setup = (f"{architecture_fingerprint(model)}-{linears}-{torch.get_num_threads()}t-torch{torch.__version__}"
-                 f"-ops{ops}-cpu{cpu_features()}")
+                 f"-ops{ops}-cpu{cpu_features()}-entries{fingerprint(*sorted(map(str, c_shims().values())))}")
         self.folder = Path(package_dir) / fingerprint(setup, sorted(options.items()))
         self.path = self.folder / "step.pt2"
         self.built = self.loaded = 0

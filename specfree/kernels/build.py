@@ -20,7 +20,7 @@ SOURCES = (SOURCE, Path(__file__).with_name("tree_attention.cpp"),
            Path(__file__).with_name("tile_linear.cpp"),
            Path(__file__).with_name("measure_ops.cpp"),
            Path(__file__).with_name("pinned_ops.cpp"))  # one library, each source compiled side by side
-HEADERS = (Path(__file__).with_name("isa.h"),)  # included by every source
+HEADERS = (Path(__file__).with_name("isa.h"), Path(__file__).with_name("c_entries.h"))  # included by the sources
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 def kernel_dir(cache_dir: str | Path | None = None) -> Path:
     """Where a build of this source for this torch lives: a new source or torch builds anew."""
@@ -109,6 +109,16 @@ def _build(folder: Path, progress: bool, sources: tuple[Path, ...] = SOURCES) ->
     return library
 
 
+def _load(library: Path) -> None:
+    """The library loaded as torch's ops, its symbols global to the process: a compiled package calls
+    the ops' C entries by name (``c_shims.py``)."""
+    import ctypes
+    import os
+
+    ctypes.CDLL(str(library), mode=os.RTLD_GLOBAL)
+    torch.ops.load_library(str(library))
+
+
 def load_kernels(cache_dir: str | Path | None = None, progress: bool = True) -> str | None:
     """Build (first use) or load ``specfree::linear``; returns the code path this CPU runs
     (``"avx512"`` or ``"avx2"``), or None with one warning where it cannot run here."""
@@ -118,7 +128,7 @@ def load_kernels(cache_dir: str | Path | None = None, progress: bool = True) -> 
                           "F.linear instead (slower for tree rows, same results)", stacklevel=2)
             return None
         try:
-            torch.ops.load_library(str(_build(kernel_dir(cache_dir), progress)))
+            _load(_build(kernel_dir(cache_dir), progress))
         except Exception as exc:  # no compiler, a compile error, a damaged library: the library path still works
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             warnings.warn(f"specfree's few-row linear kernel could not be built ({first}); using torch's "
@@ -155,7 +165,7 @@ def build_command(args: list[str]) -> int:
     library, start = kernel_dir(cache_dir) / LIBRARY, time.perf_counter()
     done = "already built" if library.is_file() else None
     try:
-        torch.ops.load_library(str(_build(library.parent, progress=True)))
+        _load(_build(library.parent, progress=True))
     except Exception as exc:  # a compile error, a damaged library
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"error: specfree's CPU kernels could not be built: {first}", file=sys.stderr)

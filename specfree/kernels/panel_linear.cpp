@@ -39,6 +39,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "c_entries.h"
 #include "isa.h"
 
 #include <algorithm>
@@ -970,6 +971,19 @@ std::tuple<at::Tensor, at::Tensor> quantize_int8(const at::Tensor& x, int64_t bl
 }
 
 }  // namespace
+
+SPECFREE_C_ENTRY aoti_torch_cpu_coded_linear(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle scales,
+                                            AtenTensorHandle* offsets, AtenTensorHandle* bias, int64_t n,
+                                            const char* isa, AtenTensorHandle* supers,
+                                            AtenTensorHandle* super_offsets, const char* precision,
+                                            AtenTensorHandle* out) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    specfree::hand_back(coded_linear(specfree::tensor_of(x), specfree::tensor_of(codes), specfree::tensor_of(scales),
+                                     specfree::optional_of(offsets), specfree::optional_of(bias), n, isa,
+                                     specfree::optional_of(supers), specfree::optional_of(super_offsets), precision),
+                        out);
+  });
+}
 
 TORCH_LIBRARY_FRAGMENT(specfree, m) {
   m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n, str isa='auto') -> Tensor");

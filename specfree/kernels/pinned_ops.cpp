@@ -24,6 +24,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "c_entries.h"
 #include "isa.h"
 
 #include <cmath>
@@ -90,6 +91,16 @@ at::Tensor activation(const at::Tensor& x, const std::string& name) {
 }
 
 }  // namespace
+
+SPECFREE_C_ENTRY aoti_torch_cpu_rms_norm_rows(AtenTensorHandle x, AtenTensorHandle weight, double eps,
+                                             AtenTensorHandle* out) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE(
+      { specfree::hand_back(rms_norm_rows(specfree::tensor_of(x), specfree::tensor_of(weight), eps), out); });
+}
+
+SPECFREE_C_ENTRY aoti_torch_cpu_activation(AtenTensorHandle x, const char* name, AtenTensorHandle* out) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({ specfree::hand_back(activation(specfree::tensor_of(x), name), out); });
+}
 
 TORCH_LIBRARY_FRAGMENT(specfree, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");

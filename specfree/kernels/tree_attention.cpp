@@ -30,6 +30,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "c_entries.h"
 #include "isa.h"
 
 #include <algorithm>
@@ -612,6 +613,16 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& key, const 
 }
 
 }  // namespace
+
+SPECFREE_C_ENTRY aoti_torch_cpu_tree_attention(AtenTensorHandle query, AtenTensorHandle key, AtenTensorHandle value,
+                                              AtenTensorHandle* mask, double scale, const char* isa, double softcap,
+                                              AtenTensorHandle* out) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    specfree::hand_back(tree_attention(specfree::tensor_of(query), specfree::tensor_of(key), specfree::tensor_of(value),
+                                       specfree::optional_of(mask), scale, isa, softcap),
+                        out);
+  });
+}
 
 TORCH_LIBRARY_FRAGMENT(specfree, m) {
   m.def("tree_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, str isa='auto', "
