@@ -8,7 +8,7 @@ PY=.venv/bin/python
 OUT=docs/bench/run_cg; mkdir -p $OUT
 lscpu | grep -E "Model name|CPU family|^Model:|^Flags" > $OUT/machine.txt
 rm -rf ~/.cache/specfree/costs ~/.cache/specfree/probes   # curves and probe verdicts measured under load
-$PY -m specfree warm-up threads=2 > $OUT/warm_up.log 2>&1   # as the README's set-up line ends
+$PY -m specfree warm-up threads=2 > $OUT/warm_up.log 2>&1   # as the set-up line ends (README.md#set-up-and-test)
 date; uptime
 # 1. issue 81: the compiled forward at 1-16 rows after 256 tokens, and the roofline
 $PY docs/bench/run_cb/forward_rows.py now 2>/dev/null >> $OUT/forward_rows.jsonl
