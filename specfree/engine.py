@@ -14,7 +14,7 @@ import torch
 from specfree.adapters.protocol import Adapter
 from specfree.batching import Batch, decode_together
 from specfree.files import DEFAULT_CACHE
-from specfree.constraints import Constraint, ConstraintMask, Matcher, SharedGrammars, masked, per_prompt
+from specfree.constraints import Constraint, ConstraintMask, Grammars, Matcher, masked, per_prompt
 from specfree.cost import CostModel
 from specfree.detokenize import Detokenizer
 from specfree.errors import ConfigError
@@ -108,7 +108,7 @@ class Engine:
         self.price_context = settings.price_context
         self.eos_ids = self._eos_ids()
         self.model_settings = model_settings or ModelSettings()
-        self._grammars = SharedGrammars()  # constraints compiled over this tokenizer, made on first use
+        self._grammars: Grammars | None = None  # constraints compiled over this tokenizer, made on first use
 
     @property
     def priced(self) -> bool:
@@ -391,7 +391,9 @@ class Engine:
         """A fresh matcher for ``constraint`` (the tokenizer's conversion made on the first, then kept)."""
         if constraint is None:
             return None
-        return self._grammars.get(self.tokenizer, self.adapter.vocab_size, self.eos_ids).matcher(constraint)
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.adapter.vocab_size, self.eos_ids)
+        return self._grammars.matcher(constraint)
 
     def should_stop(self, token: int, detok: Detokenizer | None, stop: Sequence[str],
                     ignore_eos: bool) -> str | None:

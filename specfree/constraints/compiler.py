@@ -4,7 +4,6 @@ llguidance): the tokenizer's conversion is made once per engine, each grammar on
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Collection
 
 from specfree.constraints.matcher import Matcher
@@ -15,25 +14,6 @@ from specfree.errors import ConfigError
 # json.dumps), none elsewhere. A fixed layout lets the grammar force the separators' text, which
 # the grammar drafter proposes for free; a schema's own "x-guidance" options override it.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-class SharedGrammars:
-    """An engine's ``Grammars``, made on first use and shared by its copies (``copy.copy`` keeps this
-    object): whichever copy asks first makes it, with its own tokenizer, while any other waits."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._grammars: Grammars | None = None
-
-    @property
-    def made(self) -> bool:
-        return self._grammars is not None
-
-    def get(self, tokenizer, vocab_size: int, eos_ids: Collection[int]) -> Grammars:
-        with self._lock:
-            if self._grammars is None:
-                self._grammars = Grammars(tokenizer, vocab_size, eos_ids)
-            return self._grammars
 
 
 class Grammars:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import copy
 import hmac
 import json
@@ -119,8 +118,6 @@ class Server:
         encoder = copy.copy(engine)  # tokenizes in the preparing thread with a tokenizer of its own
         encoder.tokenizer = copy.deepcopy(engine.tokenizer)
         self._encoder = encoder
-        if engine.tokenizer is not None:  # first in the preparing thread's queue: no request waits for more
-            self.prep.submit(self._convert_tokenizer)
         # log-probabilities' token pieces, decoded on the event loop: a third copy (a fast tokenizer
         # may not be used from two threads at once)
         self._pieces = copy.deepcopy(engine.tokenizer)
@@ -138,15 +135,6 @@ class Server:
             else Scheduler(engine, self.settings.queue_size, self.metrics)
         scheduler.start()
         self.engine, self.scheduler = engine, scheduler
-
-    def _convert_tokenizer(self) -> None:
-        """The grammar compiler's conversion of the tokenizer (shared by the engine and its copies), so
-        that the first request with a schema or tools pays none of it; a tokenizer constraints cannot
-        use says so in each such request's 400."""
-        from specfree.constraints import Constraint
-
-        with contextlib.suppress(SpecfreeError):
-            self._encoder.check_constraint(Constraint.from_options(json_object=True))
 
     def stop(self) -> None:
         ended = self.scheduler.stop() if self.scheduler is not None else True

@@ -7,6 +7,7 @@ waiting ones 503 and saves ``serve.state_file``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import socket
@@ -14,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from specfree.errors import ConfigError, check_float, check_int
+from specfree.errors import ConfigError, SpecfreeError, check_float, check_int
 from specfree.settings import EngineSettings, use_threads
 
 log = logging.getLogger("specfree.serve")
@@ -72,8 +73,14 @@ def warm_up(engine) -> None:
     first calls' costs (the chat template's compile, the first forwards through the kernels and the
     mapped codes, the drafters' compiled functions) and is as fast as the tenth. It runs on a copy
     whose drafter and pricing statistics are copies too: what the served engine drafts and prices
-    afterwards is what it would have been without it. (The grammar compiler's conversion of the
-    tokenizer is made once the server is up, before the first request is prepared: ``app.Server``.)"""
+    afterwards is what it would have been without it. The grammar compiler's conversion of the
+    tokenizer is made on the served engine itself: the first request with a schema or tools pays
+    none of it (a tokenizer constraints cannot use says so in each such request's 400)."""
+    from specfree.constraints import Constraint
+
+    if engine.tokenizer is not None:
+        with contextlib.suppress(SpecfreeError):
+            engine.check_constraint(Constraint.from_options(json_object=True))
     warm = copy.copy(engine)
     warm.strategy, warm.pricer = copy.deepcopy(engine.strategy), copy.deepcopy(engine.pricer)
     chat = bool(getattr(engine.tokenizer, "chat_template", None))

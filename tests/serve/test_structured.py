@@ -92,12 +92,10 @@ def test_a_bad_constraint_is_a_400_naming_its_field(server, body, param, words):
     assert post(server, {"json_schema": SCHEMA}).status_code == 200  # the next request is served
 
 
-def test_the_server_converts_the_tokenizer_for_constraints_before_it_prepares_a_request(one_thread):
+def test_the_warm_up_converts_the_tokenizer_for_constraints_on_the_served_engine():
+    from specfree.serve.cli import warm_up
+
     engine = json_engine()
-    assert not engine._grammars.made
-    with live(engine, queue_size=4, max_tokens=8) as running:
-        # a plain request is prepared after the conversion, in the same thread: the first request
-        # with a schema or tools converts nothing
-        assert httpx.post(running.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2},
-                          timeout=60).status_code == 200
-        assert engine._grammars.made
+    assert engine._grammars is None
+    warm_up(engine)
+    assert engine._grammars is not None  # the first request with a schema or tools converts nothing
