@@ -140,7 +140,6 @@ def test_a_warm_start_loads_no_transformers_modeling_code(setup):
 import sys, torch
 torch.set_num_threads(1)
 from specfree.config import engine_parts, load_config
-from specfree.kernels.c_shims import ENTRIES, declaration
 from specfree.plugins import build_plugin_manager, registry
 from specfree import Engine
 reg = registry(build_plugin_manager())

@@ -33,5 +33,5 @@ def declaration(op) -> str:
 def c_shims() -> dict:
     """Inductor's ``aot_inductor.custom_ops_to_c_shims``: each loaded op with a C entry, its declaration."""
     ops = getattr(torch.ops, "specfree", None)
-    return {getattr(ops, name).default: [declaration(getattr(ops, name).default)] for name in ENTRIES
-            if ops is not None and hasattr(ops, name)}
+    loaded = [getattr(ops, name).default for name in ENTRIES if ops is not None and hasattr(ops, name)]
+    return {op: [declaration(op)] for op in loaded}
